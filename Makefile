@@ -1,0 +1,40 @@
+# `make demo` and `make check` each install what they need when it is missing:
+# Debian packages (scripts/install-system-deps) and a project venv made from /usr/bin/python3.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: check demo deps system-deps lint typecheck test bench clean
+
+system-deps:
+	@scripts/install-system-deps
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || /usr/bin/python3 -m venv $(VENV)
+	@$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+
+deps: system-deps $(STAMP)
+
+lint: deps
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: deps
+	$(VENV)/bin/mypy --strict sandboxer
+
+test: deps
+	$(VENV)/bin/pytest
+
+check: lint typecheck test
+
+demo: deps
+	@$(PY) scripts/demo.py
+
+bench: deps
+	$(PY) benchmarks/bench_digest.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .hypothesis *.egg-info

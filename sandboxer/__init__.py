@@ -1,0 +1,3 @@
+"""sandboxer: a sandbox broker for Linux."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,131 @@
+"""Owner commands: check, approve, revoke and list configuration; digest a runtime."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from typing import Any
+
+from sandboxer.approvals import Ledger, Status
+from sandboxer.config import ExtensionConfig, OwnerFile, Profile, parse_owner_file, validate_name
+from sandboxer.configdir import load_owner_file, present_names, read_file, read_owner_file
+from sandboxer.dirs import Dirs
+from sandboxer.errors import SandboxerError
+from sandboxer.runtime import digest_runtime, verify_pin
+
+
+def describe(item: OwnerFile) -> dict[str, Any]:
+    """The normalized meaning of a valid owner file, shaped like the file, defaults filled in."""
+    if isinstance(item, Profile):
+        return {
+            "kind": "profile",
+            "profile": item.name,
+            "extension": item.extension,
+            "workspace": dataclasses.asdict(item.workspace),
+            "network": {"default": item.network_default, "egress": list(item.egress)},
+            "setup": {"secrets": list(item.secrets)},
+            "limits": dataclasses.asdict(item.limits),
+        }
+    config: dict[str, Any] = {"runtime": dataclasses.asdict(item.runtime)}
+    if item.image is not None:
+        config["image"] = item.image
+    return {"kind": "extension", "extension": item.extension, "config": config}
+
+
+def check(path: str) -> dict[str, Any]:
+    """Validate one owner file given by path."""
+    data = read_file(path, path)
+    parent = os.path.basename(os.path.dirname(os.path.abspath(path)))
+    stem = os.path.basename(path).removesuffix(".yaml")
+    expected = stem if parent in ("extensions", "profiles") and path.endswith(".yaml") else None
+    item = parse_owner_file(data, path, expected_name=expected)
+    return {"file": path, "sha256": item.file_sha256, "valid": True, **describe(item)}
+
+
+def approve(dirs: Dirs, name: str) -> dict[str, Any]:
+    """Approve the exact current bytes of an owner file, after checking it is valid.
+
+    An extension config is approved only while its runtime matches its pin, so an owner learns
+    at approval time, not at the first create, that the pin is wrong.
+    """
+    raw = read_owner_file(dirs.config, name)
+    item = load_owner_file(raw)
+    if isinstance(item, ExtensionConfig):
+        verify_pin(item.runtime, state_dir=dirs.state, others={"config dir": dirs.config, "state dir": dirs.state})
+    approval = Ledger(dirs.config).approve(name, item.file_sha256)
+    return {"name": name, "file": raw.path, "status": Status.APPROVED.value, "sha256": approval.sha256}
+
+
+def revoke(dirs: Dirs, name: str) -> dict[str, Any]:
+    """Withdraw an approval; revoking what is not approved is not an error (it stays unapproved)."""
+    relpath = validate_name(name)  # the file itself may already be gone
+    removed = Ledger(dirs.config).revoke(name)
+    return {
+        "name": name,
+        "file": os.path.join(dirs.config, relpath),
+        "status": Status.UNAPPROVED.value,
+        "revoked": removed is not None,
+    }
+
+
+def list_entries(dirs: Dirs) -> dict[str, Any]:
+    """Every extension config and profile present, and every approval whose file is gone."""
+    ledger = Ledger(dirs.config)
+    approvals = ledger.read()
+    entries: list[dict[str, Any]] = []
+    names = present_names(dirs.config)
+    for name in names:
+        raw = None
+        entry: dict[str, Any] = {"name": name, "kind": "extension" if name.startswith("ext.") else "profile"}
+        try:
+            raw = read_owner_file(dirs.config, name)
+            entry["file"] = raw.path
+            load_owner_file(raw)
+            entry["valid"] = True
+            entry["problem"] = None
+        except SandboxerError as exc:
+            entry.setdefault(
+                "file",
+                os.path.join(dirs.config, "profiles" if entry["kind"] == "profile" else "extensions", f"{name}.yaml"),
+            )
+            entry["valid"] = False
+            entry["problem"] = exc.message
+        sha = None if raw is None else _sha256(raw.data)
+        approval = approvals.get(name)
+        entry["present"] = True
+        entry["sha256"] = sha
+        entry["approved_sha256"] = approval.sha256 if approval else None
+        entry["status"] = _status(approval is not None, approval.sha256 == sha if approval else False).value
+        entries.append(entry)
+    for name in sorted(set(approvals) - set(names)):
+        entries.append(
+            {
+                "name": name,
+                "kind": "extension" if name.startswith("ext.") else "profile",
+                "file": None,
+                "valid": False,
+                "problem": "file is missing",
+                "present": False,
+                "sha256": None,
+                "approved_sha256": approvals[name].sha256,
+                "status": Status.CHANGED.value,
+            }
+        )
+    return {"config_dir": dirs.config, "entries": entries}
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _status(approved: bool, same: bool) -> Status:
+    if not approved:
+        return Status.UNAPPROVED
+    return Status.APPROVED if same else Status.CHANGED
+
+
+def runtime_digest(dirs: Dirs, path: str, *, full: bool) -> dict[str, Any]:
+    """Tree digest v1 of a runtime directory, checked against the artifact rules."""
+    result = digest_runtime(path, state_dir=dirs.state, full=full)
+    return {"path": path, "format": "tree-digest-v1", "full": full, **dataclasses.asdict(result)}

@@ -1,0 +1,92 @@
+"""The owner's config directory: reading its YAML files by name, and listing what is there."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass
+
+from sandboxer.config import EXTENSIONS, PROFILE_NAME, ExtensionConfig, OwnerFile, Profile, parse_owner_file
+from sandboxer.config import validate_name as file_for_name
+from sandboxer.errors import PolicyError, UsageError
+from sandboxer.yamlstrict import MAX_FILE_BYTES
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OwnerFileBytes:
+    """The exact bytes of one owner file, read once; approval and parsing both use these."""
+
+    name: str
+    relpath: str
+    path: str
+    data: bytes
+
+
+def read_file(path: str, display: str) -> bytes:
+    """Read a regular file (never through a symlink) of bounded size in one go."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise UsageError(f"{display}: no such file") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UsageError(f"{display}: must be a regular file, not a symlink") from None
+        raise UsageError(f"{display}: cannot be read ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as stream:
+        st = os.fstat(stream.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{display}: must be a regular file")
+        data = stream.read(MAX_FILE_BYTES + 1)
+    return data
+
+
+def read_owner_file(config_dir: str, name: str) -> OwnerFileBytes:
+    """Read `extensions/NAME.yaml` or `profiles/NAME.yaml` from the config directory."""
+    relpath = file_for_name(name)
+    path = os.path.join(config_dir, relpath)
+    return OwnerFileBytes(name=name, relpath=relpath, path=path, data=read_file(path, path))
+
+
+def load_owner_file(raw: OwnerFileBytes) -> OwnerFile:
+    """Parse an owner file read by name; its declared name must match its path."""
+    return parse_owner_file(raw.data, raw.path, expected_name=raw.name)
+
+
+def load_profile(config_dir: str, name: str) -> tuple[OwnerFileBytes, Profile]:
+    """Read and parse a profile by name."""
+    if name in EXTENSIONS or not PROFILE_NAME.fullmatch(name):
+        raise UsageError(f"--profile: {name!r} is not a profile name (a-z 0-9 _ -)")
+    raw = read_owner_file(config_dir, name)
+    parsed = load_owner_file(raw)
+    if not isinstance(parsed, Profile):
+        raise UsageError(f"{raw.path}: is not a profile")
+    return raw, parsed
+
+
+def load_extension(config_dir: str, name: str) -> tuple[OwnerFileBytes, ExtensionConfig]:
+    """Read and parse an extension config by name."""
+    raw = read_owner_file(config_dir, name)
+    parsed = load_owner_file(raw)
+    if not isinstance(parsed, ExtensionConfig):
+        raise UsageError(f"{raw.path}: is not an extension configuration")
+    return raw, parsed
+
+
+def present_names(config_dir: str) -> list[str]:
+    """Names of the extension configs and profiles present, extensions first, each sorted."""
+    names: list[str] = []
+    for sub in ("extensions", "profiles"):
+        try:
+            files = sorted(os.listdir(os.path.join(config_dir, sub)))
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise PolicyError(f"{config_dir}/{sub}: cannot be listed ({exc.strerror})") from None
+        stems = [f.removesuffix(".yaml") for f in files if f.endswith(".yaml")]
+        names.extend(stem for stem in stems if (stem in EXTENSIONS) == (sub == "extensions") and _is_name(stem))
+    return names
+
+
+def _is_name(stem: str) -> bool:
+    return stem in EXTENSIONS or PROFILE_NAME.fullmatch(stem) is not None

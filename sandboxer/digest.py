@@ -1,0 +1,173 @@
+"""Tree digest v1 of a runtime directory, with the artifact rules checked during the same walk.
+
+Format (docs/owner-guide.md publishes it): one record per entry, the root itself as `.`, sorted
+by the relative path as bytes, concatenated and hashed with sha256:
+
+    directory  D\\0<relpath>\\0<mode>\\n
+    file       F\\0<relpath>\\0<mode>\\0<sha256 hex>\\n
+    symlink    L\\0<relpath>\\0<target as stored>\\n
+
+`<mode>` is `st_mode & 0o7777` as four octal digits. A `StatCache` may supply a file's content
+hash when its inode, size, mtime and ctime are unchanged; the digest is the same either way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sandboxer.errors import UsageError
+
+if TYPE_CHECKING:
+    from sandboxer.digest_cache import StatCache
+
+_SMALL_FILE = 1 << 20
+
+
+class RuntimeArtifactError(UsageError):
+    """The runtime directory is not an acceptable artifact; the message names the relative path."""
+
+    kind = "runtime-artifact"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TreeDigest:
+    """The digest of a tree and what it took to compute it."""
+
+    sha256: str
+    entries: int
+    files: int
+    bytes: int
+    bytes_read: int
+    reused: int
+
+
+def _show(relpath: bytes) -> str:
+    return relpath.decode("utf-8", "backslashreplace")
+
+
+def canonical_directory(path: str) -> str:
+    """Return `path` if it is a canonical absolute directory (no symlink, `..` or trailing slash)."""
+    if not os.path.isabs(path):
+        raise RuntimeArtifactError(f"runtime {path}: must be an absolute path")
+    if os.path.realpath(path) != path:
+        raise RuntimeArtifactError(f"runtime {path}: must be canonical (no symlink, '.', '..' or trailing slash)")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise RuntimeArtifactError(f"runtime {path}: does not exist") from None
+    except OSError as exc:
+        raise RuntimeArtifactError(f"runtime {path}: cannot be read ({exc.strerror})") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise RuntimeArtifactError(f"runtime {path}: must be a directory")
+    return path
+
+
+def _hash_file(path: bytes, expected: os.stat_result) -> str:
+    # O_NOFOLLOW and O_NONBLOCK: a file swapped for a symlink or FIFO after lstat cannot redirect
+    # or hang the read; the inode check below then refuses the swap.
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        st = os.fstat(fd)
+        if (st.st_ino, st.st_dev) != (expected.st_ino, expected.st_dev) or not stat.S_ISREG(st.st_mode):
+            raise RuntimeArtifactError("runtime changed while it was being read")
+        if st.st_size <= _SMALL_FILE:
+            chunks = []
+            while chunk := os.read(fd, _SMALL_FILE + 1):
+                chunks.append(chunk)
+            return hashlib.sha256(b"".join(chunks)).hexdigest()
+        with os.fdopen(fd, "rb", closefd=False) as stream:
+            return hashlib.file_digest(stream, "sha256").hexdigest()
+    finally:
+        os.close(fd)
+
+
+def _check_symlink(root: str, full: bytes, relpath: bytes, target: bytes) -> None:
+    if target.startswith(b"/"):
+        raise RuntimeArtifactError(f"runtime {_show(relpath)}: absolute symlink")
+    resolved = os.path.realpath(full)
+    if resolved != os.fsencode(root) and not resolved.startswith(os.fsencode(root) + b"/"):
+        raise RuntimeArtifactError(f"runtime {_show(relpath)}: symlink escapes the runtime")
+
+
+def _check_mode(relpath: bytes, mode: int) -> None:
+    if mode & stat.S_IWOTH:
+        raise RuntimeArtifactError(f"runtime {_show(relpath)}: world-writable")
+    if mode & (stat.S_ISUID | stat.S_ISGID) and not stat.S_ISDIR(mode):
+        raise RuntimeArtifactError(f"runtime {_show(relpath)}: setuid or setgid file")
+
+
+def tree_digest(root: str, *, cache: StatCache | None = None) -> TreeDigest:
+    """Digest the canonical directory `root`, refusing anything a runtime must not contain."""
+    canonical_directory(root)
+    broot = os.fsencode(root)
+    records: list[tuple[bytes, bytes]] = []
+    kinds: dict[bytes, int] = {}
+    files = total_bytes = bytes_read = reused = 0
+
+    root_st = os.lstat(broot)
+    _check_mode(b".", root_st.st_mode)
+    records.append((b".", b"D\0.\0%04o\n" % (root_st.st_mode & 0o7777)))
+    pending: list[tuple[bytes, bytes]] = [(broot, b"")]
+    while pending:
+        directory, prefix = pending.pop()
+        try:
+            with os.scandir(directory) as it:
+                entries = list(it)
+        except OSError as exc:
+            raise RuntimeArtifactError(f"runtime {_show(prefix or b'.')}: cannot be read ({exc.strerror})") from None
+        for entry in entries:
+            relpath = prefix + entry.name if prefix else entry.name
+            full = entry.path
+            st = entry.stat(follow_symlinks=False)
+            mode = st.st_mode
+            perm = mode & 0o7777
+            kinds[relpath] = stat.S_IFMT(mode)
+            if stat.S_ISDIR(mode):
+                _check_mode(relpath, mode)
+                records.append((relpath, b"D\0%s\0%04o\n" % (relpath, perm)))
+                pending.append((full, relpath + b"/"))
+            elif stat.S_ISREG(mode):
+                _check_mode(relpath, mode)
+                files += 1
+                total_bytes += st.st_size
+                content = cache.lookup(relpath, st) if cache is not None else None
+                if content is None:
+                    content = _hash_file(full, st)
+                    bytes_read += st.st_size
+                    if cache is not None:
+                        cache.store(relpath, st, content)
+                else:
+                    reused += 1
+                records.append((relpath, b"F\0%s\0%04o\0%s\n" % (relpath, perm, content.encode())))
+            elif stat.S_ISLNK(mode):
+                target = os.readlink(full)
+                _check_symlink(root, full, relpath, target)
+                records.append((relpath, b"L\0%s\0%s\n" % (relpath, target)))
+            else:
+                raise RuntimeArtifactError(f"runtime {_show(relpath)}: special file (not a file, directory or symlink)")
+
+    _check_layout(root, kinds)
+    records.sort(key=lambda record: record[0])
+    hasher = hashlib.sha256()
+    for _, record in records:
+        hasher.update(record)
+    return TreeDigest(
+        sha256=hasher.hexdigest(),
+        entries=len(records),
+        files=files,
+        bytes=total_bytes,
+        bytes_read=bytes_read,
+        reused=reused,
+    )
+
+
+def _check_layout(root: str, kinds: dict[bytes, int]) -> None:
+    if kinds.get(b"pyvenv.cfg") != stat.S_IFREG:
+        raise RuntimeArtifactError("runtime pyvenv.cfg: missing or not a regular file")
+    python = os.path.realpath(os.path.join(root, "bin", "python3"))
+    if b"bin/python3" not in kinds or not os.path.isfile(python) or not os.access(python, os.X_OK):
+        raise RuntimeArtifactError("runtime bin/python3: missing or not an executable file")

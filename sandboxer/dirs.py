@@ -1,0 +1,46 @@
+"""Where the broker keeps owner configuration and live state, from options, environment or defaults."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dirs:
+    """The config directory (owner YAML, approvals) and the state directory (live sandboxes, caches)."""
+
+    config: str
+    state: str
+
+
+def resolve_dirs(
+    *, config_dir: str | None, state_dir: str | None, environ: Mapping[str, str], euid: int, home: str
+) -> Dirs:
+    """Options win over SANDBOXER_CONFIG / SANDBOXER_STATE, which win over the defaults.
+
+    Root uses /etc/sandboxer and /run/sandboxer; any other user gets directories of their own
+    under their XDG config and runtime (or state) directories, so no two users share a broker.
+    """
+    config = config_dir or environ.get("SANDBOXER_CONFIG") or ""
+    state = state_dir or environ.get("SANDBOXER_STATE") or ""
+    if not config:
+        if euid == 0:
+            config = "/etc/sandboxer"
+        else:
+            config = os.path.join(
+                _absolute(environ.get("XDG_CONFIG_HOME")) or os.path.join(home, ".config"), "sandboxer"
+            )
+    if not state:
+        if euid == 0:
+            state = "/run/sandboxer"
+        else:
+            base = _absolute(environ.get("XDG_RUNTIME_DIR")) or os.path.join(home, ".local", "state")
+            state = os.path.join(base, "sandboxer")
+    return Dirs(config=os.path.abspath(config), state=os.path.abspath(state))
+
+
+def _absolute(value: str | None) -> str | None:
+    # The XDG spec says relative values are invalid and must be ignored.
+    return value if value and os.path.isabs(value) else None

@@ -1,0 +1,100 @@
+"""Every error sandboxer reports, each carrying the exit status the contract fixes.
+
+    SandboxerError                 (1, never raised directly)
+    ├── UsageError                 2  bad usage or invalid input
+    │   └── ConfigError            2  an owner YAML file breaks a rule (file:line:col: key.path: rule)
+    ├── PolicyError                3  refused: unapproved, digest mismatch, forbidden setting
+    ├── NotFoundError              4  no such sandbox
+    ├── BackendError               5  bwrap or Docker failed, or the live state differs from the plan
+    ├── ResidueError               6  teardown left something behind
+    └── NotPendingError           75  dispatch-tool found nothing yet (retryable)
+
+Messages name the file, the field and the rule. They never carry a value read from a config,
+manifest, bootstrap or secret file: callers may log them anywhere.
+"""
+
+from __future__ import annotations
+
+
+class SandboxerError(Exception):
+    """Base of every error the CLI turns into one line and an exit status."""
+
+    exit_status = 1
+    kind = "error"
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if self.hint is None else f"{self.message} (hint: {self.hint})"
+
+
+class UsageError(SandboxerError):
+    """Bad usage or invalid input."""
+
+    exit_status = 2
+    kind = "usage"
+
+
+class ConfigError(UsageError):
+    """An owner configuration file breaks a rule; the message is `file:line:col: key.path: rule`."""
+
+    kind = "config"
+
+    def __init__(self, file: str, line: int, column: int, key_path: str, rule: str) -> None:
+        location = f"{file}:{line}:{column}"
+        super().__init__(f"{location}: {key_path}: {rule}" if key_path else f"{location}: {rule}")
+        self.file = file
+        self.line = line
+        self.column = column
+        self.key_path = key_path
+        self.rule = rule
+
+
+class PolicyError(SandboxerError):
+    """Refused by policy: unapproved, digest mismatch, forbidden setting, expired lease."""
+
+    exit_status = 3
+    kind = "policy"
+
+
+class ForbiddenSettingError(PolicyError):
+    """A well-formed configuration asks for something its extension refuses."""
+
+    kind = "forbidden-setting"
+
+    def __init__(self, file: str, line: int, column: int, key_path: str, rule: str) -> None:
+        super().__init__(f"{file}:{line}:{column}: {key_path}: {rule}")
+        self.file = file
+        self.key_path = key_path
+        self.rule = rule
+
+
+class NotFoundError(SandboxerError):
+    """No such sandbox."""
+
+    exit_status = 4
+    kind = "not-found"
+
+
+class BackendError(SandboxerError):
+    """The backend failed, or the live sandbox differs from its plan."""
+
+    exit_status = 5
+    kind = "backend"
+
+
+class ResidueError(SandboxerError):
+    """Teardown left residue."""
+
+    exit_status = 6
+    kind = "residue"
+
+
+class NotPendingError(SandboxerError):
+    """dispatch-tool found no pending request yet; the caller may retry."""
+
+    exit_status = 75
+    kind = "not-pending"

@@ -1,0 +1,71 @@
+"""Small filesystem primitives: atomic replacement, private directories, advisory locks."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import stat
+import tempfile
+from collections.abc import Iterator
+
+from sandboxer.errors import PolicyError
+
+
+def fsync_dir(path: str) -> None:
+    """Make a rename or unlink inside `path` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, data: bytes, *, mode: int = 0o600) -> None:
+    """Replace `path` with `data` so that readers see the old or the new bytes, never a mix."""
+    directory = os.path.dirname(path) or "."
+    fd, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix="~")
+    try:
+        with os.fdopen(fd, "wb") as stream:
+            os.fchmod(stream.fileno(), mode)
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    fsync_dir(directory)
+
+
+def check_private_dir(path: str, what: str) -> None:
+    """Refuse a directory that is a symlink, not ours, or open to group or others."""
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise PolicyError(f"{what} {path}: must be a directory, not a symlink or file")
+    if st.st_uid != os.geteuid():
+        raise PolicyError(f"{what} {path}: must be owned by uid {os.geteuid()}")
+    if st.st_mode & 0o077:
+        raise PolicyError(f"{what} {path}: must be owner-only (mode 0700)")
+
+
+def ensure_private_dir(path: str, what: str = "directory") -> None:
+    """Create `path` (and parents) as 0700 when missing; refuse it when it is not private."""
+    with contextlib.suppress(FileExistsError):
+        os.makedirs(path, mode=0o700)
+    check_private_dir(path, what)
+
+
+@contextlib.contextmanager
+def locked(path: str) -> Iterator[None]:
+    """Hold an exclusive advisory lock on `path` (created 0600) for the duration of the block.
+
+    flock locks die with their process, so a crashed holder never blocks the next one.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
