@@ -1,0 +1,322 @@
+"""Owner configuration: every rule has a bad file, and each bad file has its exact error."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sandboxer.config import ExtensionConfig, Limits, Profile, parse_owner_file, validate_name
+from sandboxer.errors import ConfigError, ForbiddenSettingError, UsageError
+
+HEX = "ab" * 32
+
+EXT = f"""extension: ext.bwrap
+config:
+  runtime:
+    path: /srv/runtimes/demo
+    sha256: {HEX}
+"""
+
+DOCKER = f"""extension: ext.docker
+config:
+  image: sha256:{HEX}
+  runtime:
+    path: /srv/runtimes/demo
+    sha256: {HEX}
+"""
+
+PROFILE = """profile: dev
+extension: ext.bwrap
+workspace:
+  repository: /srv/repos/demo
+  ref: main
+network:
+  default: deny
+  egress: []
+setup:
+  secrets: []
+"""
+
+
+def parse(text: str, name: str | None = None) -> ExtensionConfig | Profile:
+    return parse_owner_file(text.encode(), "f.yaml", expected_name=name)
+
+
+def test_valid_extension_config_is_normalized() -> None:
+    item = parse(EXT, "ext.bwrap")
+    assert isinstance(item, ExtensionConfig)
+    assert item.extension == "ext.bwrap"
+    assert item.runtime.path == "/srv/runtimes/demo"
+    assert item.runtime.sha256 == HEX
+    assert item.image is None
+
+
+def test_valid_docker_config_keeps_its_image() -> None:
+    item = parse(DOCKER, "ext.docker")
+    assert isinstance(item, ExtensionConfig)
+    assert item.image == f"sha256:{HEX}"
+
+
+def test_profile_gets_default_limits_when_none_are_given() -> None:
+    item = parse(PROFILE, "dev")
+    assert isinstance(item, Profile)
+    assert item.limits == Limits(memory_mib=2048, pids=512, best_effort=False)
+    assert item.workspace.repository == "/srv/repos/demo"
+    assert item.workspace.ref == "main"
+
+
+def test_profile_limits_are_read() -> None:
+    item = parse(PROFILE + "limits:\n  memory_mib: 512\n  pids: 64\n  best_effort: true\n")
+    assert isinstance(item, Profile)
+    assert item.limits == Limits(memory_mib=512, pids=64, best_effort=True)
+
+
+def test_file_hash_covers_exact_bytes() -> None:
+    first = parse(PROFILE)
+    second = parse(PROFILE + "\n")
+    assert first.file_sha256 != second.file_sha256
+
+
+# (description, text, exact error message)
+BAD_FILES = [
+    ("unknown top-level key", EXT + "extra: 1\n", "f.yaml:6:1: extra: unknown key"),
+    (
+        "unknown nested key",
+        EXT.replace("  runtime:", "  colour: red\n  runtime:"),
+        "f.yaml:3:3: config.colour: unknown key",
+    ),
+    ("missing runtime", "extension: ext.bwrap\nconfig: {}\n", "f.yaml:2:9: config.runtime: missing required key"),
+    (
+        "missing sha256",
+        EXT.replace(f"    sha256: {HEX}\n", ""),
+        "f.yaml:4:5: config.runtime.sha256: missing required key",
+    ),
+    ("duplicate key", EXT + "extension: ext.bwrap\n", "f.yaml:6:1: extension: duplicate key"),
+    (
+        "duplicate nested key",
+        EXT.replace("    path: /srv/runtimes/demo\n", "    path: /srv/runtimes/demo\n    path: /srv/other\n"),
+        "f.yaml:5:5: config.runtime.path: duplicate key",
+    ),
+    (
+        "unknown extension",
+        EXT.replace("ext.bwrap", "ext.chroot"),
+        "f.yaml:1:12: extension: must be one of ext.bwrap, ext.docker",
+    ),
+    (
+        "sha256 uppercase",
+        EXT.replace(HEX, HEX.upper()),
+        "f.yaml:5:13: config.runtime.sha256: must be 64 lowercase hex digits",
+    ),
+    ("sha256 short", EXT.replace(HEX, HEX[:63]), "f.yaml:5:13: config.runtime.sha256: must be 64 lowercase hex digits"),
+    ("sha256 number", EXT.replace(HEX, "12"), "f.yaml:5:13: config.runtime.sha256: must be a string"),
+    (
+        "relative runtime path",
+        EXT.replace("/srv/runtimes/demo", "srv/runtimes"),
+        "f.yaml:4:11: config.runtime.path: must be a normalized absolute path other than /",
+    ),
+    (
+        "runtime path with ..",
+        EXT.replace("/srv/runtimes/demo", "/srv/../etc"),
+        "f.yaml:4:11: config.runtime.path: must be a normalized absolute path other than /",
+    ),
+    (
+        "runtime path with trailing slash",
+        EXT.replace("/srv/runtimes/demo", "/srv/runtimes/"),
+        "f.yaml:4:11: config.runtime.path: must be a normalized absolute path other than /",
+    ),
+    ("config is a list", "extension: ext.bwrap\nconfig: [1]\n", "f.yaml:2:9: config: must be a mapping"),
+    ("document is a list", "- 1\n", "f.yaml:1:1: (document): must be a mapping"),
+    ("empty file", "", "f.yaml:1:1: file is empty"),
+    (
+        "anchor",
+        EXT.replace("path: /srv", "path: &p /srv"),
+        "f.yaml:4:11: config.runtime.path: anchors and aliases are not allowed",
+    ),
+    (
+        "python tag",
+        EXT.replace("path: /srv", "path: !!python/str /srv"),
+        "f.yaml:4:11: config.runtime.path: unsupported YAML tag",
+    ),
+    (
+        "image on ext.bwrap",
+        EXT.replace("  runtime:", f"  image: sha256:{HEX}\n  runtime:"),
+        "f.yaml:3:3: config.image: unknown key",
+    ),
+    (
+        "docker without image",
+        DOCKER.replace(f"  image: sha256:{HEX}\n", ""),
+        "f.yaml:3:3: config.image: missing required key",
+    ),
+    (
+        "docker tag-only image",
+        DOCKER.replace(f"sha256:{HEX}", "debian:12"),
+        "f.yaml:3:10: config.image: must be an immutable image reference (sha256:<64 hex> or repository@sha256:<64 hex>)",
+    ),
+    ("profile unknown key", PROFILE + "mounts: []\n", "f.yaml:11:1: mounts: unknown key"),
+    (
+        "profile missing setup",
+        PROFILE.replace("setup:\n  secrets: []\n", ""),
+        "f.yaml:1:1: setup: missing required key",
+    ),
+    (
+        "profile bad name",
+        PROFILE.replace("profile: dev", "profile: Dev/x"),
+        "f.yaml:1:10: profile: must be 1-63 of a-z 0-9 _ - starting with a letter or digit",
+    ),
+    ("egress not a list", PROFILE.replace("egress: []", "egress: none"), "f.yaml:8:11: network.egress: must be a list"),
+    (
+        "secret of wrong type",
+        PROFILE.replace("secrets: []", "secrets: [{a: 1}]"),
+        "f.yaml:10:13: setup.secrets[0]: must be a string",
+    ),
+    (
+        "network default other",
+        PROFILE.replace("default: deny", "default: maybe"),
+        "f.yaml:7:12: network.default: must be deny or allow",
+    ),
+    ("pids as string", PROFILE + "limits:\n  pids: many\n", "f.yaml:12:9: limits.pids: must be an integer"),
+    ("pids as bool", PROFILE + "limits:\n  pids: true\n", "f.yaml:12:9: limits.pids: must be an integer"),
+    ("pids too small", PROFILE + "limits:\n  pids: 1\n", "f.yaml:12:9: limits.pids: must be between 16 and 65536"),
+    (
+        "memory hex",
+        PROFILE + "limits:\n  memory_mib: 0x400\n",
+        "f.yaml:12:15: limits.memory_mib: integers must be written in decimal",
+    ),
+    (
+        "best_effort string",
+        PROFILE + "limits:\n  best_effort: yes\n",
+        "f.yaml:12:16: limits.best_effort: must be true or false",
+    ),
+    ("unknown limit", PROFILE + "limits:\n  cpus: 2\n", "f.yaml:12:3: limits.cpus: unknown key"),
+    (
+        "git ref with ..",
+        PROFILE.replace("ref: main", "ref: main..evil"),
+        "f.yaml:5:8: workspace.ref: must be a Git branch, tag or commit name (letters, digits, . _ / -)",
+    ),
+    (
+        "git ref option-like",
+        PROFILE.replace("ref: main", "ref: --upload-pack=x"),
+        "f.yaml:5:8: workspace.ref: must be a Git branch, tag or commit name (letters, digits, . _ / -)",
+    ),
+    ("integer key", EXT + "1: x\n", "f.yaml:6:1: keys must be plain strings"),
+    ("bad yaml", "extension: [\n", "f.yaml:2:1: invalid YAML: expected the node content, but found '<stream end>'"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), [(t, m) for _, t, m in BAD_FILES], ids=[d for d, _, _ in BAD_FILES])
+def test_bad_file_is_refused_with_exact_error(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse(text)
+    assert str(info.value) == message
+    assert info.value.exit_status == 2
+
+
+def test_file_must_declare_the_name_its_path_gives_it() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse(PROFILE, "other")
+    assert str(info.value) == "f.yaml:1:10: profile: must equal the file's name (other)"
+
+
+def test_non_utf8_file_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"f\.yaml:1:1: file is not valid UTF-8"):
+        parse_owner_file(b"extension: \xff\n", "f.yaml")
+
+
+def test_oversized_file_is_refused() -> None:
+    with pytest.raises(ConfigError, match="larger than"):
+        parse_owner_file(b"#" * (256 * 1024 + 1), "f.yaml")
+
+
+FORBIDDEN = [
+    (
+        PROFILE.replace("default: deny", "default: allow"),
+        "f.yaml:7:12: network.default: must be deny for ext.bwrap (only loopback networking exists)",
+    ),
+    (
+        PROFILE.replace("egress: []", "egress: [api.example.com]"),
+        "f.yaml:8:11: network.egress: must be empty for ext.bwrap (no egress is enforced)",
+    ),
+    (
+        PROFILE.replace("secrets: []", "secrets: [token]"),
+        "f.yaml:10:12: setup.secrets: must be empty for ext.bwrap (no secret delivery exists)",
+    ),
+    (
+        PROFILE.replace("ext.bwrap", "ext.docker").replace("egress: []", "egress: [x]"),
+        "f.yaml:8:11: network.egress: must be empty for ext.docker (no egress is enforced)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), FORBIDDEN)
+def test_forbidden_setting_is_a_policy_refusal(text: str, message: str) -> None:
+    with pytest.raises(ForbiddenSettingError) as info:
+        parse(text)
+    assert str(info.value) == message
+    assert info.value.exit_status == 3
+
+
+def test_structural_error_wins_over_forbidden_setting() -> None:
+    text = PROFILE.replace("default: deny", "default: allow") + "extra: 1\n"
+    with pytest.raises(ConfigError, match="extra: unknown key"):
+        parse(text)
+
+
+@given(secret=st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_", min_size=12, max_size=40))
+@settings(max_examples=50)
+def test_errors_never_quote_values(secret: str) -> None:
+    texts = [
+        PROFILE.replace("secrets: []", f"secrets: [{secret}]"),
+        PROFILE.replace("secrets: []", f"secrets: {secret}"),
+        PROFILE.replace("ref: main", f"ref: ..{secret}"),
+        EXT.replace(HEX, secret),
+        EXT.replace("ext.bwrap", secret),
+        DOCKER.replace(f"sha256:{HEX}", f"{secret}:latest"),
+        PROFILE + f"limits:\n  pids: {secret}\n",
+        PROFILE.replace("default: deny", f"default: {secret}"),
+    ]
+    for text in texts:
+        with pytest.raises((UsageError, ForbiddenSettingError)) as info:
+            parse(text)
+        assert secret not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        f"sha256:{HEX}",
+        f"debian@sha256:{HEX}",
+        f"library/debian:12@sha256:{HEX}",
+        f"registry.local:5000/team/img:v1.2@sha256:{HEX}",
+    ],
+)
+def test_immutable_image_references_are_accepted(image: str) -> None:
+    item = parse(DOCKER.replace(f"sha256:{HEX}", image, 1))
+    assert isinstance(item, ExtensionConfig)
+    assert item.image == image
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "debian",
+        "debian:12",
+        f"sha256:{HEX.upper()}",
+        f"sha256:{HEX[:40]}",
+        f"debian@sha256:{HEX[:63]}",
+        f"https://registry/debian@sha256:{HEX}",
+        f"${{IMAGE}}@sha256:{HEX}",
+        f"Debian@sha256:{HEX}",
+    ],
+)
+def test_mutable_or_malformed_image_references_are_refused(image: str) -> None:
+    with pytest.raises(ConfigError, match="config.image: must be an immutable image reference"):
+        parse(DOCKER.replace(f"sha256:{HEX}", image, 1))
+
+
+def test_names_map_to_their_files() -> None:
+    assert validate_name("ext.bwrap") == "extensions/ext.bwrap.yaml"
+    assert validate_name("bwrap-local") == "profiles/bwrap-local.yaml"
+    for bad in ("../x", "ext.other", "A", "", "a/b"):
+        with pytest.raises(UsageError):
+            validate_name(bad)
