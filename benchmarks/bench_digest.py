@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -253,7 +254,7 @@ def measure(setup: Setup, repeat: int) -> dict[str, Measurement]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    log = (lambda message: print(message, file=sys.stderr)) if args.json else print
+    log = functools.partial(print, file=sys.stderr if args.json else sys.stdout, flush=True)
     scratch = Path(tempfile.mkdtemp(prefix="sandboxer-bench-"))
     try:
         work = Path(os.path.realpath(args.work)) if args.work else scratch

@@ -85,12 +85,57 @@ def _hash_file(path: bytes, expected: os.stat_result) -> str:
         os.close(fd)
 
 
-def _check_symlink(root: str, full: bytes, relpath: bytes, target: bytes) -> None:
+def _escapes(broot: bytes, relpath: bytes, target: bytes) -> bool:
+    """Resolve a link inside the tree as if the tree were `/`: does any step climb above it?
+
+    Lexical checks miss a climb through another internal link (`up -> ..`); the host's realpath
+    misses a climb that comes back by the tree's own name (`../runtime/x`), which points
+    elsewhere once the tree is mounted under another name. Walking component by component,
+    following every internal link, catches both.
+    """
+    stack = relpath.split(b"/")[:-1]
+    pending = [part for part in target.split(b"/") if part not in (b"", b".")]
+    pending.reverse()
+    hops = 0
+    while pending:
+        part = pending.pop()
+        if part == b"..":
+            if not stack:
+                return True
+            stack.pop()
+            continue
+        stack.append(part)
+        try:
+            link = os.readlink(os.path.join(broot, *stack))
+        except OSError:
+            continue  # not a link (or absent): nothing more to follow here
+        hops += 1
+        if link.startswith(b"/") or hops > 40:
+            return True
+        stack.pop()
+        pending.extend(reversed([p for p in link.split(b"/") if p not in (b"", b".")]))
+    return False
+
+
+def _check_symlink(broot: bytes, relpath: bytes, target: bytes) -> None:
     if target.startswith(b"/"):
         raise RuntimeArtifactError(f"runtime {_show(relpath)}: absolute symlink")
-    resolved = os.path.realpath(full)
-    if resolved != os.fsencode(root) and not resolved.startswith(os.fsencode(root) + b"/"):
+    if _escapes(broot, relpath, target):
         raise RuntimeArtifactError(f"runtime {_show(relpath)}: symlink escapes the runtime")
+
+
+def _content_hash(full: bytes, relpath: bytes, st: os.stat_result, cache: StatCache | None) -> tuple[str, bool]:
+    """The file's sha256 and whether it had to be read (False: the stat cache vouched for it)."""
+    content = cache.lookup(relpath, st) if cache is not None else None
+    if content is not None:
+        return content, False
+    try:
+        content = _hash_file(full, st)
+    except OSError as exc:
+        raise RuntimeArtifactError(f"runtime {_show(relpath)}: cannot be read ({exc.strerror})") from None
+    if cache is not None:
+        cache.store(relpath, st, content)
+    return content, True
 
 
 def _check_mode(relpath: bytes, mode: int) -> None:
@@ -118,7 +163,9 @@ def tree_digest(root: str, *, cache: StatCache | None = None) -> TreeDigest:
             with os.scandir(directory) as it:
                 entries = list(it)
         except OSError as exc:
-            raise RuntimeArtifactError(f"runtime {_show(prefix or b'.')}: cannot be read ({exc.strerror})") from None
+            raise RuntimeArtifactError(
+                f"runtime {_show(prefix.rstrip(b'/') or b'.')}: cannot be read ({exc.strerror})"
+            ) from None
         for entry in entries:
             relpath = prefix + entry.name if prefix else entry.name
             full = entry.path
@@ -134,18 +181,13 @@ def tree_digest(root: str, *, cache: StatCache | None = None) -> TreeDigest:
                 _check_mode(relpath, mode)
                 files += 1
                 total_bytes += st.st_size
-                content = cache.lookup(relpath, st) if cache is not None else None
-                if content is None:
-                    content = _hash_file(full, st)
-                    bytes_read += st.st_size
-                    if cache is not None:
-                        cache.store(relpath, st, content)
-                else:
-                    reused += 1
+                content, was_read = _content_hash(full, relpath, st, cache)
+                bytes_read += st.st_size if was_read else 0
+                reused += 0 if was_read else 1
                 records.append((relpath, b"F\0%s\0%04o\0%s\n" % (relpath, perm, content.encode())))
             elif stat.S_ISLNK(mode):
                 target = os.readlink(full)
-                _check_symlink(root, full, relpath, target)
+                _check_symlink(broot, relpath, target)
                 records.append((relpath, b"L\0%s\0%s\n" % (relpath, target)))
             else:
                 raise RuntimeArtifactError(f"runtime {_show(relpath)}: special file (not a file, directory or symlink)")

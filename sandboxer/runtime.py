@@ -21,9 +21,7 @@ def digest_runtime(path: str, *, state_dir: str | None, full: bool = False) -> T
     """
     cache: StatCache | None = None
     if state_dir is not None:
-        cache = StatCache.for_root(state_dir, path)
-        if full:
-            cache.entries = {}
+        cache = StatCache.for_root(state_dir, path, load=not full)
     result = tree_digest(path, cache=cache)
     if cache is not None and state_dir is not None:
         try:

@@ -151,7 +151,8 @@ BAD_FILES = [
     (
         "docker tag-only image",
         DOCKER.replace(f"sha256:{HEX}", "debian:12"),
-        "f.yaml:3:10: config.image: must be an immutable image reference (sha256:<64 hex> or repository@sha256:<64 hex>)",
+        "f.yaml:3:10: config.image: must be an immutable image reference"
+        " (sha256:<64 hex> or repository@sha256:<64 hex>)",
     ),
     ("profile unknown key", PROFILE + "mounts: []\n", "f.yaml:11:1: mounts: unknown key"),
     (
@@ -310,7 +311,7 @@ def test_immutable_image_references_are_accepted(image: str) -> None:
     ],
 )
 def test_mutable_or_malformed_image_references_are_refused(image: str) -> None:
-    with pytest.raises(ConfigError, match="config.image: must be an immutable image reference"):
+    with pytest.raises(ConfigError, match=r"config\.image: must be an immutable image reference"):
         parse(DOCKER.replace(f"sha256:{HEX}", image, 1))
 
 
