@@ -124,18 +124,15 @@ def _check_symlink(broot: bytes, relpath: bytes, target: bytes) -> None:
         raise RuntimeArtifactError(f"runtime {_show(relpath)}: symlink escapes the runtime")
 
 
-def _content_hash(full: bytes, relpath: bytes, st: os.stat_result, cache: StatCache | None) -> tuple[str, bool]:
-    """The file's sha256 and whether it had to be read (False: the stat cache vouched for it)."""
-    content = cache.lookup(relpath, st) if cache is not None else None
-    if content is not None:
-        return content, False
+def _read_hash(full: bytes, relpath: bytes, st: os.stat_result, cache: StatCache | None) -> str:
+    """Read and hash one file, and offer the result to the cache."""
     try:
         content = _hash_file(full, st)
     except OSError as exc:
         raise RuntimeArtifactError(f"runtime {_show(relpath)}: cannot be read ({exc.strerror})") from None
     if cache is not None:
         cache.store(relpath, st, content)
-    return content, True
+    return content
 
 
 def _check_mode(relpath: bytes, mode: int) -> None:
@@ -145,13 +142,17 @@ def _check_mode(relpath: bytes, mode: int) -> None:
         raise RuntimeArtifactError(f"runtime {_show(relpath)}: setuid or setgid file")
 
 
+_SUSPICIOUS_BITS = stat.S_IWOTH | stat.S_ISUID | stat.S_ISGID
+
+
 def tree_digest(root: str, *, cache: StatCache | None = None) -> TreeDigest:
     """Digest the canonical directory `root`, refusing anything a runtime must not contain."""
     canonical_directory(root)
     broot = os.fsencode(root)
     records: list[tuple[bytes, bytes]] = []
-    kinds: dict[bytes, int] = {}
     files = total_bytes = bytes_read = reused = 0
+    lookup = cache.lookup if cache is not None else None
+    s_isdir, s_isreg = stat.S_ISDIR, stat.S_ISREG  # the loop below runs once per entry: keep it lean
 
     root_st = os.lstat(broot)
     _check_mode(b".", root_st.st_mode)
@@ -163,42 +164,38 @@ def tree_digest(root: str, *, cache: StatCache | None = None) -> TreeDigest:
             with os.scandir(directory) as it:
                 entries = list(it)
         except OSError as exc:
-            raise RuntimeArtifactError(
-                f"runtime {_show(prefix.rstrip(b'/') or b'.')}: cannot be read ({exc.strerror})"
-            ) from None
+            shown = _show(prefix.rstrip(b"/") or b".")
+            raise RuntimeArtifactError(f"runtime {shown}: cannot be read ({exc.strerror})") from None
         for entry in entries:
-            relpath = prefix + entry.name if prefix else entry.name
-            full = entry.path
+            relpath = prefix + entry.name
             st = entry.stat(follow_symlinks=False)
             mode = st.st_mode
-            perm = mode & 0o7777
-            kinds[relpath] = stat.S_IFMT(mode)
-            if stat.S_ISDIR(mode):
+            if mode & _SUSPICIOUS_BITS and not stat.S_ISLNK(mode):
                 _check_mode(relpath, mode)
-                records.append((relpath, b"D\0%s\0%04o\n" % (relpath, perm)))
-                pending.append((full, relpath + b"/"))
-            elif stat.S_ISREG(mode):
-                _check_mode(relpath, mode)
+            if s_isreg(mode):
                 files += 1
                 total_bytes += st.st_size
-                content, was_read = _content_hash(full, relpath, st, cache)
-                bytes_read += st.st_size if was_read else 0
-                reused += 0 if was_read else 1
-                records.append((relpath, b"F\0%s\0%04o\0%s\n" % (relpath, perm, content.encode())))
+                content = lookup(relpath, st) if lookup is not None else None
+                if content is None:
+                    content = _read_hash(entry.path, relpath, st, cache)
+                    bytes_read += st.st_size
+                else:
+                    reused += 1
+                records.append((relpath, b"F\0%s\0%04o\0%s\n" % (relpath, mode & 0o7777, content.encode())))
+            elif s_isdir(mode):
+                records.append((relpath, b"D\0%s\0%04o\n" % (relpath, mode & 0o7777)))
+                pending.append((entry.path, relpath + b"/"))
             elif stat.S_ISLNK(mode):
-                target = os.readlink(full)
+                target = os.readlink(entry.path)
                 _check_symlink(broot, relpath, target)
                 records.append((relpath, b"L\0%s\0%s\n" % (relpath, target)))
             else:
                 raise RuntimeArtifactError(f"runtime {_show(relpath)}: special file (not a file, directory or symlink)")
 
-    _check_layout(root, kinds)
-    records.sort(key=lambda record: record[0])
-    hasher = hashlib.sha256()
-    for _, record in records:
-        hasher.update(record)
+    _check_layout(broot)
+    records.sort()  # relative paths are unique, so this orders by path bytes alone
     return TreeDigest(
-        sha256=hasher.hexdigest(),
+        sha256=hashlib.sha256(b"".join(record for _, record in records)).hexdigest(),
         entries=len(records),
         files=files,
         bytes=total_bytes,
@@ -207,9 +204,13 @@ def tree_digest(root: str, *, cache: StatCache | None = None) -> TreeDigest:
     )
 
 
-def _check_layout(root: str, kinds: dict[bytes, int]) -> None:
-    if kinds.get(b"pyvenv.cfg") != stat.S_IFREG:
+def _check_layout(broot: bytes) -> None:
+    try:
+        cfg = os.lstat(os.path.join(broot, b"pyvenv.cfg"))
+    except OSError:
+        cfg = None
+    if cfg is None or not stat.S_ISREG(cfg.st_mode):
         raise RuntimeArtifactError("runtime pyvenv.cfg: missing or not a regular file")
-    python = os.path.realpath(os.path.join(root, "bin", "python3"))
-    if b"bin/python3" not in kinds or not os.path.isfile(python) or not os.access(python, os.X_OK):
+    python = os.path.realpath(os.path.join(broot, b"bin", b"python3"))
+    if not os.path.isfile(python) or not os.access(python, os.X_OK):
         raise RuntimeArtifactError("runtime bin/python3: missing or not an executable file")

@@ -57,7 +57,7 @@ class StatCache:
     def lookup(self, relpath: bytes, st: os.stat_result) -> str | None:
         """The recorded content hash if the file's stat is unchanged, else None."""
         entry = self.entries.get(relpath)
-        if type(entry) is not tuple or len(entry) != 2 or entry[0] != _key(st) or type(entry[1]) is not str:
+        if entry is None or entry[0] != (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns):
             return None
         self.fresh[relpath] = entry
         return entry[1]
@@ -96,4 +96,12 @@ def _load(path: str, root: str) -> dict[bytes, Entry]:
     if not isinstance(document, dict) or document.get("format") != _FORMAT or document.get("root") != root:
         return {}
     entries = document.get("entries")
-    return entries if isinstance(entries, dict) else {}
+    if not isinstance(entries, dict):
+        return {}
+    # Checked once here so that lookup, which runs per file, can trust the shapes.
+    for key, entry in entries.items():
+        if not (type(key) is bytes and type(entry) is tuple and len(entry) == 2 and type(entry[1]) is str):
+            return {}
+        if type(entry[0]) is not tuple or len(entry[0]) != 5:
+            return {}
+    return entries
