@@ -135,6 +135,88 @@ def runtime_digest(
     _print(result, result["sha256"], json)
 
 
+@app.command("create")
+def create_command(
+    ctx: typer.Context,
+    profile: Annotated[str, typer.Option("--profile", help="An approved profile name.")],
+    manifest: Annotated[str | None, typer.Option("--manifest", help="A lease manifest (not yet supported).")] = None,
+    bootstrap: Annotated[
+        str | None, typer.Option("--bootstrap", help="A runtime bootstrap (not yet supported).")
+    ] = None,
+    json: JsonOption = False,
+) -> None:
+    """Create a sandbox from an approved profile and print its id."""
+    from sandboxer.commands import sandbox
+    from sandboxer.errors import UsageError
+
+    if manifest is not None or bootstrap is not None:
+        raise UsageError("--manifest and --bootstrap are not supported yet")
+    result = sandbox.create(_dirs(ctx), profile)
+    _print(result, result["id"], json)
+
+
+@app.command(
+    "exec",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def exec_command(ctx: typer.Context) -> None:
+    """Run ARGV in a sandbox: exec ID [--cwd DIR] [--consumer NAME] [--executable NAME] [--timeout S] -- ARGV..."""
+    del ctx  # `exec` is served by sandboxer.fastexec before this CLI is even imported
+
+
+@app.command("inspect")
+def inspect_command(
+    ctx: typer.Context, sandbox_id: Annotated[str, typer.Argument(metavar="ID")], json: JsonOption = False
+) -> None:
+    """Evidence observed from a live sandbox, compared with its plan."""
+    from sandboxer.commands import sandbox
+
+    result = sandbox.inspect(_dirs(ctx), sandbox_id)
+    human = [f"{key}: {value}" for key, value in _flatten(result)]
+    _print(result, "\n".join(human), json)
+
+
+@app.command("list")
+def list_command(ctx: typer.Context, json: JsonOption = False) -> None:
+    """List the sandboxes of this state dir."""
+    from sandboxer.commands import sandbox
+
+    result = sandbox.list_sandboxes(_dirs(ctx))
+    rows = [("ID", "PROFILE", "BACKEND", "STATUS", "CREATED")]
+    rows += [
+        (e["id"], str(e["profile"]), str(e["backend"]), e["status"], str(e["created_at"])) for e in result["sandboxes"]
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    human = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+    _print(result, human if result["sandboxes"] else "no sandboxes", json)
+
+
+@app.command("teardown")
+def teardown_command(
+    ctx: typer.Context, sandbox_id: Annotated[str, typer.Argument(metavar="ID")], json: JsonOption = False
+) -> None:
+    """Remove everything a sandbox owns and print the receipt (exit 6 if anything is left)."""
+    from sandboxer.commands import sandbox
+
+    receipt = sandbox.teardown(_dirs(ctx), sandbox_id)
+    lines = [f"removed {item}" for item in receipt["removed"]] + [f"RESIDUE {item}" for item in receipt["residue"]]
+    _print(receipt, "\n".join(lines) or f"{sandbox_id}: nothing to remove", json)
+    sandbox.receipt_or_raise(receipt)
+
+
+@app.command("gc")
+def gc_command(ctx: typer.Context, json: JsonOption = False) -> None:
+    """Tear down sandboxes whose creating or tearing-down broker died; leave healthy ones alone."""
+    from sandboxer.commands import sandbox
+
+    result = sandbox.gc(_dirs(ctx))
+    lines = [f"collected {r['id']}" + (" (RESIDUE)" if r["residue"] else "") for r in result["collected"]]
+    _print(result, "\n".join(lines) or "nothing to collect", json)
+    for receipt in result["collected"]:
+        sandbox.receipt_or_raise(receipt)
+
+
 def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
     if isinstance(value, dict):
         pairs: list[tuple[str, str]] = []

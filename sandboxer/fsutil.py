@@ -39,22 +39,28 @@ def atomic_write(path: str, data: bytes, *, mode: int = 0o600) -> None:
     fsync_dir(directory)
 
 
-def check_private_dir(path: str, what: str) -> None:
-    """Refuse a directory that is a symlink, not ours, or open to group or others."""
+def check_private_dir(path: str, what: str, *, traversable: bool = False) -> None:
+    """Refuse a directory that is a symlink, not ours, or open to group or others.
+
+    `traversable` allows the search bit for group and others (mode 0711): they may pass
+    through to a name they already know, but never list or change the directory.
+    """
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise PolicyError(f"{what} {path}: must be a directory, not a symlink or file")
     if st.st_uid != os.geteuid():
         raise PolicyError(f"{what} {path}: must be owned by uid {os.geteuid()}")
-    if st.st_mode & 0o077:
-        raise PolicyError(f"{what} {path}: must be owner-only (mode 0700)")
+    if st.st_mode & (0o066 if traversable else 0o077):
+        raise PolicyError(f"{what} {path}: must be owner-only (mode 0700{' or 0711' if traversable else ''})")
 
 
-def ensure_private_dir(path: str, what: str = "directory") -> None:
-    """Create `path` (and parents) as 0700 when missing; refuse it when it is not private."""
+def ensure_private_dir(path: str, what: str = "directory", *, traversable: bool = False) -> None:
+    """Create `path` (and parents) as 0700 (0711 if `traversable`) when missing; refuse it when not private."""
     with contextlib.suppress(FileExistsError):
         os.makedirs(path, mode=0o700)
-    check_private_dir(path, what)
+        if traversable:
+            os.chmod(path, 0o711)  # noqa: S103 - passable, not listable; see Registry.ensure
+    check_private_dir(path, what, traversable=traversable)
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ def digest_runtime(path: str, *, state_dir: str | None, full: bool = False) -> T
     result = tree_digest(path, cache=cache)
     if cache is not None and state_dir is not None:
         try:
-            ensure_private_dir(state_dir, "state dir")
+            ensure_private_dir(state_dir, "state dir", traversable=os.geteuid() == 0)
             cache.save()
         except (OSError, SandboxerError) as exc:
             print(f"sandboxer: warning: digest cache not saved ({exc})", file=sys.stderr)

@@ -1,0 +1,229 @@
+"""The bubblewrap backend: start one long-lived namespace per sandbox, probe it, stop it.
+
+As root, bwrap runs as the sandbox's unprivileged host uid, so the user namespace it makes is
+owned by that uid and nothing the sandbox writes belongs to host root. As an ordinary user,
+bwrap runs as that user. Either way the broker never mounts anything on the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from sandboxer import joiner, procs
+from sandboxer.backends.bwrap_argv import BwrapFds, needs_fd, render
+from sandboxer.errors import BackendError
+from sandboxer.observe import ProbeSeen, parse_probe
+from sandboxer.plan import MountKind, Plan
+
+START_TIMEOUT = 20.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Live:
+    """The host processes of a running sandbox."""
+
+    bwrap_pid: int
+    init_pid: int  # pid 1 of the sandbox (bwrap's reaper): killing it ends the pid namespace
+    holder_pid: int  # the long-lived process whose namespaces every exec joins
+    pid_namespace: int
+
+    def as_record(self) -> dict[str, int | None]:
+        """JSON-ready form, each pid with its start time against pid reuse."""
+        return {
+            "bwrap_pid": self.bwrap_pid,
+            "bwrap_start": procs.start_time(self.bwrap_pid),
+            "init_pid": self.init_pid,
+            "init_start": procs.start_time(self.init_pid),
+            "holder_pid": self.holder_pid,
+            "holder_start": procs.start_time(self.holder_pid),
+            "pid_namespace": self.pid_namespace,
+        }
+
+
+def host_ids(plan: Plan) -> tuple[int, int]:
+    """The host uid/gid the sandbox user is: the plan's as root, the broker's own otherwise."""
+    if os.geteuid() == 0:
+        return plan.uid, plan.gid
+    return os.getuid(), os.getgid()
+
+
+def find_bwrap() -> str:
+    """The bwrap executable, or a backend error with the install hint."""
+    path = shutil.which("bwrap", path="/usr/bin:/bin:/usr/local/bin")
+    if path is None:
+        raise BackendError("bwrap is not installed", hint="apt-get install -y bubblewrap")
+    return path
+
+
+@contextlib.contextmanager
+def _opened_fds(plan: Plan) -> Iterator[dict[str, int]]:
+    fds: dict[str, int] = {}
+    try:
+        for mount in plan.mounts:
+            if not needs_fd(mount):
+                continue
+            if mount.kind is MountKind.FILE:
+                fd = os.memfd_create("sandboxer-etc", 0)
+                os.write(fd, mount.content or b"")
+                os.lseek(fd, 0, os.SEEK_SET)
+            else:
+                fd = os.open(str(mount.source), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fds[mount.target] = fd
+        yield fds
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def _read_info(fd: int, bwrap: subprocess.Popen[bytes]) -> dict[str, int]:
+    data = b""
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise BackendError("bwrap did not start within its time limit")
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        data += chunk
+        with contextlib.suppress(ValueError):
+            info = json.loads(data)
+            if isinstance(info, dict) and "child-pid" in info:
+                return info
+    bwrap.wait(timeout=5)
+    raise BackendError(f"bwrap failed to start the sandbox (status {bwrap.returncode})")
+
+
+def _last_line(log_path: str) -> str:
+    try:
+        with open(log_path, "rb") as stream:
+            lines = stream.read()[-4096:].decode(errors="replace").strip().splitlines()
+    except OSError:
+        lines = []
+    return lines[-1] if lines else "no message"
+
+
+def start(plan: Plan, *, log_path: str) -> Live:
+    """Start the sandbox's namespace; the caller registers cleanup before anything else."""
+    bwrap = find_bwrap()
+    uid, gid = host_ids(plan)
+    info_r, info_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        with _opened_fds(plan) as fds, open(log_path, "ab") as log:
+            argv = render(plan, BwrapFds(by_target=fds, info=info_w))
+            argv[0] = bwrap
+            as_root = os.geteuid() == 0
+            process = subprocess.Popen(
+                argv,
+                pass_fds=(*fds.values(), info_w),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                start_new_session=True,  # outlives the create command; out of the caller's process group
+                user=uid if as_root else None,
+                group=gid if as_root else None,
+                extra_groups=[] if as_root else None,
+            )
+        os.close(info_w)
+        info_w = -1
+        info = _read_info(info_r, process)
+    finally:
+        os.close(info_r)
+        if info_w >= 0:
+            os.close(info_w)
+    init_pid = int(info["child-pid"])
+    holder = 0
+    deadline = time.monotonic() + START_TIMEOUT
+    while not holder and time.monotonic() < deadline and process.poll() is None:
+        kids = procs.children(init_pid)
+        holder = kids[0] if kids else 0
+        if not holder:
+            time.sleep(0.001)
+    if not holder:
+        raise BackendError(f"bwrap failed to start the sandbox: {_last_line(log_path)}")
+    return Live(bwrap_pid=process.pid, init_pid=init_pid, holder_pid=holder, pid_namespace=int(info["pid-namespace"]))
+
+
+def _capture(entry: joiner.Entry) -> bytes:
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        started = joiner.start(entry, stdin=devnull, stdout=write_end)
+    finally:
+        os.close(write_end)
+        os.close(devnull)
+    with os.fdopen(read_end, "rb") as stream:
+        data = stream.read(1 << 20)
+    _, status = os.waitpid(started.relay_pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise BackendError("the probe process failed inside the sandbox")
+    return data
+
+
+def probe(live: Live, plan: Plan, *, procs_files: tuple[str, ...], rlimits: tuple[tuple[int, int], ...]) -> ProbeSeen:
+    """Start probe processes exactly as `exec` starts commands and read what they see."""
+    uid, gid = host_ids(plan)
+    env = dict(plan.env)
+
+    def run(path: str) -> bytes:
+        entry = joiner.Entry(
+            holder_pid=live.holder_pid,
+            host_uid=uid,
+            host_gid=gid,
+            cwd="/",
+            argv=("cat", path),
+            executable="/usr/bin/cat",
+            env=env,
+            cgroup_procs=procs_files,
+            rlimits=rlimits,
+        )
+        try:
+            return _capture(entry)
+        except joiner.EntryError as exc:
+            raise BackendError(f"probe: {exc.message}") from None
+
+    status = run("/proc/self/status").decode(errors="replace")
+    environ = run("/proc/self/environ")
+    cgroups = run("/proc/self/cgroup").decode(errors="replace")
+    return parse_probe(status, environ, cgroups)
+
+
+def stop(record: dict[str, object], *, grace: float = 1.0) -> tuple[list[str], list[str]]:
+    """Kill every process of the sandbox: TERM, grace, KILL; returns (removed, residue)."""
+    removed: list[str] = []
+    residue: list[str] = []
+    targets: set[int] = set()
+    pid_namespace = record.get("pid_namespace")
+    if isinstance(pid_namespace, int):
+        targets.update(procs.in_pid_namespace(pid_namespace))
+    for key in ("bwrap", "init", "holder"):
+        pid, started = record.get(f"{key}_pid"), record.get(f"{key}_start")
+        if isinstance(pid, int) and isinstance(started, int) and procs.alive(pid, started):
+            targets.add(pid)
+    sandbox_id = record.get("id")
+    if isinstance(sandbox_id, str):
+        # A bwrap whose pids never reached the record still carries the id in its argv.
+        targets.update(procs.with_marker(f"SANDBOXER_SANDBOX_ID\0{sandbox_id}\0".encode()))
+    targets.discard(os.getpid())
+    if targets:
+        survivors = procs.terminate(sorted(targets), grace=grace)
+        removed.append(f"processes: {len(targets) - len(survivors)}")
+        residue.extend(f"process {pid} still running" for pid in survivors)
+    if isinstance(pid_namespace, int):
+        late = procs.in_pid_namespace(pid_namespace)
+        if late:
+            survivors = procs.terminate(late, grace=0.0)
+            residue.extend(f"process {pid} still running" for pid in survivors)
+    return removed, residue

@@ -1,0 +1,89 @@
+"""Render a plan as a bubblewrap argv: a pure function, pinned by golden tests.
+
+Each option and its values stay on one line so diffs read well. Host directories and generated
+files reach bwrap as file descriptors (`--ro-bind-fd`, `--bind-fd`, `--ro-bind-data`), opened
+by the broker after its checks, so a path swapped in between cannot be mounted instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sandboxer.plan import RUNTIME_TARGET, Mount, MountKind, Plan
+
+HOLDER = ("/usr/bin/sleep", "infinity")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BwrapFds:
+    """File descriptor numbers the broker opened for bwrap: one per target that needs one."""
+
+    by_target: Mapping[str, int]
+    info: int
+
+
+def needs_fd(mount: Mount) -> bool:
+    """Whether a mount is passed to bwrap by file descriptor."""
+    # The runtime and the workspace are checked by the broker just before start: bind exactly
+    # what was checked. /usr and host /etc entries are the host's own system files.
+    return mount.kind in (MountKind.FILE, MountKind.BIND) or mount.target == RUNTIME_TARGET
+
+
+def _mount_args(mount: Mount, fds: BwrapFds) -> list[list[str]]:
+    kind, target = mount.kind, mount.target
+    match kind:
+        case MountKind.RO_BIND:
+            if needs_fd(mount):
+                return [["--ro-bind-fd", str(fds.by_target[target]), target]]
+            return [["--ro-bind", str(mount.source), target]]
+        case MountKind.BIND:
+            return [["--bind-fd", str(fds.by_target[target]), target]]
+        case MountKind.TMPFS:
+            args: list[str] = []
+            if mount.mode is not None:
+                args += ["--perms", f"{mount.mode:04o}"]
+            if mount.size_bytes is not None:
+                args += ["--size", str(mount.size_bytes)]
+            return [[*args, "--tmpfs", target]]
+        case MountKind.PROC:
+            return [["--proc", target]]
+        case MountKind.DEV:
+            return [["--dev", target]]
+        case MountKind.DIR:
+            perms = ["--perms", f"{mount.mode:04o}"] if mount.mode is not None else []
+            return [[*perms, "--dir", target]]
+        case MountKind.SYMLINK:
+            return [["--symlink", str(mount.source), target]]
+        case MountKind.FILE:
+            perms = ["--perms", f"{mount.mode:04o}"] if mount.mode is not None else []
+            return [[*perms, "--ro-bind-data", str(fds.by_target[target]), target]]
+
+
+def render_lines(plan: Plan, fds: BwrapFds) -> list[list[str]]:
+    """The argv as lines of one option each (what golden tests compare)."""
+    lines: list[list[str]] = [
+        ["bwrap"],
+        ["--unshare-user", "--uid", str(plan.uid), "--gid", str(plan.gid)],
+        ["--unshare-pid"],
+        ["--unshare-net"],
+        ["--unshare-ipc"],
+        ["--unshare-uts"],
+        ["--unshare-cgroup-try"],
+        ["--hostname", plan.hostname],
+        ["--disable-userns"],
+        ["--new-session"],
+        ["--cap-drop", "ALL"],
+        ["--clearenv"],
+        ["--setenv", "SANDBOXER_SANDBOX_ID", plan.sandbox_id],
+        ["--info-fd", str(fds.info)],
+    ]
+    for mount in plan.mounts:
+        lines += _mount_args(mount, fds)
+    lines += [["--remount-ro", "/"], ["--chdir", "/"], ["--", *HOLDER]]
+    return lines
+
+
+def render(plan: Plan, fds: BwrapFds) -> list[str]:
+    """The bwrap argv that starts the sandbox's long-lived namespace."""
+    return [arg for line in render_lines(plan, fds) for arg in line]

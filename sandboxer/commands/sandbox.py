@@ -1,0 +1,347 @@
+"""Caller commands: create, inspect, list, teardown, gc (exec lives in sandboxer.fastexec)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from sandboxer import limits, procs, workspace
+from sandboxer.approvals import Ledger, Status
+from sandboxer.backends import bwrap
+from sandboxer.configdir import load_extension, load_profile
+from sandboxer.dirs import Dirs
+from sandboxer.errors import BackendError, PolicyError, ResidueError, SandboxerError
+from sandboxer.observe import differences, interfaces_from_proc, read_mountinfo
+from sandboxer.plan import RUNTIME_TARGET, WORKSPACE_TARGET, Plan, build_plan
+from sandboxer.registry import Registry, check_id
+from sandboxer.runtime import digest_runtime, verify_pin
+
+HOST_LINKS_CANDIDATES = (("/bin", "usr/bin"), ("/lib", "usr/lib"), ("/lib64", "usr/lib64"), ("/sbin", "usr/sbin"))
+HOST_ETC_CANDIDATES = ("/etc/ssl/certs", "/etc/ca-certificates", "/etc/ld.so.cache", "/etc/localtime")
+
+
+def _host_layout() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    links = tuple((target, link) for target, link in HOST_LINKS_CANDIDATES if os.path.isdir(f"/{link}"))
+    etc = tuple(path for path in HOST_ETC_CANDIDATES if os.path.exists(path))
+    return links, etc
+
+
+def _require_approved(ledger: Ledger, name: str, file_sha256: str) -> None:
+    status = ledger.status(name, file_sha256)
+    if status is Status.UNAPPROVED:
+        raise PolicyError(f"{name} is not approved", hint=f"sandboxer ext approve {name}")
+    if status is Status.CHANGED:
+        raise PolicyError(f"{name} changed since it was approved", hint=f"review it, then sandboxer ext approve {name}")
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def create(dirs: Dirs, profile_name: str) -> dict[str, Any]:
+    """Create a sandbox from an approved profile; nothing is left behind if any step fails."""
+    raw, profile = load_profile(dirs.config, profile_name)
+    ledger = Ledger(dirs.config)
+    _require_approved(ledger, profile.name, profile.file_sha256)
+    _, extension = load_extension(dirs.config, profile.extension)
+    _require_approved(ledger, extension.extension, extension.file_sha256)
+    if extension.extension != "ext.bwrap":
+        raise BackendError(f"{extension.extension}: this backend is not available yet")
+    bwrap.find_bwrap()
+    verify_pin(
+        extension.runtime,
+        state_dir=dirs.state,
+        others={
+            "config dir": dirs.config,
+            "state dir": dirs.state,
+            "workspace repository": profile.workspace.repository,
+        },
+    )
+    registry = Registry(dirs.state)
+    sandbox_id, lock = registry.allocate()
+    record: dict[str, Any] = {
+        "id": sandbox_id,
+        "profile": profile.name,
+        "backend": "bwrap",
+        "state": "creating",
+        "created_at": _now(),
+        "owner_pid": os.getpid(),
+        "owner_start": procs.start_time(os.getpid()),
+    }
+    try:
+        registry.write(sandbox_id, record)
+        clone_dir = registry.path(sandbox_id, "workspace")
+        links, etc = _host_layout()
+        plan = build_plan(
+            sandbox_id=sandbox_id,
+            profile=profile,
+            extension=extension,
+            workspace_source=clone_dir,
+            host_links=links,
+            host_etc=etc,
+        )
+        host_uid, host_gid = bwrap.host_ids(plan)
+        workspace.clone(
+            repository=profile.workspace.repository,
+            ref=profile.workspace.ref,
+            destination=clone_dir,
+            profile_file=raw.path,
+            owner=(host_uid, host_gid) if os.geteuid() == 0 else None,
+        )
+        limit_setup = limits.setup(sandbox_id, plan.limits)
+        record["limits"] = {
+            **limit_setup.as_record(),
+            "memory_mib": plan.limits.memory_mib,
+            "pids": plan.limits.pids,
+        }
+        registry.write(sandbox_id, record)
+        live = bwrap.start(plan, log_path=registry.path(sandbox_id, "bwrap.log"))
+        record.update(live.as_record())
+        record.update(_plan_record(plan, host_uid, host_gid))
+        registry.write(sandbox_id, record)
+        limits.join(limit_setup, [live.bwrap_pid, live.init_pid, live.holder_pid])
+        observed = bwrap.probe(live, plan, procs_files=limit_setup.procs_files, rlimits=limit_setup.rlimits)
+        problems = differences(plan, read_mountinfo(live.holder_pid), interfaces_from_proc(live.holder_pid), observed)
+        if limit_setup.groups and not any(sandbox_id in line for line in observed.cgroups):
+            problems.append("limits: the probe is not in the sandbox's cgroup")
+        if problems:
+            raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))
+        record["state"] = "ready"
+        registry.write(sandbox_id, record)
+    except BaseException as exc:
+        record["state"] = "failed"
+        with contextlib.suppress(OSError, SandboxerError):
+            registry.write(sandbox_id, record)
+        _, residue = destroy(registry, sandbox_id, record)
+        if residue and isinstance(exc, SandboxerError):
+            exc.message += f" (and cleanup left residue: {'; '.join(residue)})"
+        raise
+    finally:
+        os.close(lock)
+    return {
+        "id": sandbox_id,
+        "profile": profile.name,
+        "backend": "bwrap",
+        "runtime_sha256": extension.runtime.sha256,
+        "workspace": WORKSPACE_TARGET,
+        "limits": record["limits"]["mechanism"],
+    }
+
+
+def _plan_record(plan: Plan, host_uid: int, host_gid: int) -> dict[str, Any]:
+    return {
+        "uid": plan.uid,
+        "gid": plan.gid,
+        "host_uid": host_uid,
+        "host_gid": host_gid,
+        "env": [list(pair) for pair in plan.env],
+        "runtime_path": plan.runtime_path,
+        "runtime_sha256": plan.runtime_sha256,
+        "mounts": [{"target": m.target, "kind": m.kind.value, "read_only": m.read_only} for m in plan.mounts],
+    }
+
+
+def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Remove everything a sandbox owns: processes, cgroups, clone, directory. (removed, residue)."""
+    record = {**record, "id": sandbox_id}
+    removed, residue = bwrap.stop(record)
+    groups = tuple(record.get("limits", {}).get("groups", ()))
+    if not groups:
+        groups = limits.leftover_groups(sandbox_id)
+    left = limits.remove(groups)
+    removed.extend(f"cgroup {g}" for g in groups if g not in left)
+    residue.extend(f"cgroup {g}" for g in left)
+    directory = registry.path(sandbox_id)
+    mounted = _host_mounts_below(directory)
+    residue.extend(f"mount {m}" for m in mounted)
+    clone_dir = os.path.join(directory, "workspace")
+    if os.path.lexists(clone_dir):
+        if workspace.remove_tree(clone_dir):
+            removed.append(f"workspace {clone_dir}")
+        else:
+            residue.append(f"workspace {clone_dir}")
+    if not mounted and workspace.remove_tree(directory):
+        removed.append(f"sandbox dir {directory}")
+    elif os.path.lexists(directory):
+        residue.append(f"sandbox dir {directory}")
+    return removed, residue
+
+
+def _host_mounts_below(directory: str) -> list[str]:
+    try:
+        with open("/proc/self/mountinfo") as stream:
+            lines = stream.read().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 4 and (fields[4] == directory or fields[4].startswith(directory + "/")):
+            found.append(fields[4])
+    return found
+
+
+def teardown(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
+    """Tear a sandbox down and return the receipt; ResidueError (6) carries it if anything is left."""
+    registry = Registry(dirs.state)
+    check_id(sandbox_id)
+    lock = registry.lock(sandbox_id)
+    if lock is None:
+        raise BackendError(f"sandbox {sandbox_id}: its lock could not be taken")
+    try:
+        record = registry.read_or_none(sandbox_id) or {"id": sandbox_id}
+        if "state" in record:
+            record["state"] = "tearing-down"
+            with contextlib.suppress(OSError, SandboxerError):
+                registry.write(sandbox_id, record)
+        removed, residue = destroy(registry, sandbox_id, record)
+    finally:
+        os.close(lock)
+    return {"id": sandbox_id, "removed": removed, "residue": residue}
+
+
+def receipt_or_raise(receipt: dict[str, Any]) -> dict[str, Any]:
+    """A receipt with residue is exit status 6."""
+    if receipt["residue"]:
+        raise ResidueError(f"teardown of {receipt['id']} left residue: {'; '.join(receipt['residue'])}")
+    return receipt
+
+
+def _running(record: dict[str, Any]) -> bool:
+    return all(
+        isinstance(record.get(f"{key}_pid"), int) and procs.alive(record[f"{key}_pid"], record.get(f"{key}_start"))
+        for key in ("init", "holder")
+    )
+
+
+def list_sandboxes(dirs: Dirs) -> dict[str, Any]:
+    """Every sandbox in the registry with its state."""
+    registry = Registry(dirs.state)
+    entries = []
+    for sandbox_id in registry.ids():
+        record = registry.read_or_none(sandbox_id)
+        if record is None:
+            entries.append(
+                {"id": sandbox_id, "profile": None, "backend": None, "status": "unknown", "created_at": None}
+            )
+            continue
+        status = record.get("state", "unknown")
+        if status == "ready":
+            status = "running" if _running(record) else "dead"
+        entries.append(
+            {
+                "id": sandbox_id,
+                "profile": record.get("profile"),
+                "backend": record.get("backend"),
+                "status": status,
+                "created_at": record.get("created_at"),
+            }
+        )
+    return {"sandboxes": entries}
+
+
+def gc(dirs: Dirs) -> dict[str, Any]:
+    """Finish what crashed creates and teardowns left; never touch a healthy or busy sandbox."""
+    registry = Registry(dirs.state)
+    collected, healthy, busy = [], [], []
+    for sandbox_id in registry.ids():
+        lock = registry.try_lock_for_gc(sandbox_id)
+        if lock is None:
+            busy.append(sandbox_id)
+            continue
+        try:
+            record = registry.read_or_none(sandbox_id)
+            if record is not None and record.get("state") == "ready" and _running(record):
+                healthy.append(sandbox_id)
+                continue
+            removed, residue = destroy(registry, sandbox_id, record or {"id": sandbox_id})
+            collected.append({"id": sandbox_id, "removed": removed, "residue": residue})
+        finally:
+            os.close(lock)
+    return {"collected": collected, "healthy": healthy, "busy": busy}
+
+
+def inspect(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
+    """Evidence observed from the live sandbox, compared with its plan."""
+    from sandboxer.config import Limits
+    from sandboxer.netview import observe_network
+    from sandboxer.plan import Mount, MountKind
+
+    registry = Registry(dirs.state)
+    record = registry.read(check_id(sandbox_id))
+    if record.get("state") != "ready" or not _running(record):
+        raise BackendError(f"sandbox {sandbox_id} is not running (state {record.get('state')})", hint="sandboxer gc")
+    holder = int(record["holder_pid"])
+    mounts = read_mountinfo(holder)
+    network = observe_network(holder)
+    plan = Plan(
+        sandbox_id=sandbox_id,
+        profile=record["profile"],
+        backend="bwrap",
+        runtime_path=record["runtime_path"],
+        runtime_sha256=record["runtime_sha256"],
+        workspace_source=registry.path(sandbox_id, "workspace"),
+        uid=record["uid"],
+        gid=record["gid"],
+        user="sandbox",
+        hostname="sandbox",
+        mounts=tuple(
+            Mount(kind=MountKind(m["kind"]), target=m["target"], content=b"" if m["kind"] == "file" else None)
+            for m in record["mounts"]
+        ),
+        env=tuple((k, v) for k, v in record["env"]),
+        limits=Limits(memory_mib=record["limits"]["memory_mib"], pids=record["limits"]["pids"]),
+    )
+    live = bwrap.Live(
+        bwrap_pid=record["bwrap_pid"],
+        init_pid=record["init_pid"],
+        holder_pid=holder,
+        pid_namespace=record["pid_namespace"],
+    )
+    limit_record = record["limits"]
+    probe = bwrap.probe(
+        live,
+        plan,
+        procs_files=tuple(limit_record["procs_files"]),
+        rlimits=tuple((int(a), int(b)) for a, b in limit_record["rlimits"]),
+    )
+    problems = differences(plan, mounts, network["interfaces"], probe)
+    runtime_mount = next((m for m in reversed(mounts) if m.target == RUNTIME_TARGET), None)
+    started = time.monotonic()
+    observed_digest = digest_runtime(record["runtime_path"], state_dir=dirs.state).sha256
+    if observed_digest != record["runtime_sha256"]:
+        problems.append("runtime: its tree digest no longer matches the pin")
+    return {
+        "id": sandbox_id,
+        "profile": record["profile"],
+        "backend": "bwrap",
+        "status": "running",
+        "runtime": {
+            "sha256": observed_digest,
+            "pinned_sha256": record["runtime_sha256"],
+            "target": RUNTIME_TARGET,
+            "read_only": bool(runtime_mount and runtime_mount.read_only),
+            "digest_ms": round((time.monotonic() - started) * 1000, 1),
+        },
+        "network": network,
+        "mounts": [{"target": m.target, "read_only": m.read_only, "fstype": m.fstype} for m in mounts],
+        "user": {"uid": probe.uid, "gid": probe.gid, "groups": list(probe.groups)},
+        "capabilities": {
+            "effective": f"{probe.cap_eff:016x}",
+            "permitted": f"{probe.cap_prm:016x}",
+            "bounding": f"{probe.cap_bnd:016x}",
+            "no_new_privs": probe.no_new_privs,
+        },
+        "env_names": list(probe.env_names),
+        "limits": {
+            "mechanism": limit_record["mechanism"],
+            "memory_mib": limit_record["memory_mib"],
+            "pids": limit_record["pids"],
+            "cgroups": list(probe.cgroups) if limit_record["groups"] else [],
+        },
+        "matches_plan": not problems,
+        "differences": problems,
+    }

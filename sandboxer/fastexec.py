@@ -1,0 +1,239 @@
+"""`sandboxer exec`: the hot path, kept free of typer, YAML and netlink imports.
+
+    sandboxer [--config-dir D] [--state-dir S] [--debug] exec ID [--cwd DIR] [--consumer NAME]
+              [--executable NAME] [--timeout S] -- ARGV…
+
+Exit status: the command's own, 128+N when it died of signal N, 124 when --timeout expired (the
+exec's whole session is killed), 125 when the broker failed (unknown id, bad usage, a sandbox
+that is not running), 126 not executable, 127 not found.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import sys
+import time
+
+from sandboxer import joiner, procs
+from sandboxer.dirs import resolve_dirs
+
+BROKER_FAILED = 125
+TIMED_OUT = 124
+_CONSUMER = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+_ID = re.compile(r"[0-9a-f]{24}")
+_GLOBAL_WITH_VALUE = ("--config-dir", "--state-dir")
+
+
+class ExecUsage(Exception):
+    """Bad exec usage (reported with status 125)."""
+
+
+def is_exec(argv: list[str]) -> bool:
+    """Whether the command line is an `exec` (after any global options)."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in _GLOBAL_WITH_VALUE:
+            i += 2
+        elif arg.startswith(tuple(f"{g}=" for g in _GLOBAL_WITH_VALUE)) or arg == "--debug":
+            i += 1
+        else:
+            return arg == "exec"
+    return False
+
+
+def _parse(argv: list[str]) -> tuple[dict[str, str], dict[str, str], list[str]]:
+    globals_: dict[str, str] = {}
+    options: dict[str, str] = {}
+    i = 0
+    while argv[i] != "exec":
+        arg = argv[i]
+        if arg == "--debug":
+            globals_["debug"] = "1"
+            i += 1
+        elif "=" in arg:
+            key, value = arg.split("=", 1)
+            globals_[key] = value
+            i += 1
+        else:
+            globals_[arg] = argv[i + 1]
+            i += 2
+    rest = argv[i + 1 :]
+    if "--" not in rest:
+        raise ExecUsage("exec: put -- before the command: sandboxer exec ID [OPTIONS] -- ARGV...")
+    split = rest.index("--")
+    head, command = rest[:split], rest[split + 1 :]
+    if not command:
+        raise ExecUsage("exec: no command after --")
+    options.update(_parse_exec_options(head))
+    return globals_, options, command
+
+
+def _parse_exec_options(head: list[str]) -> dict[str, str]:
+    options: dict[str, str] = {}
+    positional: list[str] = []
+    j = 0
+    while j < len(head):
+        arg = head[j]
+        if arg in ("--cwd", "--consumer", "--executable", "--timeout"):
+            if j + 1 >= len(head):
+                raise ExecUsage(f"exec: {arg} needs a value")
+            options[arg[2:]] = head[j + 1]
+            j += 2
+        elif arg.startswith(("--cwd=", "--consumer=", "--executable=", "--timeout=")):
+            key, value = arg[2:].split("=", 1)
+            options[key] = value
+            j += 1
+        elif arg.startswith("-"):
+            raise ExecUsage(f"exec: no such option: {arg}")
+        else:
+            positional.append(arg)
+            j += 1
+    if len(positional) != 1:
+        raise ExecUsage("exec: exactly one sandbox ID is expected before --")
+    options["id"] = positional[0]
+    return options
+
+
+def _validate(options: dict[str, str]) -> float | None:
+    cwd = options.get("cwd")
+    if cwd is not None and (not cwd.startswith("/") or os.path.normpath(cwd) != cwd or "\0" in cwd):
+        raise ExecUsage("exec: --cwd must be a normalized absolute path inside the sandbox")
+    consumer = options.get("consumer")
+    if consumer is not None and not _CONSUMER.fullmatch(consumer):
+        raise ExecUsage("exec: --consumer must be 1-64 of a-z 0-9 _ . - starting with a letter or digit")
+    executable = options.get("executable")
+    if executable is not None and (not executable or "\0" in executable):
+        raise ExecUsage("exec: --executable must be a program name or an absolute path")
+    timeout = options.get("timeout")
+    if timeout is None:
+        return None
+    try:
+        seconds = float(timeout)
+    except ValueError:
+        raise ExecUsage("exec: --timeout must be a number of seconds") from None
+    if not 0 < seconds <= 7 * 24 * 3600:
+        raise ExecUsage("exec: --timeout must be between 0 and 604800 seconds")
+    return seconds
+
+
+def _load(state_dir: str, sandbox_id: str) -> dict[str, object]:
+    if not _ID.fullmatch(sandbox_id):
+        raise ExecUsage("exec: no such sandbox (ids are 24 lowercase hex digits)")
+    try:
+        with open(os.path.join(state_dir, "sandboxes", sandbox_id, "record.json"), "rb") as stream:
+            record: dict[str, object] = json.loads(stream.read())
+    except FileNotFoundError:
+        raise ExecUsage(f"exec: no such sandbox: {sandbox_id}") from None
+    except (OSError, ValueError):
+        raise ExecUsage(f"exec: sandbox {sandbox_id}: its record cannot be read") from None
+    if record.get("state") != "ready":
+        raise ExecUsage(f"exec: sandbox {sandbox_id} is not ready (state {record.get('state')})")
+    for key in ("init", "holder"):
+        pid, started = record.get(f"{key}_pid"), record.get(f"{key}_start")
+        if not isinstance(pid, int) or not isinstance(started, int) or not procs.alive(pid, started):
+            raise ExecUsage(f"exec: sandbox {sandbox_id} is not running (see sandboxer gc)")
+    return record
+
+
+def _kill_session(command_pid: int) -> None:
+    """Kill the exec's session and every descendant of its command, until none is left."""
+    for _ in range(100):
+        victims = set(procs.in_session(command_pid))
+        frontier = [command_pid]
+        while frontier:
+            pid = frontier.pop()
+            victims.add(pid)
+            frontier.extend(procs.children(pid))
+        victims = {pid for pid in victims if procs.start_time(pid) is not None}
+        if not victims:
+            return
+        procs.signal_all(victims, signal.SIGKILL)
+        if not procs.wait_gone(victims, 0.5):
+            still = [p for p in procs.in_session(command_pid) if procs.start_time(p) is not None]
+            if not still:
+                return
+
+
+def run(argv: list[str]) -> int:
+    """Run one exec; returns its exit status."""
+    globals_, options, command = _parse(argv)
+    timeout = _validate(options)
+    dirs = resolve_dirs(
+        config_dir=globals_.get("--config-dir"),
+        state_dir=globals_.get("--state-dir"),
+        environ=os.environ,
+        euid=os.geteuid(),
+        home=os.path.expanduser("~"),
+    )
+    record = _load(dirs.state, options["id"])
+    env = {str(k): str(v) for k, v in record["env"]}  # type: ignore[attr-defined]
+    if "consumer" in options:
+        env["SANDBOXER_CONSUMER"] = options["consumer"]
+    limit_record = record["limits"]
+    if not isinstance(limit_record, dict):
+        raise ExecUsage(f"exec: sandbox {options['id']}: its record has no limits")
+    entry = joiner.Entry(
+        holder_pid=int(record["holder_pid"]),  # type: ignore[call-overload]
+        host_uid=int(record["host_uid"]),  # type: ignore[call-overload]
+        host_gid=int(record["host_gid"]),  # type: ignore[call-overload]
+        cwd=options.get("cwd", "/workspace"),
+        argv=command,
+        executable=options.get("executable"),
+        env=env,
+        cgroup_procs=tuple(limit_record["procs_files"]),
+        rlimits=tuple((int(a), int(b)) for a, b in limit_record["rlimits"]),
+    )
+    started = joiner.start(entry)
+    return _wait(started, timeout)
+
+
+def _wait(started: joiner.Started, timeout: float | None) -> int:
+    forwarded: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        forwarded.append(signum)
+        procs.signal_all(procs.in_session(started.command_pid) or [started.command_pid], signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, forward)
+    pidfd = os.pidfd_open(started.relay_pid)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                ready, _, _ = select.select([pidfd], [], [], remaining)
+            except InterruptedError:
+                continue
+            if ready:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                _kill_session(started.command_pid)
+                os.waitpid(started.relay_pid, 0)
+                return TIMED_OUT
+    finally:
+        os.close(pidfd)
+    _, status = os.waitpid(started.relay_pid, 0)
+    return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+def main(argv: list[str]) -> int:
+    """Entry point for `sandboxer … exec …`: every broker failure is one line and status 125."""
+    try:
+        return run(argv)
+    except ExecUsage as exc:
+        sys.stderr.write(f"sandboxer: {exc}\n")
+        return BROKER_FAILED
+    except joiner.EntryError as exc:
+        sys.stderr.write(f"sandboxer: exec: {exc.message}\n")
+        return exc.status
+    except Exception as exc:
+        if "--debug" in argv[: argv.index("exec")]:
+            raise
+        sys.stderr.write(f"sandboxer: exec: internal error ({type(exc).__name__}); rerun with --debug\n")
+        return BROKER_FAILED

@@ -1,0 +1,264 @@
+"""Entering a live sandbox: join its namespaces, shed every privilege, and execute a command.
+
+This is the exec hot path, so it imports nothing heavy. The sequence, for root and for an
+ordinary broker alike:
+
+    broker ── fork ──► A: drop to the sandbox's host uid/gid (no supplementary groups),
+                          join the cgroups, setns(user) then pid, ipc, uts, net, cgroup, mnt
+                          ── fork ──► B: in the sandbox's pid namespace; new session; cwd;
+                                         rlimits; bounding set, ambient and all capabilities
+                                         dropped; no_new_privs; fds > 2 closed; signals reset;
+                                         execve with the plan's environment
+    A relays B's end (exit status, or 128+N for signal N); the broker waits on A.
+
+Joining the user namespace as its owner uid gives A full capabilities inside it (needed for the
+other setns calls) and none outside; B throws them all away before execve.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+# bwrap makes two user namespaces: an outer one that owns every other namespace of the
+# sandbox, and an inner one (where the sandbox uid is mapped) that its processes live in. Join
+# the outer first (found with NS_GET_USERNS; it grants the capabilities the other setns calls
+# need), then the others with mount last (it changes our root), then the inner one.
+NAMESPACES: tuple[tuple[str, int], ...] = (
+    ("pid", CLONE_NEWPID),
+    ("ipc", CLONE_NEWIPC),
+    ("uts", CLONE_NEWUTS),
+    ("net", CLONE_NEWNET),
+    ("cgroup", CLONE_NEWCGROUP),
+    ("mnt", CLONE_NEWNS),
+)
+
+NS_GET_USERNS = 0xB701  # ioctl: the user namespace that owns a namespace
+PR_SET_PDEATHSIG = 1
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+_SYS_CAPSET = 126  # x86_64
+_CAP_LAST_FALLBACK = 63
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = (("version", ctypes.c_uint32), ("pid", ctypes.c_int))
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = (("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32))
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def setns(fd: int, nstype: int) -> None:
+    """Join the namespace `fd` refers to."""
+    _check(_libc.setns(fd, nstype), "setns")
+
+
+def prctl(option: int, arg2: int = 0, arg3: int = 0) -> None:
+    """prctl(2) with integer arguments."""
+    _check(_libc.prctl(option, ctypes.c_ulong(arg2), ctypes.c_ulong(arg3), 0, 0), "prctl")
+
+
+def drop_all_capabilities() -> None:
+    """Empty the bounding and ambient sets, then the effective, permitted and inheritable sets."""
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    try:
+        with open("/proc/sys/kernel/cap_last_cap", "rb") as stream:
+            last = int(stream.read())
+    except OSError:
+        last = _CAP_LAST_FALLBACK
+    for cap in range(last + 1):
+        if _libc.prctl(PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0) != 0 and ctypes.get_errno() != errno.EINVAL:
+            _check(-1, "drop bounding capability")
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _check(_libc.syscall(_SYS_CAPSET, ctypes.byref(header), ctypes.byref(data)), "capset")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Entry:
+    """Everything needed to start one command in a sandbox."""
+
+    holder_pid: int  # a process of the sandbox user: the namespaces commands run in
+    host_uid: int  # the sandbox user's uid as the host sees it (owner of the user namespace)
+    host_gid: int
+    cwd: str
+    argv: Sequence[str]
+    executable: str | None
+    env: dict[str, str]
+    cgroup_procs: Sequence[str] = ()  # cgroup.procs files to join (v1 controllers or a v2 group)
+    rlimits: Sequence[tuple[int, int]] = ()  # (resource, limit) when no cgroup enforces limits
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A command started in a sandbox: A (the relay, our child) and B (the command, host pid)."""
+
+    relay_pid: int
+    command_pid: int
+
+
+class EntryError(Exception):
+    """Starting the command failed; `status` is the exec exit status to report (125, 126, 127)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _open_namespaces(holder_pid: int) -> list[tuple[int, int]]:
+    opened: list[tuple[int, int]] = []
+    flags = os.O_RDONLY | os.O_CLOEXEC
+    try:
+        mnt = os.open(f"/proc/{holder_pid}/ns/mnt", flags)
+        try:
+            outer = fcntl.ioctl(mnt, NS_GET_USERNS)
+        finally:
+            os.close(mnt)
+        os.set_inheritable(outer, False)
+        opened.append((outer, CLONE_NEWUSER))
+        for name, nstype in NAMESPACES:
+            opened.append((os.open(f"/proc/{holder_pid}/ns/{name}", flags), nstype))
+        inner = os.open(f"/proc/{holder_pid}/ns/user", flags)
+        opened.append((inner, CLONE_NEWUSER))
+        if os.fstat(inner).st_ino == os.fstat(outer).st_ino:
+            opened.pop()
+            os.close(inner)
+    except OSError:
+        for fd, _ in opened:
+            os.close(fd)
+        raise
+    return opened
+
+
+def start(entry: Entry, *, stdin: int = 0, stdout: int = 1, stderr: int = 2) -> Started:
+    """Start `entry.argv` in the sandbox; raise EntryError if it could not be executed."""
+    try:
+        namespaces = _open_namespaces(entry.holder_pid)
+        cgroups = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in entry.cgroup_procs]
+    except OSError as exc:
+        raise EntryError(125, f"cannot open the sandbox's namespaces or cgroups ({exc.strerror})") from None
+    report_r, report_w = os.pipe2(os.O_CLOEXEC)
+    relay = os.fork()
+    if relay == 0:  # A
+        os.close(report_r)
+        _relay(entry, namespaces, cgroups, report_w, (stdin, stdout, stderr))
+    os.close(report_w)
+    for fd, _ in namespaces:
+        os.close(fd)
+    for fd in cgroups:
+        os.close(fd)
+    with os.fdopen(report_r, "rb") as reports:
+        lines = reports.read().decode(errors="replace").splitlines()
+    command_pid = 0
+    for line in lines:
+        key, _, value = line.partition(" ")
+        if key == "pid":
+            command_pid = int(value)
+        elif key in ("setup", "exec"):
+            os.waitpid(relay, 0)
+            code, _, message = value.partition(" ")
+            raise EntryError(int(code), message)
+    if command_pid == 0:
+        os.waitpid(relay, 0)
+        raise EntryError(125, "the sandbox could not be entered")
+    return Started(relay_pid=relay, command_pid=command_pid)
+
+
+def _report(fd: int, text: str) -> None:
+    os.write(fd, text.encode() + b"\n")
+
+
+def _relay(
+    entry: Entry, namespaces: list[tuple[int, int]], cgroups: list[int], report: int, stdio: tuple[int, int, int]
+) -> None:
+    """Process A: never returns."""
+    try:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        for fd in cgroups:
+            os.write(fd, b"0")  # "0" moves the writer; B inherits the cgroups
+            os.close(fd)
+        if os.geteuid() == 0:
+            os.setgroups([])
+            os.setresgid(entry.host_gid, entry.host_gid, entry.host_gid)
+            os.setresuid(entry.host_uid, entry.host_uid, entry.host_uid)
+        for fd, nstype in namespaces:
+            setns(fd, nstype)
+            os.close(fd)
+        command = os.fork()
+    except OSError as exc:
+        _report(report, f"setup 125 cannot enter the sandbox ({exc.strerror})")
+        os._exit(125)
+    if command == 0:
+        _command(entry, report, stdio)
+    _report(report, f"pid {command}")
+    os.close(report)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_IGN)  # the broker decides; A only relays B's end
+    while True:
+        try:
+            _, status = os.waitpid(command, 0)
+            break
+        except InterruptedError:
+            continue
+    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+
+
+def _command(entry: Entry, report: int, stdio: tuple[int, int, int]) -> None:
+    """Process B: becomes the command or exits 125/126/127."""
+    try:
+        os.setsid()  # no controlling terminal: TIOCSTI cannot reach the caller's
+        for target, fd in enumerate(stdio):
+            if fd != target:
+                os.dup2(fd, target)
+        os.chdir(entry.cwd)
+        import resource
+
+        for which, limit in entry.rlimits:
+            resource.setrlimit(which, (limit, limit))
+        uid, gid = os.getuid(), os.getgid()
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+        drop_all_capabilities()
+        prctl(PR_SET_NO_NEW_PRIVS, 1)
+        os.closerange(3, report)
+        os.closerange(report + 1, 1 << 16)
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    except OSError as exc:
+        _report(report, f"setup 125 cannot prepare the command ({exc.strerror})")
+        os._exit(125)
+    program = entry.executable or entry.argv[0]
+    try:
+        os.execvpe(program, list(entry.argv), entry.env)  # noqa: S606 - argv by design, never a shell
+    except OSError as exc:
+        status = 127 if exc.errno in (errno.ENOENT, errno.ENOTDIR) else 126
+        what = "not found" if status == 127 else f"not executable ({exc.strerror})"
+        _report(report, f"exec {status} {program}: {what}")
+        os._exit(status)

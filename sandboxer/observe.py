@@ -1,0 +1,140 @@
+"""Evidence read from a live sandbox, and its comparison with the plan.
+
+Everything here is observed, not echoed: the mount table from the namespace's own mountinfo,
+the interfaces and routes of its network namespace, and what a probe process started through
+the same path as `exec` reports about itself.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from sandboxer.plan import MountKind, Plan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MountSeen:
+    """One line of the sandbox's mountinfo."""
+
+    target: str
+    read_only: bool
+    fstype: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeSeen:
+    """What the probe process reported about itself."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    cap_eff: int
+    cap_prm: int
+    cap_bnd: int
+    no_new_privs: bool
+    env_names: tuple[str, ...]
+    cgroups: tuple[str, ...]
+
+
+_OCTAL = re.compile(r"\\([0-7]{3})")
+
+
+def _unescape(field: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo.
+    return _OCTAL.sub(lambda match: chr(int(match.group(1), 8)), field)
+
+
+def parse_mountinfo(text: str) -> list[MountSeen]:
+    """The mounts of a mountinfo file, in order."""
+    mounts = []
+    for line in text.splitlines():
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        if len(fields) < 6:
+            continue
+        options = fields[5].split(",")
+        mounts.append(MountSeen(target=_unescape(fields[4]), read_only="ro" in options, fstype=right.split(" ", 1)[0]))
+    return mounts
+
+
+def read_mountinfo(pid: int) -> list[MountSeen]:
+    """The mount table of the mount namespace `pid` lives in."""
+    with open(f"/proc/{pid}/mountinfo") as stream:
+        return parse_mountinfo(stream.read())
+
+
+def interfaces_from_proc(pid: int) -> list[str]:
+    """Interface names of the network namespace of `pid`, from /proc/<pid>/net/dev."""
+    with open(f"/proc/{pid}/net/dev") as stream:
+        lines = stream.read().splitlines()[2:]
+    return sorted(line.split(":", 1)[0].strip() for line in lines if ":" in line)
+
+
+def parse_probe(status_text: str, env_text: bytes, cgroup_text: str) -> ProbeSeen:
+    """Parse the probe's /proc/self/status, its NUL-separated environment and its cgroups.
+
+    Only environment *names* are kept; values are dropped here and never stored.
+    """
+    fields: dict[str, str] = {}
+    for line in status_text.splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.strip()
+    names = sorted({entry.split(b"=", 1)[0].decode(errors="replace") for entry in env_text.split(b"\0") if entry})
+    return ProbeSeen(
+        uid=int(fields["Uid"].split()[0]),
+        gid=int(fields["Gid"].split()[0]),
+        groups=tuple(int(g) for g in fields.get("Groups", "").split()),
+        cap_eff=int(fields["CapEff"], 16),
+        cap_prm=int(fields["CapPrm"], 16),
+        cap_bnd=int(fields["CapBnd"], 16),
+        no_new_privs=fields.get("NoNewPrivs") == "1",
+        env_names=tuple(names),
+        cgroups=tuple(line.strip() for line in cgroup_text.splitlines() if line.strip()),
+    )
+
+
+# Writable mounts a sandbox may have beyond the plan's own: the kernel filesystems bwrap makes.
+_ALLOWED_WRITABLE_PREFIXES = ("/proc", "/dev")
+
+
+def differences(plan: Plan, mounts: list[MountSeen], interfaces: list[str], probe: ProbeSeen) -> list[str]:
+    """Every way the live sandbox differs from its plan (empty: it matches)."""
+    problems = _mount_differences(plan, mounts)
+    if interfaces != ["lo"]:
+        problems.append(f"network: interfaces are {', '.join(interfaces) or 'none'}, planned only lo")
+    if (probe.uid, probe.gid) != (plan.uid, plan.gid):
+        problems.append(f"user: uid/gid {probe.uid}/{probe.gid}, planned {plan.uid}/{plan.gid}")
+    if probe.uid == 0:
+        problems.append("user: the sandbox user is root")
+    if probe.cap_eff or probe.cap_prm or probe.cap_bnd:
+        problems.append("capabilities: the probe holds capabilities")
+    if not probe.no_new_privs:
+        problems.append("no_new_privs: not set")
+    if probe.env_names != tuple(sorted(name for name, _ in plan.env)):
+        problems.append("environment: the names seen differ from the plan")
+    return problems
+
+
+def _mount_differences(plan: Plan, mounts: list[MountSeen]) -> list[str]:
+    problems: list[str] = []
+    by_target = {mount.target: mount for mount in mounts}  # the last mount at a target is the visible one
+    expected_writable = set()
+    for planned in plan.mounts:
+        if planned.kind in (MountKind.DIR, MountKind.SYMLINK):
+            continue
+        seen = by_target.get(planned.target)
+        if seen is None:
+            problems.append(f"mount {planned.target}: planned but not mounted")
+        elif planned.read_only and not seen.read_only:
+            problems.append(f"mount {planned.target}: planned read-only but writable")
+        if not planned.read_only:
+            expected_writable.add(planned.target)
+    root = by_target.get("/")
+    if root is None or not root.read_only:
+        problems.append("mount /: the root must be read-only")
+    for target, seen in by_target.items():
+        allowed = any(target == p or target.startswith(p + "/") for p in _ALLOWED_WRITABLE_PREFIXES)
+        if not (seen.read_only or target in expected_writable or target == "/" or allowed):
+            problems.append(f"mount {target}: writable but not in the plan")
+    return problems

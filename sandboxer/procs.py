@@ -1,0 +1,124 @@
+"""Host-side process facts read from /proc: start times, namespace members, sessions, killing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterable
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot, or None when it does not exist.
+
+    Recorded with every pid the broker keeps, so that a recycled pid is never mistaken for ours.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stream:
+            data = stream.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2 :].split()
+    return int(fields[19])
+
+
+def alive(pid: int, started: int | None) -> bool:
+    """Whether `pid` still runs and is the same process as when `started` was read."""
+    now = start_time(pid)
+    return now is not None and now == started and not _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stream:
+            data = stream.read()
+    except OSError:
+        return True
+    return data[data.rindex(b")") + 2 : data.rindex(b")") + 3] in (b"Z", b"X")
+
+
+def session_of(pid: int) -> int | None:
+    """The session id of a process as the host sees it."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stream:
+            data = stream.read()
+    except OSError:
+        return None
+    return int(data[data.rindex(b")") + 2 :].split()[3])
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of a process."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as stream:
+            return [int(p) for p in stream.read().split()]
+    except OSError:
+        return []
+
+
+def namespace_inode(pid: int, kind: str) -> int | None:
+    """The inode of one of a process's namespaces (`pid`, `net`, `mnt`, …)."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/{kind}").st_ino
+    except OSError:
+        return None
+
+
+def all_pids() -> list[int]:
+    """Every process on the host."""
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def in_pid_namespace(inode: int) -> list[int]:
+    """Host pids of every process in the pid namespace with this inode."""
+    return [pid for pid in all_pids() if namespace_inode(pid, "pid") == inode]
+
+
+def with_marker(marker: bytes) -> list[int]:
+    """Processes whose command line contains `marker` (finds a bwrap whose record was never written)."""
+    found = []
+    for pid in all_pids():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as stream:
+                if marker in stream.read():
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def in_session(session: int) -> list[int]:
+    """Host pids of every process in a session."""
+    return [pid for pid in all_pids() if session_of(pid) == session]
+
+
+def signal_all(pids: Iterable[int], sig: int) -> None:
+    """Send a signal, ignoring processes that are already gone."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            continue
+
+
+def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
+    """Wait until none of `pids` runs (zombies count as gone); return those still running."""
+    remaining = list(pids)
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = [pid for pid in remaining if start_time(pid) is not None and not _is_zombie(pid)]
+        if not remaining or time.monotonic() >= deadline:
+            return remaining
+        time.sleep(0.01)
+
+
+def terminate(pids: list[int], *, grace: float) -> list[int]:
+    """SIGTERM, a grace period, SIGKILL for survivors; returns the pids that still survive."""
+    signal_all(pids, signal.SIGTERM)
+    survivors = wait_gone(pids, grace)
+    if survivors:
+        signal_all(survivors, signal.SIGKILL)
+        survivors = wait_gone(survivors, 5.0)
+    return survivors

@@ -1,0 +1,98 @@
+"""The workspace: a fresh Git clone of the profile's repository, made on the host side safely.
+
+Host-side git runs with no system or global configuration, an empty HOME, hooks disabled and
+no templates; `--no-local` makes git copy objects through its transport instead of hard-linking
+into the owner's repository. Host-side git never runs inside a clone after a sandbox used it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+
+from sandboxer.errors import BackendError, UsageError
+
+
+def _git(
+    args: list[str], *, home: str, cwd: str | None = None, repo: str | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    git = shutil.which("git", path="/usr/bin:/bin:/usr/local/bin")
+    if git is None:
+        raise BackendError("git is not installed", hint="apt-get install -y git")
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": home,
+        "LANG": "C",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_ASKPASS": "/bin/false",
+    }
+    config = ["-c", "core.hooksPath=/dev/null", "-c", "protocol.file.allow=always"]
+    if repo is not None:
+        config += ["-c", f"safe.directory={repo}"]
+    return subprocess.run([git, *config, *args], cwd=cwd, env=env, capture_output=True, check=False, timeout=300)
+
+
+def clone(*, repository: str, ref: str, destination: str, profile_file: str, owner: tuple[int, int] | None) -> None:
+    """Clone `repository` at `ref` into the new directory `destination`, owned by `owner` if given."""
+    with tempfile.TemporaryDirectory(prefix="sandboxer-git-home-") as home:
+        probe = _git(["-C", repository, "rev-parse", "--git-dir"], home=home, repo=repository)
+        if probe.returncode != 0 or not os.path.isdir(repository):
+            raise UsageError(f"{profile_file}: workspace.repository: not a Git repository")
+        result = _git(
+            ["clone", "--quiet", "--no-local", "--no-checkout", "--template=", "--", repository, destination],
+            home=home,
+            repo=repository,
+        )
+        if result.returncode != 0:
+            raise BackendError(f"{profile_file}: workspace.repository: git clone failed")
+        commit = None
+        for candidate in (f"refs/remotes/origin/{ref}", f"refs/tags/{ref}", ref):
+            found = _git(["rev-parse", "--verify", "--quiet", f"{candidate}^{{commit}}"], home=home, cwd=destination)
+            if found.returncode == 0:
+                commit = candidate
+                break
+        if commit is None:
+            raise UsageError(f"{profile_file}: workspace.ref: not found in the repository")
+        if commit.startswith("refs/remotes/origin/"):
+            checkout = ["checkout", "--quiet", "-B", ref, commit]
+        else:
+            checkout = ["checkout", "--quiet", "--detach", commit]
+        if _git(checkout, home=home, cwd=destination).returncode != 0:
+            raise BackendError(f"{profile_file}: workspace.ref: checkout failed")
+    os.chmod(destination, 0o700)
+    if owner is not None:
+        uid, gid = owner
+        os.lchown(destination, uid, gid)
+        for directory, dirnames, filenames in os.walk(destination):
+            for name in (*dirnames, *filenames):
+                os.lchown(os.path.join(directory, name), uid, gid)
+
+
+def remove_tree(path: str) -> bool:
+    """Remove a tree the sandbox may have made hostile (dirs without write or search bits).
+
+    Called only after every sandbox process is gone, so nothing changes the tree meanwhile.
+    Symlinks are never followed. Returns whether the tree is gone.
+    """
+    if not os.path.lexists(path):
+        return True
+    if os.path.isdir(path) and not os.path.islink(path):
+        with contextlib.suppress(OSError):
+            os.chmod(path, stat.S_IRWXU)
+        for directory, dirnames, _ in os.walk(path):
+            for name in dirnames:
+                full = os.path.join(directory, name)
+                if not os.path.islink(full):
+                    with contextlib.suppress(OSError):
+                        os.chmod(full, stat.S_IRWXU)
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    return not os.path.lexists(path)
