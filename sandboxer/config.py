@@ -158,8 +158,15 @@ class _Doc:
 
     def absolute_path(self, node: YNode, path: str) -> str:
         value = self.string(node, path)
-        if not value.startswith("/") or value == "/" or posixpath.normpath(value) != value or "\0" in value:
-            raise self.fail(node.mark, path, "must be a normalized absolute path other than /")
+        if (
+            not value.startswith("/")
+            or value == "/"
+            or posixpath.normpath(value) != value
+            or any(ord(c) < 0x20 or c == "\x7f" for c in value)
+        ):
+            raise self.fail(
+                node.mark, path, "must be a normalized absolute path other than /, without control characters"
+            )
         return value
 
     def own_name(self, node: YNode, path: str, value: str) -> None:

@@ -9,7 +9,7 @@ import stat
 import tempfile
 from collections.abc import Iterator
 
-from sandboxer.errors import PolicyError
+from sandboxer.errors import PolicyError, UsageError
 
 
 def fsync_dir(path: str) -> None:
@@ -56,10 +56,14 @@ def check_private_dir(path: str, what: str, *, traversable: bool = False) -> Non
 
 def ensure_private_dir(path: str, what: str = "directory", *, traversable: bool = False) -> None:
     """Create `path` (and parents) as 0700 (0711 if `traversable`) when missing; refuse it when not private."""
-    with contextlib.suppress(FileExistsError):
+    try:
         os.makedirs(path, mode=0o700)
         if traversable:
             os.chmod(path, 0o711)  # noqa: S103 - passable, not listable; see Registry.ensure
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise UsageError(f"{what} {path}: cannot be created ({exc.strerror})") from None
     check_private_dir(path, what, traversable=traversable)
 
 

@@ -28,26 +28,29 @@ def _git(
         "HOME": home,
         "LANG": "C",
         "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_CONFIG_GLOBAL": os.path.join(home, "gitconfig"),
         "GIT_TERMINAL_PROMPT": "0",
         "GIT_ASKPASS": "/bin/false",
     }
     config = ["-c", "core.hooksPath=/dev/null", "-c", "protocol.file.allow=always"]
-    if repo is not None:
-        config += ["-c", f"safe.directory={repo}"]
     return subprocess.run([git, *config, *args], cwd=cwd, env=env, capture_output=True, check=False, timeout=300)
 
 
 def clone(*, repository: str, ref: str, destination: str, profile_file: str, owner: tuple[int, int] | None) -> None:
     """Clone `repository` at `ref` into the new directory `destination`, owned by `owner` if given."""
     with tempfile.TemporaryDirectory(prefix="sandboxer-git-home-") as home:
-        probe = _git(["-C", repository, "rev-parse", "--git-dir"], home=home, repo=repository)
+        # Our own "global" config, read by every git process of the clone (upload-pack too):
+        # the owner's repository may belong to another user, and hooks never run.
+        with open(os.path.join(home, "gitconfig"), "w") as config:
+            quoted = repository.replace("\\", "\\\\").replace('"', '\\"')
+            config.write(f'[safe]\n\tdirectory = "{quoted}"\n\tdirectory = "{quoted}/.git"\n')
+            config.write("[core]\n\thooksPath = /dev/null\n")
+        probe = _git(["-C", repository, "rev-parse", "--git-dir"], home=home)
         if probe.returncode != 0 or not os.path.isdir(repository):
             raise UsageError(f"{profile_file}: workspace.repository: not a Git repository")
         result = _git(
             ["clone", "--quiet", "--no-local", "--no-checkout", "--template=", "--", repository, destination],
             home=home,
-            repo=repository,
         )
         if result.returncode != 0:
             raise BackendError(f"{profile_file}: workspace.repository: git clone failed")

@@ -113,17 +113,17 @@ BAD_FILES = [
     (
         "relative runtime path",
         EXT.replace("/srv/runtimes/demo", "srv/runtimes"),
-        "f.yaml:4:11: config.runtime.path: must be a normalized absolute path other than /",
+        "f.yaml:4:11: config.runtime.path: must be a normalized absolute path other than /, without control characters",
     ),
     (
         "runtime path with ..",
         EXT.replace("/srv/runtimes/demo", "/srv/../etc"),
-        "f.yaml:4:11: config.runtime.path: must be a normalized absolute path other than /",
+        "f.yaml:4:11: config.runtime.path: must be a normalized absolute path other than /, without control characters",
     ),
     (
         "runtime path with trailing slash",
         EXT.replace("/srv/runtimes/demo", "/srv/runtimes/"),
-        "f.yaml:4:11: config.runtime.path: must be a normalized absolute path other than /",
+        "f.yaml:4:11: config.runtime.path: must be a normalized absolute path other than /, without control characters",
     ),
     ("config is a list", "extension: ext.bwrap\nconfig: [1]\n", "f.yaml:2:9: config: must be a mapping"),
     ("document is a list", "- 1\n", "f.yaml:1:1: (document): must be a mapping"),

@@ -1,0 +1,185 @@
+"""Fixtures for sandbox tests: a real runtime, a real Git repository, an approved config, and a
+broker driven through the real CLI — as root, and as an unprivileged user (uid 65534 via setpriv)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Result
+
+UNPRIVILEGED_UID = 65534
+PROFILE = "bwrap-local"
+
+
+def _require_tools() -> None:
+    for tool in ("bwrap", "git"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed (CI installs it; run make check)")
+
+
+@pytest.fixture(scope="session")
+def runtime_dir() -> Iterator[Path]:
+    """A real runtime (venv --copies from /usr/bin/python3), readable by every uid."""
+    root = Path(tempfile.mkdtemp(prefix="sbx-rt-", dir="/tmp"))
+    root.chmod(0o755)
+    runtime = root / "runtime"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--copies", "--without-pip", str(runtime)], check=True)
+    yield runtime
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@dataclass
+class SandboxBroker:
+    """A broker with an approved bwrap profile, run as root or as an unprivileged user."""
+
+    root: Path
+    config: Path
+    state: Path
+    repo: Path
+    runtime: Path
+    as_user: bool
+    created: list[str] = field(default_factory=list)
+
+    def argv(self, *args: str) -> list[str]:
+        """The full command line of one CLI run."""
+        base = [sys.executable, "-m", "sandboxer", "--config-dir", str(self.config), "--state-dir", str(self.state)]
+        if self.as_user:
+            uid = str(UNPRIVILEGED_UID)
+            base = ["setpriv", "--reuid", uid, "--regid", uid, "--clear-groups", "--", *base]
+        return [*base, *args]
+
+    def env(self) -> dict[str, str]:
+        """The environment of the CLI: minimal, with a HOME the user owns."""
+        return {"PATH": "/usr/bin:/bin", "HOME": str(self.root / "home"), "LANG": "C.UTF-8"}
+
+    def run(self, *args: str, stdin: bytes | None = None, timeout: float = 120) -> Result:
+        """Run the CLI and collect its result."""
+        proc = subprocess.run(
+            self.argv(*args), input=stdin, capture_output=True, env=self.env(), check=False, timeout=timeout
+        )
+        return Result(proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace"))
+
+    def create(self, profile: str = PROFILE) -> str:
+        """Create a sandbox and return its id (torn down at the end of the test)."""
+        result = self.run("create", "--profile", profile)
+        assert result.status == 0, result.stderr
+        sandbox_id = result.stdout.strip()
+        self.created.append(sandbox_id)
+        return sandbox_id
+
+    def exec(self, sandbox_id: str, *argv: str, stdin: bytes | None = None, options: tuple[str, ...] = ()) -> Result:
+        """`sandboxer exec ID OPTIONS -- ARGV`."""
+        return self.run("exec", sandbox_id, *options, "--", *argv, stdin=stdin)
+
+    def sh(self, sandbox_id: str, script: str, stdin: bytes | None = None) -> Result:
+        """Run a shell script inside the sandbox."""
+        return self.exec(sandbox_id, "/bin/sh", "-c", script, stdin=stdin)
+
+    def write_profile(self, name: str, text: str) -> Path:
+        """Write (but do not approve) a profile."""
+        path = self.config / "profiles" / f"{name}.yaml"
+        path.write_text(text)
+        self._own(path)
+        return path
+
+    def _own(self, path: Path) -> None:
+        if self.as_user:
+            os.chown(path, UNPRIVILEGED_UID, UNPRIVILEGED_UID)
+
+    def sandbox_dir(self, sandbox_id: str) -> Path:
+        """The sandbox's directory in the registry."""
+        return self.state / "sandboxes" / sandbox_id
+
+
+def profile_text(name: str, repo: Path, extra: str = "") -> str:
+    """A bwrap profile for `repo`."""
+    return (
+        f"profile: {name}\nextension: ext.bwrap\nworkspace:\n  repository: {repo}\n  ref: main\n"
+        f"network:\n  default: deny\n  egress: []\nsetup:\n  secrets: []\n{extra}"
+    )
+
+
+def make_broker(runtime: Path, *, as_user: bool) -> SandboxBroker:
+    """Lay out config, state, repository; pin and approve through the real CLI."""
+    root = Path(tempfile.mkdtemp(prefix="sbx-", dir="/tmp"))
+    root.chmod(0o755)
+    broker = SandboxBroker(
+        root=root,
+        config=root / "config",
+        state=root / "state",
+        repo=root / "repo",
+        runtime=runtime,
+        as_user=as_user,
+    )
+    for directory in (broker.config / "extensions", broker.config / "profiles", root / "home"):
+        directory.mkdir(parents=True)
+    broker.config.chmod(0o700)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "-c", "init.defaultBranch=main"]
+    subprocess.run([*git, "init", "-q", str(broker.repo)], check=True)
+    (broker.repo / "README.md").write_text("workspace\n")
+    subprocess.run([*git, "-C", str(broker.repo), "add", "README.md"], check=True)
+    subprocess.run([*git, "-C", str(broker.repo), "commit", "-qm", "init"], check=True)
+    if as_user:
+        for path in (root, root / "home", broker.config, broker.config / "extensions", broker.config / "profiles"):
+            os.chown(path, UNPRIVILEGED_UID, UNPRIVILEGED_UID)
+    digest = broker.run("runtime", "digest", str(runtime))
+    assert digest.status == 0, digest.stderr
+    ext = broker.config / "extensions" / "ext.bwrap.yaml"
+    ext.write_text(
+        f"extension: ext.bwrap\nconfig:\n  runtime:\n    path: {runtime}\n    sha256: {digest.stdout.strip()}\n"
+    )
+    broker._own(ext)
+    broker.write_profile(PROFILE, profile_text(PROFILE, broker.repo))
+    for name in ("ext.bwrap", PROFILE):
+        approved = broker.run("ext", "approve", name)
+        assert approved.status == 0, approved.stderr
+    return broker
+
+
+def _cleanup(broker: SandboxBroker) -> None:
+    for sandbox_id in broker.created:
+        if broker.sandbox_dir(sandbox_id).exists():
+            broker.run("teardown", sandbox_id)
+    broker.run("gc")
+    shutil.rmtree(broker.root, ignore_errors=True)
+
+
+MODES = ["root", "user"]
+
+
+@pytest.fixture(params=MODES)
+def sb(request: pytest.FixtureRequest, runtime_dir: Path) -> Iterator[SandboxBroker]:
+    """A ready broker, once as root and once as an unprivileged user."""
+    _require_tools()
+    as_user = request.param == "user"
+    if os.geteuid() != 0:
+        if not as_user:
+            pytest.skip("the root broker variant needs root (CI runs as root)")
+        as_user = False  # already unprivileged: run the broker as ourselves
+    if as_user and shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is needed to run the broker unprivileged")
+    broker = make_broker(runtime_dir, as_user=as_user)
+    try:
+        yield broker
+    finally:
+        _cleanup(broker)
+
+
+@pytest.fixture
+def sb_root(runtime_dir: Path) -> Iterator[SandboxBroker]:
+    """A ready broker run as whatever user runs the tests (root in CI)."""
+    _require_tools()
+    broker = make_broker(runtime_dir, as_user=False)
+    try:
+        yield broker
+    finally:
+        _cleanup(broker)
