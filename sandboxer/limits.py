@@ -122,14 +122,6 @@ def setup(sandbox_id: str, limits: Limits) -> LimitSetup:
     return LimitSetup(mechanism="rlimit", rlimits=pairs)
 
 
-def join(setup_: LimitSetup, pids: list[int]) -> None:
-    """Move already-running processes (bwrap and the sandbox's init) into the cgroups."""
-    for procs in setup_.procs_files:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, OSError):
-                _write(procs, str(pid))
-
-
 def remove(groups: tuple[str, ...]) -> list[str]:
     """Remove cgroup directories; returns those that could not be removed."""
     left = []

@@ -71,10 +71,30 @@ def interfaces_from_proc(pid: int) -> list[str]:
     return sorted(line.split(":", 1)[0].strip() for line in lines if ":" in line)
 
 
-def parse_probe(status_text: str, env_text: bytes, cgroup_text: str) -> ProbeSeen:
-    """Parse the probe's /proc/self/status, its NUL-separated environment and its cgroups.
+def _inside(host_id: int, id_map: str | None) -> int:
+    """Translate an id as the host sees it into the sandbox's own view, through its id map.
 
-    Only environment *names* are kept; values are dropped here and never stored.
+    Read by the host, /proc/PID/uid_map lines are "<id inside> <id on the host> <count>".
+    An id the map does not cover is the overflow id, 65534.
+    """
+    if id_map is None:
+        return host_id
+    for line in id_map.splitlines():
+        fields = line.split()
+        if len(fields) == 3:
+            inside, outside, count = (int(f) for f in fields)
+            if outside <= host_id < outside + count:
+                return inside + host_id - outside
+    return 65534
+
+
+def parse_probe(
+    status_text: str, env_text: bytes, cgroup_text: str, *, uid_map: str | None = None, gid_map: str | None = None
+) -> ProbeSeen:
+    """Parse the probe's status, its NUL-separated environment and its cgroups, as read by the host.
+
+    Ids are translated into the sandbox's view through its id maps. Only environment *names*
+    are kept; values are dropped here and never stored.
     """
     fields: dict[str, str] = {}
     for line in status_text.splitlines():
@@ -82,9 +102,9 @@ def parse_probe(status_text: str, env_text: bytes, cgroup_text: str) -> ProbeSee
         fields[key] = value.strip()
     names = sorted({entry.split(b"=", 1)[0].decode(errors="replace") for entry in env_text.split(b"\0") if entry})
     return ProbeSeen(
-        uid=int(fields["Uid"].split()[0]),
-        gid=int(fields["Gid"].split()[0]),
-        groups=tuple(int(g) for g in fields.get("Groups", "").split()),
+        uid=_inside(int(fields["Uid"].split()[0]), uid_map),
+        gid=_inside(int(fields["Gid"].split()[0]), gid_map),
+        groups=tuple(_inside(int(g), gid_map) for g in fields.get("Groups", "").split()),
         cap_eff=int(fields["CapEff"], 16),
         cap_prm=int(fields["CapPrm"], 16),
         cap_bnd=int(fields["CapBnd"], 16),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
 from typing import Any
 
 
@@ -17,3 +18,40 @@ def emit_error(*, kind: str, message: str, as_json: bool) -> None:
     sys.stderr.write(f"sandboxer: {message}\n")
     if as_json:
         emit_json({"error": {"kind": kind, "message": message}})
+
+
+def print_result(document: dict[str, Any], human: str, as_json: bool) -> None:
+    """Print a command's result: the JSON document, or the human text."""
+    if as_json:
+        emit_json(document)
+    elif human:
+        sys.stdout.write(human if human.endswith("\n") else human + "\n")
+
+
+def report_failure(exc: Exception, *, as_json: bool, debug: bool) -> int:
+    """Report an error as the contract wants and return its exit status.
+
+    A SandboxerError carries its status and a message fit to show; anything else is a bug,
+    reported by type only (its text or a traceback could hold values) unless --debug.
+    """
+    from sandboxer.errors import SandboxerError
+
+    if debug:
+        traceback.print_exception(exc)
+    if isinstance(exc, SandboxerError):
+        emit_error(kind=exc.kind, message=str(exc), as_json=as_json)
+        return exc.exit_status
+    emit_error(kind="internal", message=f"internal error ({type(exc).__name__}); rerun with --debug", as_json=as_json)
+    return 1
+
+
+def flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """Nested data as (dotted.key, text) pairs for human output."""
+    if isinstance(value, dict):
+        pairs: list[tuple[str, str]] = []
+        for key, item in value.items():
+            pairs += flatten(item, f"{prefix}.{key}" if prefix else str(key))
+        return pairs
+    if isinstance(value, list):
+        return [(prefix, "[" + ", ".join(str(v) for v in value) + "]")]
+    return [(prefix, str(value).lower() if isinstance(value, bool) else str(value))]

@@ -45,29 +45,26 @@ def clone(*, repository: str, ref: str, destination: str, profile_file: str, own
             quoted = repository.replace("\\", "\\\\").replace('"', '\\"')
             config.write(f'[safe]\n\tdirectory = "{quoted}"\n\tdirectory = "{quoted}/.git"\n')
             config.write("[core]\n\thooksPath = /dev/null\n")
+        # The common case, a branch or tag, is one git process; a commit id takes a second step.
+        clone_args = ["clone", "--quiet", "--no-local", "--template="]
+        fast = _git([*clone_args, "--branch", ref, "--", repository, destination], home=home)
+        if fast.returncode == 0:
+            return _finish(destination, owner)
+        shutil.rmtree(destination, ignore_errors=True)
         probe = _git(["-C", repository, "rev-parse", "--git-dir"], home=home)
         if probe.returncode != 0 or not os.path.isdir(repository):
             raise UsageError(f"{profile_file}: workspace.repository: not a Git repository")
-        result = _git(
-            ["clone", "--quiet", "--no-local", "--no-checkout", "--template=", "--", repository, destination],
-            home=home,
-        )
-        if result.returncode != 0:
+        if _git([*clone_args, "--no-checkout", "--", repository, destination], home=home).returncode != 0:
             raise BackendError(f"{profile_file}: workspace.repository: git clone failed")
-        commit = None
-        for candidate in (f"refs/remotes/origin/{ref}", f"refs/tags/{ref}", ref):
-            found = _git(["rev-parse", "--verify", "--quiet", f"{candidate}^{{commit}}"], home=home, cwd=destination)
-            if found.returncode == 0:
-                commit = candidate
-                break
-        if commit is None:
+        found = _git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], home=home, cwd=destination)
+        if found.returncode != 0:
             raise UsageError(f"{profile_file}: workspace.ref: not found in the repository")
-        if commit.startswith("refs/remotes/origin/"):
-            checkout = ["checkout", "--quiet", "-B", ref, commit]
-        else:
-            checkout = ["checkout", "--quiet", "--detach", commit]
-        if _git(checkout, home=home, cwd=destination).returncode != 0:
+        if _git(["checkout", "--quiet", "--detach", ref], home=home, cwd=destination).returncode != 0:
             raise BackendError(f"{profile_file}: workspace.ref: checkout failed")
+    _finish(destination, owner)
+
+
+def _finish(destination: str, owner: tuple[int, int] | None) -> None:
     os.chmod(destination, 0o700)
     if owner is not None:
         uid, gid = owner

@@ -2,7 +2,8 @@
 
 ruamel.yaml composes the node graph (keeping every line and column); we walk it ourselves so
 that duplicate keys, anchors, merge keys and exotic tags are refused with a position, and so
-that no error message ever quotes a value from the file.
+that no error message ever quotes a value from the file. ruamel.yaml is imported only when a
+file is parsed, so the commands that never read YAML (exec, teardown) do not pay for it.
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-
-from ruamel.yaml import YAML
-from ruamel.yaml.error import MarkedYAMLError, YAMLError
-from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from typing import TYPE_CHECKING
 
 from sandboxer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ruamel.yaml.nodes import Node, ScalarNode
 
 MAX_FILE_BYTES = 256 * 1024
 
@@ -94,6 +95,8 @@ def _scalar_value(node: ScalarNode, file: str, path: str) -> str | int | bool | 
 
 
 def _convert(node: Node, file: str, path: str) -> YNode:
+    from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
+
     mark = _mark(node)
     if getattr(node, "anchor", None):
         raise ConfigError(file, mark.line, mark.column, path, "anchors and aliases are not allowed")
@@ -131,6 +134,9 @@ def _convert(node: Node, file: str, path: str) -> YNode:
 
 def parse_yaml(data: bytes, file: str) -> YNode:
     """Parse one YAML document from `data`; `file` is only used in error messages."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
     if len(data) > MAX_FILE_BYTES:
         raise ConfigError(file, 1, 1, "", f"file is larger than {MAX_FILE_BYTES} bytes")
     try:

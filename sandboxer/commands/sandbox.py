@@ -11,6 +11,7 @@ from typing import Any
 from sandboxer import limits, procs, workspace
 from sandboxer.approvals import Ledger, Status
 from sandboxer.backends import bwrap
+from sandboxer.config import ExtensionConfig, Profile
 from sandboxer.configdir import load_extension, load_profile
 from sandboxer.dirs import Dirs
 from sandboxer.errors import BackendError, PolicyError, ResidueError, SandboxerError
@@ -41,8 +42,8 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def create(dirs: Dirs, profile_name: str) -> dict[str, Any]:
-    """Create a sandbox from an approved profile; nothing is left behind if any step fails."""
+def _admit(dirs: Dirs, profile_name: str) -> tuple[str, Profile, ExtensionConfig]:
+    """Every check before anything is made: approvals, backend, runtime pin, reachability."""
     raw, profile = load_profile(dirs.config, profile_name)
     ledger = Ledger(dirs.config)
     _require_approved(ledger, profile.name, profile.file_sha256)
@@ -60,6 +61,17 @@ def create(dirs: Dirs, profile_name: str) -> dict[str, Any]:
             "workspace repository": profile.workspace.repository,
         },
     )
+    if os.geteuid() == 0:
+        from sandboxer.plan import SANDBOX_GID, SANDBOX_UID
+
+        bwrap.check_reachable(extension.runtime.path, uid=SANDBOX_UID, gid=SANDBOX_GID, what="runtime")
+        bwrap.check_reachable(os.path.dirname(dirs.state), uid=SANDBOX_UID, gid=SANDBOX_GID, what="state dir")
+    return raw.path, profile, extension
+
+
+def create(dirs: Dirs, profile_name: str) -> dict[str, Any]:
+    """Create a sandbox from an approved profile; nothing is left behind if any step fails."""
+    profile_file, profile, extension = _admit(dirs, profile_name)
     registry = Registry(dirs.state)
     sandbox_id, lock = registry.allocate()
     record: dict[str, Any] = {
@@ -88,7 +100,7 @@ def create(dirs: Dirs, profile_name: str) -> dict[str, Any]:
             repository=profile.workspace.repository,
             ref=profile.workspace.ref,
             destination=clone_dir,
-            profile_file=raw.path,
+            profile_file=profile_file,
             owner=(host_uid, host_gid) if os.geteuid() == 0 else None,
         )
         limit_setup = limits.setup(sandbox_id, plan.limits)
@@ -102,13 +114,7 @@ def create(dirs: Dirs, profile_name: str) -> dict[str, Any]:
         record.update(live.as_record())
         record.update(_plan_record(plan, host_uid, host_gid))
         registry.write(sandbox_id, record)
-        limits.join(limit_setup, [live.bwrap_pid, live.init_pid, live.holder_pid])
-        observed = bwrap.probe(live, plan, procs_files=limit_setup.procs_files, rlimits=limit_setup.rlimits)
-        problems = differences(plan, read_mountinfo(live.holder_pid), interfaces_from_proc(live.holder_pid), observed)
-        if limit_setup.groups and not any(sandbox_id in line for line in observed.cgroups):
-            problems.append("limits: the probe is not in the sandbox's cgroup")
-        if problems:
-            raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))
+        _verify(plan, live, limit_setup)
         record["state"] = "ready"
         registry.write(sandbox_id, record)
     except BaseException as exc:
@@ -129,6 +135,16 @@ def create(dirs: Dirs, profile_name: str) -> dict[str, Any]:
         "workspace": WORKSPACE_TARGET,
         "limits": record["limits"]["mechanism"],
     }
+
+
+def _verify(plan: Plan, live: bwrap.Live, limit_setup: limits.LimitSetup) -> None:
+    """Refuse to hand out a sandbox whose observed state differs from its plan (exit 5)."""
+    observed = bwrap.probe(live, plan, procs_files=limit_setup.procs_files, rlimits=limit_setup.rlimits)
+    problems = differences(plan, read_mountinfo(live.holder_pid), interfaces_from_proc(live.holder_pid), observed)
+    if limit_setup.groups and not any(plan.sandbox_id in line for line in observed.cgroups):
+        problems.append("limits: the probe is not in the sandbox's cgroup")
+    if problems:
+        raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))
 
 
 def _plan_record(plan: Plan, host_uid: int, host_gid: int) -> dict[str, Any]:

@@ -1,0 +1,219 @@
+"""Benchmark of bwrap sandboxes against plain bwrap and Docker on the same machine, in one run.
+
+    .venv/bin/python benchmarks/bench_sandbox.py [--rounds N] [--json]
+
+Measures, as medians of whole-process runs:
+- exec round trip of `true` in a live sandbox vs `docker exec` of `true` in a running container
+  (target <= 1.0x), beside a bare bwrap start and the CLI's own start-up;
+- the full cycle create -> exec true -> teardown vs `docker run --rm --network none IMAGE true`
+  (target <= 1.0x);
+- host-side memory of one idle sandbox, all its host processes (target <= 8 MiB);
+- 20 sandboxes created concurrently, each exec'd, then torn down (all succeed, no residue).
+Docker comparisons need a running Docker daemon and `scripts/build-base-image`; without them
+they are reported as unavailable. A missed target is printed, not an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+SANDBOXER = [sys.executable, "-m", "sandboxer"]
+
+
+def timed(fn: Callable[[], object], rounds: int) -> float:
+    """Median wall time of `fn` in milliseconds."""
+    samples = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1000)
+    return statistics.median(samples)
+
+
+def run(argv: list[str], **kwargs: Any) -> str:
+    proc = subprocess.run(argv, check=True, capture_output=True, text=True, **kwargs)
+    return proc.stdout
+
+
+class World:
+    """A throwaway broker with an approved bwrap profile."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.config, self.state = root / "config", root / "state"
+        runtime, repo = root / "runtime", root / "repo"
+        run(["/usr/bin/python3", "-m", "venv", "--copies", "--without-pip", str(runtime)])
+        git = ["git", "-c", "user.name=b", "-c", "user.email=b@localhost", "-c", "init.defaultBranch=main"]
+        run([*git, "init", "-q", str(repo)])
+        (repo / "f").write_text("x\n")
+        run([*git, "-C", str(repo), "add", "f"])
+        run([*git, "-C", str(repo), "commit", "-qm", "i"])
+        (self.config / "extensions").mkdir(parents=True)
+        (self.config / "profiles").mkdir()
+        self.config.chmod(0o700)
+        digest = run(self.cli("runtime", "digest", str(runtime))).strip()
+        (self.config / "extensions" / "ext.bwrap.yaml").write_text(
+            f"extension: ext.bwrap\nconfig:\n  runtime:\n    path: {runtime}\n    sha256: {digest}\n"
+        )
+        (self.config / "profiles" / "bench.yaml").write_text(
+            f"profile: bench\nextension: ext.bwrap\nworkspace:\n  repository: {repo}\n  ref: main\n"
+            "network:\n  default: deny\n  egress: []\nsetup:\n  secrets: []\n"
+        )
+        run(self.cli("ext", "approve", "ext.bwrap"))
+        run(self.cli("ext", "approve", "bench"))
+
+    def cli(self, *args: str) -> list[str]:
+        return [*SANDBOXER, "--config-dir", str(self.config), "--state-dir", str(self.state), *args]
+
+    def create(self) -> str:
+        return run(self.cli("create", "--profile", "bench")).strip()
+
+    def exec_true(self, sandbox_id: str) -> None:
+        run(self.cli("exec", sandbox_id, "--", "true"))
+
+    def teardown(self, sandbox_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(run(self.cli("teardown", sandbox_id, "--json")))
+        return result
+
+
+def sandbox_memory(world: World, sandbox_id: str) -> dict[str, float]:
+    record = json.loads((world.state / "sandboxes" / sandbox_id / "record.json").read_text())
+    pids = {record["bwrap_pid"], record["init_pid"], record["holder_pid"]}
+    rss = uss = 0
+    for pid in pids:
+        try:
+            info = psutil.Process(pid).memory_full_info()
+        except psutil.NoSuchProcess:
+            continue
+        rss += info.rss
+        uss += info.uss
+    return {"processes": len(pids), "rss_mib": rss / 2**20, "uss_mib": uss / 2**20}
+
+
+def docker_setup() -> tuple[str, str] | None:
+    docker = shutil.which("docker")
+    if docker is None or subprocess.run([docker, "info"], capture_output=True, check=False).returncode != 0:
+        return None
+    image = run([sys.executable, str(REPO / "scripts" / "build-base-image")]).strip()
+    container = run([docker, "run", "-d", "--rm", "--network", "none", image, "/usr/bin/sleep", "infinity"]).strip()
+    return image, container
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="bwrap sandboxes vs plain bwrap and Docker")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rounds = args.rounds
+    results: dict[str, Any] = {"rounds": rounds, "cpus": os.cpu_count()}
+    with tempfile.TemporaryDirectory(prefix="sbx-bench-") as tmp:
+        Path(tmp).chmod(0o755)  # as root the sandbox's uid must reach the runtime and the state dir
+        world = World(Path(tmp))
+        bwrap = ["bwrap", "--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib64", "/lib64"]
+        bwrap += ["--symlink", "usr/lib", "/lib", "--symlink", "usr/bin", "/bin", "--", "/usr/bin/true"]
+        results["bwrap_true_ms"] = timed(lambda: run(bwrap), rounds)
+        results["python_start_ms"] = timed(lambda: run([sys.executable, "-I", "-c", "pass"]), rounds)
+        results["cli_version_ms"] = timed(lambda: run([*SANDBOXER, "--help"]), rounds)
+        sandbox_id = world.create()
+        world.exec_true(sandbox_id)
+        results["exec_true_ms"] = timed(lambda: world.exec_true(sandbox_id), rounds)
+        time.sleep(0.5)
+        results["idle_memory"] = sandbox_memory(world, sandbox_id)
+        world.teardown(sandbox_id)
+
+        def cycle() -> None:
+            world.exec_true(created := world.create())
+            receipt = world.teardown(created)
+            assert not receipt["residue"], receipt
+
+        results["cycle_ms"] = timed(cycle, max(5, rounds // 2))
+
+        started = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=20) as pool:
+            ids = list(pool.map(lambda _: world.create(), range(20)))
+            list(pool.map(world.exec_true, ids))
+            receipts = list(pool.map(world.teardown, ids))
+        left = sorted(os.listdir(world.state / "sandboxes"))
+        results["concurrent_20"] = {
+            "seconds": round(time.perf_counter() - started, 2),
+            "all_succeeded": len(ids) == 20 and len(set(ids)) == 20,
+            "residue": [r["residue"] for r in receipts if r["residue"]],
+            "left_in_registry": [name for name in left if not name.startswith(".")],
+        }
+        docker = docker_setup()
+        if docker is None:
+            results["docker"] = "unavailable"
+        else:
+            image, container = docker
+            try:
+                results["docker_exec_true_ms"] = timed(lambda: run(["docker", "exec", container, "true"]), rounds)
+                results["docker_run_true_ms"] = timed(
+                    lambda: run(["docker", "run", "--rm", "--network", "none", image, "/usr/bin/true"]),
+                    max(5, rounds // 2),
+                )
+            finally:
+                subprocess.run(["docker", "rm", "-f", container], capture_output=True, check=False)
+            results["exec_vs_docker_exec"] = results["exec_true_ms"] / results["docker_exec_true_ms"]
+            results["cycle_vs_docker_run"] = results["cycle_ms"] / results["docker_run_true_ms"]
+    report(results, as_json=args.json)
+    ok = results["concurrent_20"]["all_succeeded"] and not results["concurrent_20"]["residue"]
+    return 0 if ok else 1
+
+
+def report(results: dict[str, Any], *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(results, indent=2))
+        return
+    rows = [
+        ("bare bwrap --unshare-all true", results["bwrap_true_ms"]),
+        ("python3 -I -c pass", results["python_start_ms"]),
+        ("sandboxer --help (full CLI import)", results["cli_version_ms"]),
+        ("sandboxer exec ID -- true", results["exec_true_ms"]),
+        ("create -> exec true -> teardown", results["cycle_ms"]),
+    ]
+    if results.get("docker") != "unavailable":
+        rows += [
+            ("docker exec CONTAINER true", results["docker_exec_true_ms"]),
+            ("docker run --rm --network none IMAGE true", results["docker_run_true_ms"]),
+        ]
+    print(f"median of {results['rounds']} runs, {results['cpus']} CPUs")
+    for name, value in rows:
+        print(f"  {name:45s} {value:8.1f} ms")
+    memory = results["idle_memory"]
+    print(
+        f"  idle sandbox: {memory['processes']} host processes, RSS {memory['rss_mib']:.1f} MiB, "
+        f"USS {memory['uss_mib']:.1f} MiB"
+    )
+    c20 = results["concurrent_20"]
+    print(
+        f"  20 concurrent create/exec/teardown: {c20['seconds']} s, all succeeded {c20['all_succeeded']}, "
+        f"residue {c20['residue']}, left {c20['left_in_registry']}"
+    )
+    if results.get("docker") == "unavailable":
+        print("  docker: unavailable (start dockerd to compare)")
+        return
+    for label, ratio, target in (
+        ("exec vs docker exec", results["exec_vs_docker_exec"], 1.0),
+        ("cycle vs docker run", results["cycle_vs_docker_run"], 1.0),
+        ("idle memory (USS MiB)", memory["uss_mib"] / 8.0, 1.0),
+    ):
+        print(f"  {'PASS' if ratio <= target else 'MISS'}  {label}: {ratio:.2f}x of target")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

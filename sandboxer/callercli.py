@@ -1,0 +1,119 @@
+"""The caller commands — create, inspect, list, teardown, gc — on a lean argparse parser.
+
+Callers run these many times per task; typer's start-up alone (about 70 ms here, with pydantic)
+would be most of a create/teardown cycle. The owner commands stay on the typer CLI
+(sandboxer.cli) and `exec` on sandboxer.fastexec. Errors and JSON follow the same contract.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import NoReturn
+
+from sandboxer.dirs import Dirs, resolve_dirs
+from sandboxer.errors import UsageError
+from sandboxer.output import flatten, print_result, report_failure
+
+COMMANDS = ("create", "inspect", "list", "teardown", "gc")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="sandboxer", description="Caller commands of the sandboxer broker.")
+    parser.add_argument("--config-dir", help="owner config directory (env SANDBOXER_CONFIG)")
+    parser.add_argument("--state-dir", help="live state directory (env SANDBOXER_STATE)")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    create = commands.add_parser("create", help="create a sandbox from an approved profile and print its id")
+    create.add_argument("--profile", required=True, help="an approved profile name")
+    create.add_argument("--manifest", help="a lease manifest (not yet supported)")
+    create.add_argument("--bootstrap", help="a runtime bootstrap file (not yet supported)")
+    inspect = commands.add_parser("inspect", help="evidence observed from a live sandbox")
+    inspect.add_argument("id", metavar="ID")
+    commands.add_parser("list", help="list the sandboxes of this state dir")
+    teardown = commands.add_parser("teardown", help="remove everything a sandbox owns; print the receipt")
+    teardown.add_argument("id", metavar="ID")
+    commands.add_parser("gc", help="finish sandboxes whose broker died mid-way")
+    for sub in commands.choices.values():
+        sub.add_argument("--json", action="store_true", help="print one JSON document")
+    return parser
+
+
+def _run(args: argparse.Namespace, dirs: Dirs) -> None:
+    from sandboxer.commands import sandbox
+
+    match args.command:
+        case "create":
+            if args.manifest is not None or args.bootstrap is not None:
+                raise UsageError("--manifest and --bootstrap are not supported yet")
+            result = sandbox.create(dirs, args.profile)
+            print_result(result, result["id"], args.json)
+        case "inspect":
+            result = sandbox.inspect(dirs, args.id)
+            print_result(result, "\n".join(f"{k}: {v}" for k, v in flatten(result)), args.json)
+        case "list":
+            result = sandbox.list_sandboxes(dirs)
+            rows = [("ID", "PROFILE", "BACKEND", "STATUS", "CREATED")]
+            rows += [
+                (e["id"], str(e["profile"]), str(e["backend"]), e["status"], str(e["created_at"]))
+                for e in result["sandboxes"]
+            ]
+            widths = [max(len(row[i]) for row in rows) for i in range(5)]
+            table = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+            print_result(result, table if result["sandboxes"] else "no sandboxes", args.json)
+        case "teardown":
+            receipt = sandbox.teardown(dirs, args.id)
+            lines = [f"removed {item}" for item in receipt["removed"]]
+            lines += [f"RESIDUE {item}" for item in receipt["residue"]]
+            print_result(receipt, "\n".join(lines) or f"{args.id}: nothing to remove", args.json)
+            sandbox.receipt_or_raise(receipt)
+        case "gc":
+            result = sandbox.gc(dirs)
+            lines = [f"collected {r['id']}" + (" (RESIDUE)" if r["residue"] else "") for r in result["collected"]]
+            print_result(result, "\n".join(lines) or "nothing to collect", args.json)
+            for receipt in result["collected"]:
+                sandbox.receipt_or_raise(receipt)
+
+
+def command_of(argv: list[str]) -> str | None:
+    """The command word after any global options, if it is one of ours."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("--config-dir", "--state-dir"):
+            i += 2
+        elif arg.startswith(("--config-dir=", "--state-dir=")) or arg == "--debug":
+            i += 1
+        else:
+            return arg if arg in COMMANDS else None
+    return None
+
+
+def main(argv: list[str]) -> int:
+    """Run one caller command; every error is one line (or a JSON object) and its exit status."""
+    head = argv[: argv.index("--")] if "--" in argv else argv
+    as_json, debug = "--json" in head, "--debug" in head
+    try:
+        args = _parser().parse_args(argv)
+        dirs = resolve_dirs(
+            config_dir=args.config_dir,
+            state_dir=args.state_dir,
+            environ=os.environ,
+            euid=os.geteuid(),
+            home=os.path.expanduser("~"),
+        )
+        _run(args, dirs)
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    except KeyboardInterrupt:
+        sys.stderr.write("sandboxer: interrupted\n")
+        return 130
+    except Exception as exc:
+        return report_failure(exc, as_json=as_json, debug=debug)
+    return 0
