@@ -35,6 +35,7 @@ demo: deps
 
 bench: deps
 	$(PY) benchmarks/bench_digest.py
+	$(PY) benchmarks/bench_sandbox.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .hypothesis *.egg-info
