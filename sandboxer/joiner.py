@@ -131,16 +131,22 @@ class EntryError(Exception):
         self.message = message
 
 
+def owning_user_namespace(ns_fd: int) -> int:
+    """A new close-on-exec fd of the user namespace that owns the namespace `ns_fd` refers to."""
+    owner = fcntl.ioctl(ns_fd, NS_GET_USERNS)
+    os.set_inheritable(owner, False)
+    return owner
+
+
 def _open_namespaces(holder_pid: int) -> list[tuple[int, int]]:
     opened: list[tuple[int, int]] = []
     flags = os.O_RDONLY | os.O_CLOEXEC
     try:
         mnt = os.open(f"/proc/{holder_pid}/ns/mnt", flags)
         try:
-            outer = fcntl.ioctl(mnt, NS_GET_USERNS)
+            outer = owning_user_namespace(mnt)
         finally:
             os.close(mnt)
-        os.set_inheritable(outer, False)
         opened.append((outer, CLONE_NEWUSER))
         for name, nstype in NAMESPACES:
             opened.append((os.open(f"/proc/{holder_pid}/ns/{name}", flags), nstype))

@@ -44,8 +44,8 @@ def _collect() -> dict[str, Any]:
 def observe_network(holder_pid: int) -> dict[str, Any]:
     """Interfaces and routes (all tables) of the network namespace `holder_pid` lives in."""
     try:
-        user_fd = os.open(f"/proc/{holder_pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
         net_fd = os.open(f"/proc/{holder_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        user_fd = joiner.owning_user_namespace(net_fd)
     except OSError as exc:
         raise BackendError(f"cannot open the sandbox's network namespace ({exc.strerror})") from None
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
