@@ -10,9 +10,12 @@ that is not running), 126 not executable, 127 not found.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import re
+import secrets
 import select
 import signal
 import sys
@@ -140,6 +143,24 @@ def _load(state_dir: str, sandbox_id: str) -> dict[str, object]:
     return record
 
 
+def _kill_group(group: str) -> None:
+    """Kill every process in the exec's cgroup until it is empty."""
+    kill_file = os.path.join(group, "cgroup.kill")
+    for _ in range(200):
+        try:
+            with open(os.path.join(group, "cgroup.procs")) as stream:
+                members = [int(line) for line in stream if line.strip()]
+        except OSError:
+            return
+        if not members:
+            return
+        if os.path.exists(kill_file):
+            with contextlib.suppress(OSError), open(kill_file, "w") as stream:
+                stream.write("1")
+        procs.signal_all(members, signal.SIGKILL)
+        procs.wait_gone(members, 0.2)
+
+
 def _kill_session(command_pid: int) -> None:
     """Kill the exec's session and every descendant of its command, until none is left."""
     for _ in range(100):
@@ -188,11 +209,43 @@ def run(argv: list[str]) -> int:
         cgroup_procs=tuple(limit_record["procs_files"]),
         rlimits=tuple((int(a), int(b)) for a, b in limit_record["rlimits"]),
     )
-    started = joiner.start(entry)
-    return _wait(started, timeout)
+    exec_group = _exec_group(limit_record)
+    if exec_group is not None:
+        parent = os.path.dirname(exec_group)
+        procs_files = tuple(
+            os.path.join(exec_group, "cgroup.procs") if os.path.dirname(f) == parent else f for f in entry.cgroup_procs
+        )
+        entry = dataclasses.replace(entry, cgroup_procs=procs_files)
+    try:
+        started = joiner.start(entry)
+        return _wait(started, timeout, exec_group)
+    finally:
+        if exec_group is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(exec_group)  # kept while a background process of this exec still runs
 
 
-def _wait(started: joiner.Started, timeout: float | None) -> int:
+def _exec_group(limit_record: dict[str, object]) -> str | None:
+    """A cgroup of this exec's own, below the sandbox's pids group, when cgroups are in use.
+
+    It lets --timeout find every process of the exec, even one that made its own session and
+    was re-parented; the sandbox's limits still apply to it through the parent group.
+    """
+    groups = limit_record.get("groups")
+    if limit_record.get("mechanism") not in ("cgroup-v1", "cgroup-v2") or not isinstance(groups, list):
+        return None
+    parent = next((g for g in groups if "/pids/" in g), groups[0] if groups else None)
+    if not isinstance(parent, str):
+        return None
+    group = os.path.join(parent, f"exec-{secrets.token_hex(6)}")
+    try:
+        os.mkdir(group, 0o755)
+    except OSError:
+        return None
+    return group
+
+
+def _wait(started: joiner.Started, timeout: float | None, exec_group: str | None) -> int:
     forwarded: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
@@ -213,6 +266,8 @@ def _wait(started: joiner.Started, timeout: float | None) -> int:
             if ready:
                 break
             if deadline is not None and time.monotonic() >= deadline:
+                if exec_group is not None:
+                    _kill_group(exec_group)
                 _kill_session(started.command_pid)
                 os.waitpid(started.relay_pid, 0)
                 return TIMED_OUT

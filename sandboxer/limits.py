@@ -126,6 +126,10 @@ def remove(groups: tuple[str, ...]) -> list[str]:
     """Remove cgroup directories; returns those that could not be removed."""
     left = []
     for group in groups:
+        with contextlib.suppress(OSError):
+            for name in os.listdir(group):
+                if name.startswith("exec-"):
+                    os.rmdir(os.path.join(group, name))
         try:
             os.rmdir(group)
         except FileNotFoundError:
