@@ -114,8 +114,9 @@ def parse_probe(
     )
 
 
-# Writable mounts a sandbox may have beyond the plan's own: the kernel filesystems bwrap makes.
-_ALLOWED_WRITABLE_PREFIXES = ("/proc", "/dev")
+# Mounts a sandbox has beyond the plan's own: the kernel filesystems bwrap makes below /proc
+# (its read-only covers over /proc/sys and friends) and /dev (device nodes, pts, shm).
+_KERNEL_PREFIXES = ("/proc", "/dev")
 
 
 def differences(plan: Plan, mounts: list[MountSeen], interfaces: list[str], probe: ProbeSeen) -> list[str]:
@@ -153,8 +154,13 @@ def _mount_differences(plan: Plan, mounts: list[MountSeen]) -> list[str]:
     root = by_target.get("/")
     if root is None or not root.read_only:
         problems.append("mount /: the root must be read-only")
+    planned_targets = {planned.target for planned in plan.mounts}
     for target, seen in by_target.items():
-        allowed = any(target == p or target.startswith(p + "/") for p in _ALLOWED_WRITABLE_PREFIXES)
-        if not (seen.read_only or target in expected_writable or target == "/" or allowed):
-            problems.append(f"mount {target}: writable but not in the plan")
+        kernel = any(target == p or target.startswith(p + "/") for p in _KERNEL_PREFIXES)
+        if target == "/" or kernel:
+            continue
+        if target not in planned_targets:
+            problems.append(f"mount {target}: not in the plan")
+        elif not seen.read_only and target not in expected_writable:
+            problems.append(f"mount {target}: writable but planned read-only")
     return problems

@@ -51,8 +51,7 @@ def clone(*, repository: str, ref: str, destination: str, profile_file: str, own
         if fast.returncode == 0:
             return _finish(destination, owner)
         shutil.rmtree(destination, ignore_errors=True)
-        probe = _git(["-C", repository, "rev-parse", "--git-dir"], home=home)
-        if probe.returncode != 0 or not os.path.isdir(repository):
+        if not _is_repository_root(repository, home):
             raise UsageError(f"{profile_file}: workspace.repository: not a Git repository")
         if _git([*clone_args, "--no-checkout", "--", repository, destination], home=home).returncode != 0:
             raise BackendError(f"{profile_file}: workspace.repository: git clone failed")
@@ -62,6 +61,19 @@ def clone(*, repository: str, ref: str, destination: str, profile_file: str, own
         if _git(["checkout", "--quiet", "--detach", ref], home=home, cwd=destination).returncode != 0:
             raise BackendError(f"{profile_file}: workspace.ref: checkout failed")
     _finish(destination, owner)
+
+
+def _is_repository_root(repository: str, home: str) -> bool:
+    """Whether `repository` is a bare repository or the top of a work tree (not a subdirectory)."""
+    if not os.path.isdir(repository):
+        return False
+    bare = _git(["-C", repository, "rev-parse", "--is-bare-repository"], home=home)
+    if bare.returncode != 0:
+        return False
+    if bare.stdout.strip() == b"true":
+        return True
+    top = _git(["-C", repository, "rev-parse", "--show-toplevel"], home=home)
+    return top.returncode == 0 and os.path.realpath(top.stdout.decode().strip()) == os.path.realpath(repository)
 
 
 def _finish(destination: str, owner: tuple[int, int] | None) -> None:

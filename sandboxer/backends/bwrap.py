@@ -234,7 +234,18 @@ def stop(record: dict[str, object], *, grace: float = 1.0) -> tuple[list[str], l
     residue: list[str] = []
     targets: set[int] = set()
     pid_namespace = record.get("pid_namespace")
-    if isinstance(pid_namespace, int):
+    init_pid, init_start = record.get("init_pid"), record.get("init_start")
+    # A namespace number is reused by the kernel once the namespace is gone, so it is trusted
+    # only while the sandbox's own init (checked by start time) still lives in it. When that
+    # init is dead, the kernel has already killed every process of the namespace.
+    namespace_is_ours = (
+        isinstance(pid_namespace, int)
+        and isinstance(init_pid, int)
+        and isinstance(init_start, int)
+        and procs.alive(init_pid, init_start)
+        and procs.namespace_inode(init_pid, "pid") == pid_namespace
+    )
+    if namespace_is_ours and isinstance(pid_namespace, int):
         targets.update(procs.in_pid_namespace(pid_namespace))
     for key in ("bwrap", "init", "holder"):
         pid, started = record.get(f"{key}_pid"), record.get(f"{key}_start")
@@ -249,7 +260,7 @@ def stop(record: dict[str, object], *, grace: float = 1.0) -> tuple[list[str], l
         survivors = procs.terminate(sorted(targets), grace=grace)
         removed.append(f"processes: {len(targets) - len(survivors)}")
         residue.extend(f"process {pid} still running" for pid in survivors)
-    if isinstance(pid_namespace, int):
+    if namespace_is_ours and isinstance(pid_namespace, int):
         late = procs.in_pid_namespace(pid_namespace)
         if late:
             survivors = procs.terminate(late, grace=0.0)
