@@ -10,20 +10,29 @@ from __future__ import annotations
 import sys
 
 
+def _command_of(argv: list[str]) -> str | None:
+    """The command word after the global options (which take a value unless written NAME=VALUE)."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("--config-dir", "--state-dir"):
+            i += 2
+        elif arg.startswith(("--config-dir=", "--state-dir=")) or arg == "--debug":
+            i += 1
+        else:
+            return arg
+    return None
+
+
 def main() -> None:
     """Run the CLI and exit with its status."""
     argv = sys.argv[1:]
-    from sandboxer.callercli import command_of
+    command = _command_of(argv)
+    if command == "exec":
+        from sandboxer.fastexec import main as run_exec
 
-    command = command_of(argv)
-    if command is None and "exec" in argv:
-        from sandboxer.fastexec import is_exec
-
-        if is_exec(argv):
-            from sandboxer.fastexec import main as run_exec
-
-            sys.exit(run_exec(argv))
-    if command is not None:
+        sys.exit(run_exec(argv))
+    if command in ("create", "inspect", "list", "teardown", "gc"):
         from sandboxer.callercli import main as run_caller
 
         sys.exit(run_caller(argv))

@@ -16,8 +16,6 @@ from sandboxer.dirs import Dirs, resolve_dirs
 from sandboxer.errors import UsageError
 from sandboxer.output import flatten, print_result, report_failure
 
-COMMANDS = ("create", "inspect", "list", "teardown", "gc")
-
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
@@ -79,20 +77,6 @@ def _run(args: argparse.Namespace, dirs: Dirs) -> None:
             print_result(result, "\n".join(lines) or "nothing to collect", args.json)
             for receipt in result["collected"]:
                 sandbox.receipt_or_raise(receipt)
-
-
-def command_of(argv: list[str]) -> str | None:
-    """The command word after any global options, if it is one of ours."""
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg in ("--config-dir", "--state-dir"):
-            i += 2
-        elif arg.startswith(("--config-dir=", "--state-dir=")) or arg == "--debug":
-            i += 1
-        else:
-            return arg if arg in COMMANDS else None
-    return None
 
 
 def main(argv: list[str]) -> int:

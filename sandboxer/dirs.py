@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class Dirs:
-    """The config directory (owner YAML, approvals) and the state directory (live sandboxes, caches)."""
+    """The config directory (owner YAML, approvals) and the state directory (live sandboxes, caches).
 
-    config: str
-    state: str
+    A plain slotted class: `exec` resolves these on its hot path, where importing dataclasses
+    would cost more than the rest of the lookup.
+    """
+
+    __slots__ = ("config", "state")
+
+    def __init__(self, *, config: str, state: str) -> None:
+        self.config = config
+        self.state = state
 
 
 def resolve_dirs(

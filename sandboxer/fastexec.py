@@ -11,11 +11,8 @@ that is not running), 126 not executable, 127 not found.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
-import re
-import secrets
 import select
 import signal
 import sys
@@ -26,27 +23,25 @@ from sandboxer.dirs import resolve_dirs
 
 BROKER_FAILED = 125
 TIMED_OUT = 124
-_CONSUMER = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
-_ID = re.compile(r"[0-9a-f]{24}")
+_HEX = frozenset("0123456789abcdef")
+_CONSUMER_FIRST = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
+_CONSUMER_REST = _CONSUMER_FIRST | frozenset("_.-")
+
+
+def _is_consumer(name: str) -> bool:
+    """1-64 of a-z 0-9 _ . -, starting with a letter or digit (no `re`: it is slow to import)."""
+    return 0 < len(name) <= 64 and name[0] in _CONSUMER_FIRST and set(name) <= _CONSUMER_REST
+
+
+def _is_id(value: str) -> bool:
+    return len(value) == 24 and set(value) <= _HEX
+
+
 _GLOBAL_WITH_VALUE = ("--config-dir", "--state-dir")
 
 
 class ExecUsage(Exception):
     """Bad exec usage (reported with status 125)."""
-
-
-def is_exec(argv: list[str]) -> bool:
-    """Whether the command line is an `exec` (after any global options)."""
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg in _GLOBAL_WITH_VALUE:
-            i += 2
-        elif arg.startswith(tuple(f"{g}=" for g in _GLOBAL_WITH_VALUE)) or arg == "--debug":
-            i += 1
-        else:
-            return arg == "exec"
-    return False
 
 
 def _parse(argv: list[str]) -> tuple[dict[str, str], dict[str, str], list[str]]:
@@ -107,7 +102,7 @@ def _validate(options: dict[str, str]) -> float | None:
     if cwd is not None and (not cwd.startswith("/") or os.path.normpath(cwd) != cwd or "\0" in cwd):
         raise ExecUsage("exec: --cwd must be a normalized absolute path inside the sandbox")
     consumer = options.get("consumer")
-    if consumer is not None and not _CONSUMER.fullmatch(consumer):
+    if consumer is not None and not _is_consumer(consumer):
         raise ExecUsage("exec: --consumer must be 1-64 of a-z 0-9 _ . - starting with a letter or digit")
     executable = options.get("executable")
     if executable is not None and (not executable or "\0" in executable):
@@ -125,7 +120,7 @@ def _validate(options: dict[str, str]) -> float | None:
 
 
 def _load(state_dir: str, sandbox_id: str) -> dict[str, object]:
-    if not _ID.fullmatch(sandbox_id):
+    if not _is_id(sandbox_id):
         raise ExecUsage("exec: no such sandbox (ids are 24 lowercase hex digits)")
     try:
         with open(os.path.join(state_dir, "sandboxes", sandbox_id, "record.json"), "rb") as stream:
@@ -209,13 +204,13 @@ def run(argv: list[str]) -> int:
         cgroup_procs=tuple(limit_record["procs_files"]),
         rlimits=tuple((int(a), int(b)) for a, b in limit_record["rlimits"]),
     )
-    exec_group = _exec_group(limit_record)
+    exec_group = _exec_group(limit_record) if timeout is not None else None
     if exec_group is not None:
         parent = os.path.dirname(exec_group)
         procs_files = tuple(
             os.path.join(exec_group, "cgroup.procs") if os.path.dirname(f) == parent else f for f in entry.cgroup_procs
         )
-        entry = dataclasses.replace(entry, cgroup_procs=procs_files)
+        entry.cgroup_procs = procs_files
     try:
         started = joiner.start(entry)
         return _wait(started, timeout, exec_group)
@@ -228,8 +223,9 @@ def run(argv: list[str]) -> int:
 def _exec_group(limit_record: dict[str, object]) -> str | None:
     """A cgroup of this exec's own, below the sandbox's pids group, when cgroups are in use.
 
-    It lets --timeout find every process of the exec, even one that made its own session and
-    was re-parented; the sandbox's limits still apply to it through the parent group.
+    Made only for an exec with --timeout (making and removing a cgroup costs milliseconds): it
+    lets the timeout find every process of the exec, even one that made its own session and was
+    re-parented. The sandbox's limits still apply to it through the parent group.
     """
     groups = limit_record.get("groups")
     if limit_record.get("mechanism") not in ("cgroup-v1", "cgroup-v2") or not isinstance(groups, list):
@@ -237,7 +233,7 @@ def _exec_group(limit_record: dict[str, object]) -> str | None:
     parent = next((g for g in groups if "/pids/" in g), groups[0] if groups else None)
     if not isinstance(parent, str):
         return None
-    group = os.path.join(parent, f"exec-{secrets.token_hex(6)}")
+    group = os.path.join(parent, f"exec-{os.urandom(6).hex()}")
     try:
         os.mkdir(group, 0o755)
     except OSError:

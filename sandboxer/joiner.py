@@ -23,7 +23,6 @@ import fcntl
 import os
 import signal
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -99,27 +98,47 @@ def drop_all_capabilities() -> None:
     _check(_libc.syscall(_SYS_CAPSET, ctypes.byref(header), ctypes.byref(data)), "capset")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class Entry:
-    """Everything needed to start one command in a sandbox."""
+    """Everything needed to start one command in a sandbox.
 
-    holder_pid: int  # a process of the sandbox user: the namespaces commands run in
-    host_uid: int  # the sandbox user's uid as the host sees it (owner of the user namespace)
-    host_gid: int
-    cwd: str
-    argv: Sequence[str]
-    executable: str | None
-    env: dict[str, str]
-    cgroup_procs: Sequence[str] = ()  # cgroup.procs files to join (v1 controllers or a v2 group)
-    rlimits: Sequence[tuple[int, int]] = ()  # (resource, limit) when no cgroup enforces limits
+    A plain slotted class rather than a dataclass: this module is on the exec hot path, and
+    importing dataclasses costs more than the namespace join itself.
+    """
+
+    __slots__ = ("argv", "cgroup_procs", "cwd", "env", "executable", "holder_pid", "host_gid", "host_uid", "rlimits")
+
+    def __init__(
+        self,
+        *,
+        holder_pid: int,
+        host_uid: int,
+        host_gid: int,
+        cwd: str,
+        argv: Sequence[str],
+        executable: str | None,
+        env: dict[str, str],
+        cgroup_procs: Sequence[str] = (),
+        rlimits: Sequence[tuple[int, int]] = (),
+    ) -> None:
+        self.holder_pid = holder_pid  # a process of the sandbox user: the namespaces commands run in
+        self.host_uid = host_uid  # the sandbox user's uid as the host sees it (owner of the namespaces)
+        self.host_gid = host_gid
+        self.cwd = cwd
+        self.argv = argv
+        self.executable = executable
+        self.env = env
+        self.cgroup_procs = cgroup_procs  # cgroup.procs files to join (v1 controllers or a v2 group)
+        self.rlimits = rlimits  # (resource, limit) when no cgroup enforces limits
 
 
-@dataclass(frozen=True, slots=True)
 class Started:
     """A command started in a sandbox: A (the relay, our child) and B (the command, host pid)."""
 
-    relay_pid: int
-    command_pid: int
+    __slots__ = ("command_pid", "relay_pid")
+
+    def __init__(self, *, relay_pid: int, command_pid: int) -> None:
+        self.relay_pid = relay_pid
+        self.command_pid = command_pid
 
 
 class EntryError(Exception):
