@@ -21,8 +21,12 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str, data: bytes, *, mode: int = 0o600) -> None:
-    """Replace `path` with `data` so that readers see the old or the new bytes, never a mix."""
+def atomic_write(path: str, data: bytes, *, mode: int = 0o600, durable: bool = True) -> None:
+    """Replace `path` with `data` so that readers see the old or the new bytes, never a mix.
+
+    `durable` also fsyncs the file and its directory, so the change survives a power loss; the
+    registry of live sandboxes, which a reboot makes meaningless anyway, skips that cost.
+    """
     directory = os.path.dirname(path) or "."
     fd, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix="~")
     try:
@@ -30,13 +34,15 @@ def atomic_write(path: str, data: bytes, *, mode: int = 0o600) -> None:
             os.fchmod(stream.fileno(), mode)
             stream.write(data)
             stream.flush()
-            os.fsync(stream.fileno())
+            if durable:
+                os.fsync(stream.fileno())
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
-    fsync_dir(directory)
+    if durable:
+        fsync_dir(directory)
 
 
 def check_private_dir(path: str, what: str, *, traversable: bool = False) -> None:

@@ -12,8 +12,10 @@ import contextlib
 import os
 import resource
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from sandboxer.config import Limits
+if TYPE_CHECKING:
+    from sandboxer.config import Limits
 from sandboxer.errors import BackendError, PolicyError
 
 CGROUP_ROOT = "/sys/fs/cgroup"

@@ -107,11 +107,13 @@ def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
     """Wait until none of `pids` runs (zombies count as gone); return those still running."""
     remaining = list(pids)
     deadline = time.monotonic() + timeout
+    pause = 0.0005
     while True:
         remaining = [pid for pid in remaining if start_time(pid) is not None and not _is_zombie(pid)]
         if not remaining or time.monotonic() >= deadline:
             return remaining
-        time.sleep(0.01)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
 
 
 def terminate(pids: list[int], *, grace: float) -> list[int]:

@@ -120,7 +120,8 @@ class Registry:
     def write(self, sandbox_id: str, record: dict[str, Any]) -> None:
         """Replace the record atomically."""
         data = json.dumps({"format": RECORD_FORMAT, **record}, indent=1).encode()
-        atomic_write(self.path(sandbox_id, "record.json"), data, mode=0o600)
+        # Atomic against a crash of the broker; not fsynced: live sandboxes do not survive a reboot.
+        atomic_write(self.path(sandbox_id, "record.json"), data, mode=0o600, durable=False)
 
     def read(self, sandbox_id: str) -> dict[str, Any]:
         """The record of a sandbox; NotFoundError if there is none."""

@@ -6,19 +6,20 @@ import contextlib
 import os
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandboxer import limits, procs, workspace
-from sandboxer.approvals import Ledger, Status
-from sandboxer.backends import bwrap
-from sandboxer.config import ExtensionConfig, Profile
-from sandboxer.configdir import load_extension, load_profile
-from sandboxer.dirs import Dirs
 from sandboxer.errors import BackendError, PolicyError, ResidueError, SandboxerError
-from sandboxer.observe import differences, interfaces_from_proc, read_mountinfo
-from sandboxer.plan import RUNTIME_TARGET, WORKSPACE_TARGET, Plan, build_plan
 from sandboxer.registry import Registry, check_id
-from sandboxer.runtime import digest_runtime, verify_pin
+
+# teardown, list and gc run often and need little; what only create and inspect use is
+# imported inside them, so a teardown does not pay for YAML, netlink or the plan checker.
+if TYPE_CHECKING:
+    from sandboxer.approvals import Ledger
+    from sandboxer.backends import bwrap
+    from sandboxer.config import ExtensionConfig, Profile
+    from sandboxer.dirs import Dirs
+    from sandboxer.plan import Plan
 
 HOST_LINKS_CANDIDATES = (("/bin", "usr/bin"), ("/lib", "usr/lib"), ("/lib64", "usr/lib64"), ("/sbin", "usr/sbin"))
 HOST_ETC_CANDIDATES = ("/etc/ssl/certs", "/etc/ca-certificates", "/etc/ld.so.cache", "/etc/localtime")
@@ -31,6 +32,8 @@ def _host_layout() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
 
 
 def _require_approved(ledger: Ledger, name: str, file_sha256: str) -> None:
+    from sandboxer.approvals import Status
+
     status = ledger.status(name, file_sha256)
     if status is Status.UNAPPROVED:
         raise PolicyError(f"{name} is not approved", hint=f"sandboxer ext approve {name}")
@@ -44,6 +47,11 @@ def _now() -> str:
 
 def _admit(dirs: Dirs, profile_name: str) -> tuple[str, Profile, ExtensionConfig]:
     """Every check before anything is made: approvals, backend, runtime pin, reachability."""
+    from sandboxer.approvals import Ledger
+    from sandboxer.backends import bwrap
+    from sandboxer.configdir import load_extension, load_profile
+    from sandboxer.runtime import verify_pin
+
     raw, profile = load_profile(dirs.config, profile_name)
     ledger = Ledger(dirs.config)
     _require_approved(ledger, profile.name, profile.file_sha256)
@@ -71,6 +79,9 @@ def _admit(dirs: Dirs, profile_name: str) -> tuple[str, Profile, ExtensionConfig
 
 def create(dirs: Dirs, profile_name: str) -> dict[str, Any]:
     """Create a sandbox from an approved profile; nothing is left behind if any step fails."""
+    from sandboxer.backends import bwrap
+    from sandboxer.plan import WORKSPACE_TARGET, build_plan
+
     profile_file, profile, extension = _admit(dirs, profile_name)
     registry = Registry(dirs.state)
     sandbox_id, lock = registry.allocate()
@@ -109,7 +120,6 @@ def create(dirs: Dirs, profile_name: str) -> dict[str, Any]:
             "memory_mib": plan.limits.memory_mib,
             "pids": plan.limits.pids,
         }
-        registry.write(sandbox_id, record)
         live = bwrap.start(plan, log_path=registry.path(sandbox_id, "bwrap.log"))
         record.update(live.as_record())
         record.update(_plan_record(plan, host_uid, host_gid))
@@ -139,6 +149,9 @@ def create(dirs: Dirs, profile_name: str) -> dict[str, Any]:
 
 def _verify(plan: Plan, live: bwrap.Live, limit_setup: limits.LimitSetup) -> None:
     """Refuse to hand out a sandbox whose observed state differs from its plan (exit 5)."""
+    from sandboxer.backends import bwrap
+    from sandboxer.observe import differences, interfaces_from_proc, read_mountinfo
+
     observed = bwrap.probe(live, plan, procs_files=limit_setup.procs_files, rlimits=limit_setup.rlimits)
     problems = differences(plan, read_mountinfo(live.holder_pid), interfaces_from_proc(live.holder_pid), observed)
     if limit_setup.groups and not any(plan.sandbox_id in line for line in observed.cgroups):
@@ -162,8 +175,10 @@ def _plan_record(plan: Plan, host_uid: int, host_gid: int) -> dict[str, Any]:
 
 def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tuple[list[str], list[str]]:
     """Remove everything a sandbox owns: processes, cgroups, clone, directory. (removed, residue)."""
+    from sandboxer.backends.stop import stop
+
     record = {**record, "id": sandbox_id}
-    removed, residue = bwrap.stop(record)
+    removed, residue = stop(record)
     groups = tuple(record.get("limits", {}).get("groups", ()))
     if not groups:
         groups = limits.leftover_groups(sandbox_id)
@@ -282,9 +297,12 @@ def gc(dirs: Dirs) -> dict[str, Any]:
 
 def inspect(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
     """Evidence observed from the live sandbox, compared with its plan."""
+    from sandboxer.backends import bwrap
     from sandboxer.config import Limits
     from sandboxer.netview import observe_network
-    from sandboxer.plan import Mount, MountKind
+    from sandboxer.observe import differences, read_mountinfo
+    from sandboxer.plan import RUNTIME_TARGET, Mount, MountKind, Plan
+    from sandboxer.runtime import digest_runtime
 
     registry = Registry(dirs.state)
     record = registry.read(check_id(sandbox_id))
