@@ -12,7 +12,7 @@ import posixpath
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, TypeVar, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 from sandboxer.errors import ConfigError, ForbiddenSettingError, UsageError
 from sandboxer.yamlstrict import Mark, YMap, YNode, YScalar, YSeq, parse_yaml
@@ -320,3 +320,59 @@ def validate_name(name: str) -> str:
     raise UsageError(
         f"{name!r} is not a configuration name: use {' or '.join(EXTENSIONS)} or a profile name (a-z 0-9 _ -)"
     )
+
+
+def meaning(item: OwnerFile) -> dict[str, Any]:
+    """The normalized meaning of a valid owner file, shaped like the file, defaults filled in."""
+    if isinstance(item, Profile):
+        return {
+            "kind": "profile",
+            "profile": item.name,
+            "extension": item.extension,
+            "workspace": {"repository": item.workspace.repository, "ref": item.workspace.ref},
+            "network": {"default": item.network_default, "egress": list(item.egress)},
+            "setup": {"secrets": list(item.secrets)},
+            "limits": {
+                "memory_mib": item.limits.memory_mib,
+                "pids": item.limits.pids,
+                "best_effort": item.limits.best_effort,
+            },
+        }
+    config: dict[str, Any] = {"runtime": {"path": item.runtime.path, "sha256": item.runtime.sha256}}
+    if item.image is not None:
+        config["image"] = item.image
+    return {"kind": "extension", "extension": item.extension, "config": config}
+
+
+def from_meaning(document: dict[str, Any], file_sha256: str) -> OwnerFile:
+    """Rebuild a parsed owner file from `meaning()` output (the broker's own parse cache)."""
+    if document["kind"] == "profile":
+        limits = document["limits"]
+        return Profile(
+            name=str(document["profile"]),
+            extension=_extension(document["extension"]),
+            workspace=Workspace(
+                repository=str(document["workspace"]["repository"]), ref=str(document["workspace"]["ref"])
+            ),
+            network_default="deny",
+            egress=(),
+            secrets=(),
+            limits=Limits(
+                memory_mib=int(limits["memory_mib"]), pids=int(limits["pids"]), best_effort=bool(limits["best_effort"])
+            ),
+            file_sha256=file_sha256,
+        )
+    config = document["config"]
+    return ExtensionConfig(
+        extension=_extension(document["extension"]),
+        runtime=RuntimePin(path=str(config["runtime"]["path"]), sha256=str(config["runtime"]["sha256"])),
+        image=str(config["image"]) if "image" in config else None,
+        file_sha256=file_sha256,
+    )
+
+
+def _extension(value: object) -> ExtensionName:
+    for name in EXTENSIONS:
+        if value == name:
+            return name
+    raise ValueError("unknown extension in parse cache")

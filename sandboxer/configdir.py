@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import hashlib
+import json
 import os
 import stat
 from dataclasses import dataclass
+from typing import Any
 
-from sandboxer.config import EXTENSIONS, PROFILE_NAME, ExtensionConfig, OwnerFile, Profile, parse_owner_file
+from sandboxer.config import (
+    EXTENSIONS,
+    PROFILE_NAME,
+    ExtensionConfig,
+    OwnerFile,
+    Profile,
+    from_meaning,
+    meaning,
+    parse_owner_file,
+)
 from sandboxer.config import validate_name as file_for_name
-from sandboxer.errors import PolicyError, UsageError
+from sandboxer.errors import PolicyError, SandboxerError, UsageError
+from sandboxer.fsutil import atomic_write, ensure_private_dir
 from sandboxer.yamlstrict import MAX_FILE_BYTES
 
 
@@ -48,26 +62,61 @@ def read_owner_file(config_dir: str, name: str) -> OwnerFileBytes:
     return OwnerFileBytes(name=name, relpath=relpath, path=path, data=read_file(path, path))
 
 
-def load_owner_file(raw: OwnerFileBytes) -> OwnerFile:
-    """Parse an owner file read by name; its declared name must match its path."""
-    return parse_owner_file(raw.data, raw.path, expected_name=raw.name)
+def load_owner_file(raw: OwnerFileBytes, *, cache_dir: str | None = None) -> OwnerFile:
+    """Parse an owner file read by name; its declared name must match its path.
+
+    With `cache_dir` (in the owner-only state dir), the meaning of bytes parsed before is
+    reused, keyed by their sha256: the same bytes always mean the same thing, and `create`
+    then need not load the YAML parser at all. Only valid files are ever cached.
+    """
+    digest = hashlib.sha256(raw.data).hexdigest()
+    if cache_dir is not None:
+        cached = _cached_meaning(cache_dir, digest)
+        if cached is not None:
+            item = from_meaning(cached, digest)
+            if (item.name if isinstance(item, Profile) else item.extension) == raw.name:
+                return item
+    item = parse_owner_file(raw.data, raw.path, expected_name=raw.name)
+    if cache_dir is not None:
+        with contextlib.suppress(OSError, SandboxerError):
+            ensure_private_dir(cache_dir, "parse cache")
+            atomic_write(os.path.join(cache_dir, f"{digest}.json"), json.dumps(meaning(item)).encode(), durable=False)
+    return item
 
 
-def load_profile(config_dir: str, name: str) -> tuple[OwnerFileBytes, Profile]:
+def _cached_meaning(cache_dir: str, digest: str) -> dict[str, Any] | None:
+    try:
+        fd = os.open(os.path.join(cache_dir, f"{digest}.json"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as stream:
+        st = os.fstat(stream.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            return None
+        try:
+            document = json.loads(stream.read(1 << 16))
+        except ValueError:
+            return None
+    return document if isinstance(document, dict) else None
+
+
+def load_profile(config_dir: str, name: str, *, cache_dir: str | None = None) -> tuple[OwnerFileBytes, Profile]:
     """Read and parse a profile by name."""
     if name in EXTENSIONS or not PROFILE_NAME.fullmatch(name):
         raise UsageError(f"--profile: {name!r} is not a profile name (a-z 0-9 _ -)")
     raw = read_owner_file(config_dir, name)
-    parsed = load_owner_file(raw)
+    parsed = load_owner_file(raw, cache_dir=cache_dir)
     if not isinstance(parsed, Profile):
         raise UsageError(f"{raw.path}: is not a profile")
     return raw, parsed
 
 
-def load_extension(config_dir: str, name: str) -> tuple[OwnerFileBytes, ExtensionConfig]:
+def load_extension(
+    config_dir: str, name: str, *, cache_dir: str | None = None
+) -> tuple[OwnerFileBytes, ExtensionConfig]:
     """Read and parse an extension config by name."""
     raw = read_owner_file(config_dir, name)
-    parsed = load_owner_file(raw)
+    parsed = load_owner_file(raw, cache_dir=cache_dir)
     if not isinstance(parsed, ExtensionConfig):
         raise UsageError(f"{raw.path}: is not an extension configuration")
     return raw, parsed

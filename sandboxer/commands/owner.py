@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from sandboxer.approvals import Ledger, Status
-from sandboxer.config import ExtensionConfig, OwnerFile, Profile, parse_owner_file, validate_name
+from sandboxer.config import ExtensionConfig, OwnerFile, meaning, parse_owner_file, validate_name
 from sandboxer.configdir import load_owner_file, present_names, read_file, read_owner_file
 from sandboxer.dirs import Dirs
 from sandboxer.errors import SandboxerError
@@ -17,20 +17,7 @@ from sandboxer.runtime import digest_runtime, verify_pin
 
 def describe(item: OwnerFile) -> dict[str, Any]:
     """The normalized meaning of a valid owner file, shaped like the file, defaults filled in."""
-    if isinstance(item, Profile):
-        return {
-            "kind": "profile",
-            "profile": item.name,
-            "extension": item.extension,
-            "workspace": dataclasses.asdict(item.workspace),
-            "network": {"default": item.network_default, "egress": list(item.egress)},
-            "setup": {"secrets": list(item.secrets)},
-            "limits": dataclasses.asdict(item.limits),
-        }
-    config: dict[str, Any] = {"runtime": dataclasses.asdict(item.runtime)}
-    if item.image is not None:
-        config["image"] = item.image
-    return {"kind": "extension", "extension": item.extension, "config": config}
+    return meaning(item)
 
 
 def check(path: str) -> dict[str, Any]:

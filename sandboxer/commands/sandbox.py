@@ -52,10 +52,12 @@ def _admit(dirs: Dirs, profile_name: str) -> tuple[str, Profile, ExtensionConfig
     from sandboxer.configdir import load_extension, load_profile
     from sandboxer.runtime import verify_pin
 
-    raw, profile = load_profile(dirs.config, profile_name)
+    Registry(dirs.state).ensure()  # the state dir first, with its own mode, before any cache in it
+    cache_dir = os.path.join(dirs.state, "parsed")
+    raw, profile = load_profile(dirs.config, profile_name, cache_dir=cache_dir)
     ledger = Ledger(dirs.config)
     _require_approved(ledger, profile.name, profile.file_sha256)
-    _, extension = load_extension(dirs.config, profile.extension)
+    _, extension = load_extension(dirs.config, profile.extension, cache_dir=cache_dir)
     _require_approved(ledger, extension.extension, extension.file_sha256)
     if extension.extension != "ext.bwrap":
         raise BackendError(f"{extension.extension}: this backend is not available yet")

@@ -1,0 +1,75 @@
+"""The parse cache create uses: same bytes, same meaning; an untrusted cache file is ignored."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from sandboxer.config import from_meaning, meaning, parse_owner_file
+from sandboxer.configdir import OwnerFileBytes, load_owner_file
+from sandboxer.errors import ConfigError
+
+PROFILE = b"""profile: dev
+extension: ext.bwrap
+workspace:
+  repository: /srv/repos/demo
+  ref: main
+network:
+  default: deny
+  egress: []
+setup:
+  secrets: []
+limits:
+  pids: 99
+"""
+EXT = (
+    b"extension: ext.docker\nconfig:\n  image: sha256:"
+    + b"a" * 64
+    + b"\n  runtime:\n    path: /srv/rt\n    sha256: "
+    + b"b" * 64
+    + b"\n"
+)
+
+
+def test_meaning_round_trips_for_profiles_and_extensions() -> None:
+    for data in (PROFILE, EXT):
+        item = parse_owner_file(data, "f.yaml")
+        assert from_meaning(json.loads(json.dumps(meaning(item))), item.file_sha256) == item
+
+
+def raw(data: bytes, name: str) -> OwnerFileBytes:
+    return OwnerFileBytes(name=name, relpath=f"profiles/{name}.yaml", path=f"/c/profiles/{name}.yaml", data=data)
+
+
+def test_cache_is_written_and_then_used(tmp_path: Path) -> None:
+    cache = tmp_path / "parsed"
+    first = load_owner_file(raw(PROFILE, "dev"), cache_dir=str(cache))
+    entry = cache / f"{hashlib.sha256(PROFILE).hexdigest()}.json"
+    assert entry.stat().st_mode & 0o777 == 0o600
+    document = json.loads(entry.read_text())
+    document["limits"]["pids"] = 77  # prove the cache, not the YAML, is what the second load reads
+    entry.write_text(json.dumps(document))
+    second = load_owner_file(raw(PROFILE, "dev"), cache_dir=str(cache))
+    assert first.limits.pids == 99  # type: ignore[union-attr]
+    assert second.limits.pids == 77  # type: ignore[union-attr]
+
+
+def test_cache_file_open_to_others_is_ignored(tmp_path: Path) -> None:
+    cache = tmp_path / "parsed"
+    load_owner_file(raw(PROFILE, "dev"), cache_dir=str(cache))
+    entry = cache / f"{hashlib.sha256(PROFILE).hexdigest()}.json"
+    document = json.loads(entry.read_text())
+    document["limits"]["pids"] = 77
+    entry.write_text(json.dumps(document))
+    entry.chmod(0o644)
+    assert load_owner_file(raw(PROFILE, "dev"), cache_dir=str(cache)).limits.pids == 99  # type: ignore[union-attr]
+
+
+def test_cached_meaning_under_another_name_is_not_used(tmp_path: Path) -> None:
+    cache = tmp_path / "parsed"
+    load_owner_file(raw(PROFILE, "dev"), cache_dir=str(cache))
+    with pytest.raises(ConfigError, match=r"must equal the file's name \(other\)"):
+        load_owner_file(raw(PROFILE, "other"), cache_dir=str(cache))
