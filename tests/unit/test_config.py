@@ -264,7 +264,7 @@ def test_structural_error_wins_over_forbidden_setting() -> None:
 
 
 @given(secret=st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_", min_size=12, max_size=40))
-@settings(max_examples=50)
+@settings(max_examples=50, deadline=None, database=None)
 def test_errors_never_quote_values(secret: str) -> None:
     texts = [
         PROFILE.replace("secrets: []", f"secrets: [{secret}]"),
