@@ -208,7 +208,8 @@ def run(argv: list[str]) -> int:
     if exec_group is not None:
         parent = os.path.dirname(exec_group)
         procs_files = tuple(
-            os.path.join(exec_group, "cgroup.procs") if os.path.dirname(f) == parent else f for f in entry.cgroup_procs
+            os.path.join(exec_group, os.path.basename(f)) if os.path.dirname(f) == parent else f
+            for f in entry.cgroup_procs
         )
         entry.cgroup_procs = procs_files
     try:
