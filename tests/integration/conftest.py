@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Result
+from tests.samples import profile_yaml
 
 UNPRIVILEGED_UID = 65534
 PROFILE = "bwrap-local"
@@ -102,10 +103,7 @@ class SandboxBroker:
 
 def profile_text(name: str, repo: Path, extra: str = "") -> str:
     """A bwrap profile for `repo`."""
-    return (
-        f"profile: {name}\nextension: ext.bwrap\nworkspace:\n  repository: {repo}\n  ref: main\n"
-        f"network:\n  default: deny\n  egress: []\nsetup:\n  secrets: []\n{extra}"
-    )
+    return profile_yaml(name, str(repo), extra)
 
 
 def make_broker(runtime: Path, *, as_user: bool) -> SandboxBroker:

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from sandboxer.config import ExtensionConfig, Limits, Profile, parse_owner_file, validate_name
 from sandboxer.errors import ConfigError, ForbiddenSettingError, UsageError
+from tests.samples import profile_yaml
 
 HEX = "ab" * 32
 
@@ -26,17 +27,7 @@ config:
     sha256: {HEX}
 """
 
-PROFILE = """profile: dev
-extension: ext.bwrap
-workspace:
-  repository: /srv/repos/demo
-  ref: main
-network:
-  default: deny
-  egress: []
-setup:
-  secrets: []
-"""
+PROFILE = profile_yaml("dev")
 
 
 def parse(text: str, name: str | None = None) -> ExtensionConfig | Profile:

@@ -11,20 +11,9 @@ import pytest
 from sandboxer.config import from_meaning, meaning, parse_owner_file
 from sandboxer.configdir import OwnerFileBytes, load_owner_file
 from sandboxer.errors import ConfigError
+from tests.samples import profile_yaml
 
-PROFILE = b"""profile: dev
-extension: ext.bwrap
-workspace:
-  repository: /srv/repos/demo
-  ref: main
-network:
-  default: deny
-  egress: []
-setup:
-  secrets: []
-limits:
-  pids: 99
-"""
+PROFILE = profile_yaml("dev", extra="limits:\n  pids: 99\n").encode()
 EXT = (
     b"extension: ext.docker\nconfig:\n  image: sha256:"
     + b"a" * 64
