@@ -56,11 +56,8 @@ def limited(sb: SandboxBroker, name: str, limits: str) -> str:
 def test_pids_limit_stops_a_fork_flood(sb: SandboxBroker) -> None:
     sandbox_id = limited(sb, "few-pids", "  pids: 24\n")
     flood = sb.sh(sandbox_id, "n=0; for i in $(seq 60); do sleep 3 & n=$((n+1)); done 2>/dev/null; wait; echo $n")
-    assert (
-        "fork" in flood.stderr.lower()
-        or "resource temporarily unavailable" in flood.stderr.lower()
-        or (flood.status != 0)
-    ), flood
+    assert flood.status != 0, flood  # the shell could not fork all 60 (it exits 2 on a failed fork)
+    assert flood.stdout.strip() != "60"
     # With room to spare the same kind of work succeeds.
     roomy = limited(sb, "more-pids", "  pids: 512\n")
     fine = sb.sh(roomy, "for i in $(seq 30); do sleep 0.2 & done; wait; echo done")
