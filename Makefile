@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: check demo deps system-deps lint typecheck test bench clean
+.PHONY: check demo tour deps system-deps lint typecheck test bench clean
 
 system-deps:
 	@scripts/install-system-deps
@@ -32,6 +32,9 @@ check: lint typecheck test
 
 demo: deps
 	@$(PY) scripts/demo.py
+
+tour: deps
+	@$(PY) scripts/tour.py
 
 bench: deps
 	$(PY) benchmarks/bench_digest.py

@@ -1,125 +1,93 @@
-"""`make demo`: the owner's first steps on an embedded default, end to end through the real CLI.
+"""`make demo`: build the example runtime, prove it with the smoke, and summarize.
 
-Builds a throwaway runtime with `/usr/bin/python3 -m venv --copies`, writes a temporary owner
-config from the shipped templates in extensions/, pins the runtime by its tree digest, approves
-the extension and the profile, and shows `ext list` and `runtime digest`; then, as a caller,
-creates a sandbox, runs commands in it, inspects it and tears it down. Everything lives in a temporary directory that is
-removed at the end.
+The runtime is built from examples/ (an agent harness and the connector it imports) into a
+cache dir and rebuilt only when those sources or the system Python change: /var/cache/sandboxer
+as root, $XDG_CACHE_HOME/sandboxer (or ~/.cache/sandboxer) otherwise. The smoke then runs the
+real broker against it, and its JSON evidence is kept next to the runtime.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+SOURCES = (REPO / "examples" / "demo-connector", REPO / "examples" / "demo-harness")
 
 
-def step(title: str) -> None:
-    print(f"\n== {title}", flush=True)
+def cache_dir() -> Path:
+    """Where the demo keeps its runtime and evidence; reachable by the sandbox uid as root."""
+    if os.geteuid() == 0:
+        return Path("/var/cache/sandboxer/demo")
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sandboxer" / "demo"
 
 
-def run(argv: list[str], **kwargs: object) -> str:
-    proc = subprocess.run(argv, check=True, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
-    return str(proc.stdout)
+def sources_fingerprint() -> str:
+    """A hash of every source file and of the system Python: what a rebuild depends on."""
+    digest = hashlib.sha256(Path("/usr/bin/python3").resolve().name.encode())
+    digest.update(subprocess.run(["/usr/bin/python3", "-V"], capture_output=True, check=True).stdout)
+    for source in SOURCES:
+        for path in sorted(source.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and ".egg-info" not in str(path):
+                digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
-def caller_tour(sandboxer: list[str], env: dict[str, str]) -> None:
-    """Create a sandbox, run commands in it, inspect it, tear it down."""
-    step("a caller: sandboxer create --profile bwrap-local")
-    sandbox_id = run([*sandboxer, "create", "--profile", "bwrap-local"], env=env).strip()
-    print(sandbox_id)
-    step("sandboxer exec ID -- ... (who, where, what network, what persists)")
-    script = (
-        "echo uid=$(id -u) cwd=$(pwd) python=$(command -v python3); "
-        "echo interfaces: $(tail -n +3 /proc/net/dev | cut -d: -f1); "
-        "echo kept > $HOME/note; touch /opt/sandboxer/runtime/x 2>&1 | sed 's/^/runtime write: /'"
-    )
-    print(run([*sandboxer, "exec", sandbox_id, "--", "sh", "-c", script], env=env), end="")
-    print(
-        run([*sandboxer, "exec", sandbox_id, "--", "sh", "-c", "echo second exec reads: $(cat $HOME/note)"], env=env),
-        end="",
-    )
-    step("sandboxer inspect ID --json (observed, summarized)")
-    evidence = json.loads(run([*sandboxer, "inspect", sandbox_id, "--json"], env=env))
-    print(
-        f"matches plan: {evidence['matches_plan']}; interfaces: {evidence['network']['interfaces']}; "
-        f"uid {evidence['user']['uid']}; CapEff {evidence['capabilities']['effective']}; "
-        f"no_new_privs {evidence['capabilities']['no_new_privs']}; runtime read-only "
-        f"{evidence['runtime']['read_only']}; limits {evidence['limits']['mechanism']}"
-    )
-    step("sandboxer teardown ID")
-    print(run([*sandboxer, "teardown", sandbox_id], env=env), end="")
+def runtime_digest(runtime: Path) -> str:
+    argv = [sys.executable, "-m", "sandboxer", "runtime", "digest", str(runtime)]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def ensure_runtime(cache: Path) -> tuple[Path, str, bool]:
+    """The cached runtime, rebuilt when its sources changed; returns (path, digest, rebuilt)."""
+    runtime, stamp = cache / "runtime", cache / "runtime.stamp"
+    fingerprint = sources_fingerprint()
+    if stamp.exists() and runtime.is_dir():
+        recorded = json.loads(stamp.read_text())
+        if recorded.get("fingerprint") == fingerprint and runtime_digest(runtime) == recorded.get("sha256"):
+            return runtime, recorded["sha256"], False
+    shutil.rmtree(runtime, ignore_errors=True)
+    print(f"building the example runtime into {runtime} (first run, or its sources changed)", flush=True)
+    argv = [sys.executable, str(REPO / "scripts" / "build-runtime.py"), "--output", str(runtime), "--json"]
+    argv += [arg for source in SOURCES for arg in ("--source", str(source))]
+    argv.append("--allow-dirty")  # a working tree may be mid-edit; build-info.json records it
+    built = json.loads(subprocess.run(argv, capture_output=False, stdout=subprocess.PIPE, text=True, check=True).stdout)
+    stamp.write_text(json.dumps({"fingerprint": fingerprint, "sha256": built["sha256"]}) + "\n")
+    return runtime, built["sha256"], True
 
 
 def main() -> int:
-    """Run the tour; exit non-zero if any step fails."""
-    with tempfile.TemporaryDirectory(prefix="sandboxer-demo-") as tmp:
-        root = Path(tmp)
-        root.chmod(0o755)  # as root, the sandbox's own uid must reach the runtime and the state dir
-        config, state, runtime, repo = root / "config", root / "state", root / "runtime", root / "repo"
-        sandboxer = [sys.executable, "-m", "sandboxer", "--config-dir", str(config), "--state-dir", str(state)]
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
-
-        step("build a throwaway runtime: /usr/bin/python3 -m venv --copies")
-        run(["/usr/bin/python3", "-m", "venv", "--copies", "--without-pip", str(runtime)])
-        print(f"runtime at {runtime}")
-
-        step("pin it: sandboxer runtime digest")
-        digest = run([*sandboxer, "runtime", "digest", str(runtime)], env=env).strip()
-        print(digest)
-
-        step("a throwaway Git repository for the profile's workspace")
-        git = ["git", "-c", "init.defaultBranch=main", "-c", "user.name=demo", "-c", "user.email=demo@localhost"]
-        repo.mkdir()
-        run([*git, "init", "-q", str(repo)])
-        (repo / "README").write_text("demo workspace\n")
-        run([*git, "-C", str(repo), "add", "README"])
-        run([*git, "-C", str(repo), "commit", "-qm", "demo"])
-
-        step("write the owner config from extensions/ (the shipped templates)")
-        (config / "extensions").mkdir(parents=True)
-        (config / "profiles").mkdir()
-        config.chmod(0o700)
-        template = (REPO / "extensions" / "ext.bwrap.yaml").read_text()
-        template = template.replace("/srv/sandboxer/runtimes/demo", str(runtime)).replace("0" * 64, digest)
-        (config / "extensions" / "ext.bwrap.yaml").write_text(template)
-        profile = (REPO / "extensions" / "profiles" / "bwrap-local.yaml").read_text()
-        (config / "profiles" / "bwrap-local.yaml").write_text(profile.replace("/srv/repos/demo", str(repo)))
-        print(run([*sandboxer, "ext", "check", str(config / "profiles" / "bwrap-local.yaml")], env=env), end="")
-
-        step("before approval: sandboxer ext list")
-        print(run([*sandboxer, "ext", "list"], env=env), end="")
-
-        step("approve: sandboxer ext approve ext.bwrap && sandboxer ext approve bwrap-local")
-        print(run([*sandboxer, "ext", "approve", "ext.bwrap"], env=env), end="")
-        print(run([*sandboxer, "ext", "approve", "bwrap-local"], env=env), end="")
-
-        step("after approval: sandboxer ext list")
-        print(run([*sandboxer, "ext", "list"], env=env), end="")
-
-        step("re-verify the pin (warm, from the stat cache) and in full")
-        print(run([*sandboxer, "runtime", "digest", str(runtime)], env=env), end="")
-        print(run([*sandboxer, "runtime", "digest", "--full", str(runtime)], env=env), end="")
-
-        caller_tour(sandboxer, env)
-
-        step("a one-byte change to the profile voids its approval")
-        path = config / "profiles" / "bwrap-local.yaml"
-        path.write_text(path.read_text().replace("pids: 512", "pids: 513"))
-        print(run([*sandboxer, "ext", "list"], env=env), end="")
-
-    print("\ndemo complete: the temporary config, state and runtime were removed.")
-    return 0
+    """Build (if needed), smoke, summarize."""
+    cache = cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    for directory in [cache, *cache.parents][:3]:
+        if os.geteuid() == 0 and str(directory).startswith("/var/cache/sandboxer"):
+            directory.chmod(0o755)  # the sandbox's own uid must reach the runtime
+    runtime, sha256, rebuilt = ensure_runtime(cache)
+    evidence_path = cache / "smoke-evidence.json"
+    smoke = [sys.executable, str(REPO / "scripts" / "smoke-bwrap-runtime.py"), "--json"]
+    smoke += ["--runtime-path", str(runtime), "--runtime-sha256", sha256]
+    proc = subprocess.run(smoke, stdout=subprocess.PIPE, text=True, check=False)
+    evidence_path.write_text(proc.stdout)
+    evidence = json.loads(proc.stdout)
+    info = json.loads((runtime / "build-info.json").read_text())
+    print()
+    print(f"runtime     {runtime} ({'rebuilt' if rebuilt else 'cached'}), Python {info['python']['version']}")
+    print(f"tree digest {sha256}")
+    dists = ", ".join(f"{d['name']} {d['version']}" for d in info["distributions"])
+    print(f"contains    {dists}")
+    print("smoke       " + "  ".join(f"{'ok' if c['passed'] else 'FAILED'}:{c['name']}" for c in evidence["checks"]))
+    print(f"evidence    {evidence_path}")
+    print(f"result      {'every check passed' if evidence['passed'] else 'FAILED: ' + ', '.join(evidence['failed'])}")
+    print("next        `make tour` walks through approval, create, exec, inspect and teardown step by step")
+    return 0 if evidence["passed"] else 1
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except subprocess.CalledProcessError as exc:
-        sys.stderr.write(f"demo failed: {' '.join(map(str, exc.cmd))}\n{exc.stderr}")
-        sys.exit(1)
+    sys.exit(main())
