@@ -34,7 +34,8 @@ def sources_fingerprint() -> str:
     digest.update(subprocess.run(["/usr/bin/python3", "-V"], capture_output=True, check=True).stdout)
     for source in SOURCES:
         for path in sorted(source.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts and ".egg-info" not in str(path):
+            generated = {"__pycache__", "build"} & set(path.parts) or any(p.endswith(".egg-info") for p in path.parts)
+            if path.is_file() and not generated:
                 digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
