@@ -76,18 +76,16 @@ def _rewrite_entry_points(runtime: Path) -> list[str]:
         if script.is_symlink() or not script.is_file():
             continue
         data = script.read_bytes()
-        if not data.startswith(b"#!"):
-            continue
         first, _, rest = data.partition(b"\n")
         if first.startswith(b"#!" + ours + b"/python"):
             script.write_bytes(SHEBANG + rest)
             rewritten.append(script.name)
-        elif first == b"#!/bin/sh" and rest.startswith(b"'''exec' " + ours):
+        elif first == b"#!/bin/sh" and rest.startswith(b"'''exec' ") and ours in rest.partition(b"\n")[0]:
             # pip's form for interpreter paths too long for a shebang line
             body = rest.split(b"\n' '''\n", 1)[-1]
             script.write_bytes(SHEBANG + body)
             rewritten.append(script.name)
-        elif ours in data and script.name.startswith("activate"):
+        elif b"\0" not in data and str(runtime).encode() in data:  # activate scripts: name the mount
             script.write_bytes(data.replace(str(runtime).encode(), MOUNT.encode()))
     return rewritten
 
