@@ -244,3 +244,25 @@ def test_smoke_fails_naming_the_check_on_a_broken_entry_point(
     assert status == 1
     assert evidence["failed"] == ["entry-points-help"]
     assert evidence["checks"][3]["detail"]["demo-harness"] == 3  # type: ignore[index]
+
+
+def test_example_harness_runs_in_a_sandbox_on_the_built_runtime(built: tuple[Path, dict[str, str], str]) -> None:
+    from tests.integration.conftest import _cleanup, make_broker
+
+    output, _, _ = built
+    broker = make_broker(output, as_user=False)
+    try:
+        sandbox_id = broker.create()
+        first = broker.exec(sandbox_id, "demo-harness", "state", "kept between execs")
+        assert first.status == 0, first.stderr
+        note = json.loads(first.stdout)
+        assert note["path"] == "/run/sandboxer/state/data/demo-harness/note"
+        assert note["read_back"] == "kept between execs"
+        second = broker.exec(sandbox_id, "cat", note["path"])
+        assert second.stdout == "kept between execs"
+        interfaces = broker.exec(sandbox_id, "demo-harness", "interfaces")
+        assert json.loads(interfaces.stdout) == ["lo"]
+        connector = broker.exec(sandbox_id, "demo-harness", "connector")
+        assert json.loads(connector.stdout)["connector"] == "demo-connector"
+    finally:
+        _cleanup(broker)
