@@ -13,7 +13,7 @@ system-deps:
 $(STAMP): pyproject.toml
 	@test -x $(PY) || /usr/bin/python3 -m venv $(VENV)
 	@$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
-	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,docker]'
 	@touch $(STAMP)
 
 deps: system-deps $(STAMP)
@@ -26,6 +26,7 @@ typecheck: deps
 	$(VENV)/bin/mypy --strict sandboxer
 
 test: deps
+	@scripts/start-dockerd || echo "Docker is unavailable: the Docker tests will say why they skip"
 	$(VENV)/bin/pytest
 
 check: lint typecheck test

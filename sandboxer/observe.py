@@ -121,7 +121,12 @@ _KERNEL_PREFIXES = ("/proc", "/dev")
 
 def differences(plan: Plan, mounts: list[MountSeen], interfaces: list[str], probe: ProbeSeen) -> list[str]:
     """Every way the live sandbox differs from its plan (empty: it matches)."""
-    problems = _mount_differences(plan, mounts)
+    return _mount_differences(plan, mounts) + process_differences(plan, interfaces, probe)
+
+
+def process_differences(plan: Plan, interfaces: list[str], probe: ProbeSeen) -> list[str]:
+    """How what a probe process saw differs from the plan: network, user, privileges, environment."""
+    problems: list[str] = []
     if interfaces != ["lo"]:
         problems.append(f"network: interfaces are {', '.join(interfaces) or 'none'}, planned only lo")
     if (probe.uid, probe.gid) != (plan.uid, plan.gid):

@@ -59,9 +59,13 @@ def _admit(dirs: Dirs, profile_name: str) -> tuple[str, Profile, ExtensionConfig
     _require_approved(ledger, profile.name, profile.file_sha256)
     _, extension = load_extension(dirs.config, profile.extension, cache_dir=cache_dir)
     _require_approved(ledger, extension.extension, extension.file_sha256)
-    if extension.extension != "ext.bwrap":
-        raise BackendError(f"{extension.extension}: this backend is not available yet")
-    bwrap.find_bwrap()
+    if extension.extension == "ext.docker":
+        if os.geteuid() != 0:
+            raise BackendError(
+                "ext.docker: the Docker backend needs a root broker", hint="Docker access is root-equivalent"
+            )
+    else:
+        bwrap.find_bwrap()
     verify_pin(
         extension.runtime,
         state_dir=dirs.state,
@@ -71,7 +75,7 @@ def _admit(dirs: Dirs, profile_name: str) -> tuple[str, Profile, ExtensionConfig
             "workspace repository": profile.workspace.repository,
         },
     )
-    if os.geteuid() == 0:
+    if os.geteuid() == 0 and extension.extension == "ext.bwrap":
         from sandboxer.plan import SANDBOX_GID, SANDBOX_UID
 
         bwrap.check_reachable(extension.runtime.path, uid=SANDBOX_UID, gid=SANDBOX_GID, what="runtime")
@@ -90,7 +94,7 @@ def create(dirs: Dirs, profile_name: str) -> dict[str, Any]:
     record: dict[str, Any] = {
         "id": sandbox_id,
         "profile": profile.name,
-        "backend": "bwrap",
+        "backend": "bwrap" if extension.extension == "ext.bwrap" else "docker",
         "state": "creating",
         "created_at": _now(),
         "owner_pid": os.getpid(),
@@ -116,17 +120,20 @@ def create(dirs: Dirs, profile_name: str) -> dict[str, Any]:
             profile_file=profile_file,
             owner=(host_uid, host_gid) if os.geteuid() == 0 else None,
         )
-        limit_setup = limits.setup(sandbox_id, plan.limits)
-        record["limits"] = {
-            **limit_setup.as_record(),
-            "memory_mib": plan.limits.memory_mib,
-            "pids": plan.limits.pids,
-        }
-        live = bwrap.start(plan, log_path=registry.path(sandbox_id, "bwrap.log"))
-        record.update(live.as_record())
-        record.update(_plan_record(plan, host_uid, host_gid))
-        registry.write(sandbox_id, record)
-        _verify(plan, live, limit_setup)
+        if plan.backend == "docker":
+            _start_docker(plan, str(extension.image), registry, record)
+        else:
+            limit_setup = limits.setup(sandbox_id, plan.limits)
+            record["limits"] = {
+                **limit_setup.as_record(),
+                "memory_mib": plan.limits.memory_mib,
+                "pids": plan.limits.pids,
+            }
+            live = bwrap.start(plan, log_path=registry.path(sandbox_id, "bwrap.log"))
+            record.update(live.as_record())
+            record.update(_plan_record(plan, host_uid, host_gid))
+            registry.write(sandbox_id, record)
+            _verify(plan, live, limit_setup)
         record["state"] = "ready"
         registry.write(sandbox_id, record)
     except BaseException as exc:
@@ -142,11 +149,54 @@ def create(dirs: Dirs, profile_name: str) -> dict[str, Any]:
     return {
         "id": sandbox_id,
         "profile": profile.name,
-        "backend": "bwrap",
+        "backend": record["backend"],
         "runtime_sha256": extension.runtime.sha256,
         "workspace": WORKSPACE_TARGET,
         "limits": record["limits"]["mechanism"],
     }
+
+
+def _start_docker(plan: Plan, image: str, registry: Registry, record: dict[str, Any]) -> None:
+    """Start the container, record it, and refuse it unless Docker and the container itself
+    show exactly the plan."""
+    from sandboxer import dockerexec
+    from sandboxer.backends import docker as docker_backend
+    from sandboxer.observe import parse_probe, process_differences
+
+    sandbox_id = plan.sandbox_id
+    etc_dir = registry.path(sandbox_id, "etc")
+    record["limits"] = {
+        "mechanism": "docker",
+        "groups": [],
+        "procs_files": [],
+        "rlimits": [],
+        "memory_mib": plan.limits.memory_mib,
+        "pids": plan.limits.pids,
+    }
+    record["image"] = image
+    record.update(_plan_record(plan, plan.uid, plan.gid))
+    registry.write(sandbox_id, record)
+    container_id = docker_backend.start(plan, image=image, etc_dir=etc_dir, state_dir=registry.state_dir)
+    record["container_id"] = container_id
+    registry.write(sandbox_id, record)
+    problems = docker_backend.check(container_id, plan, etc_dir=etc_dir)
+    seen = {}
+    try:
+        for name in ("/proc/self/status", "/proc/self/environ", "/proc/self/cgroup", "/proc/net/dev"):
+            user = f"{plan.uid}:{plan.gid}"
+            seen[name] = dockerexec.capture(container_id, ["cat", name], env=dict(plan.env), user=user)
+    except (OSError, dockerexec.EngineError) as exc:
+        raise BackendError(f"docker: the probe failed ({exc})") from None
+    probe = parse_probe(
+        seen["/proc/self/status"].decode(errors="replace"),
+        seen["/proc/self/environ"],
+        seen["/proc/self/cgroup"].decode(errors="replace"),
+    )
+    lines = seen["/proc/net/dev"].decode(errors="replace").splitlines()[2:]
+    interfaces = sorted(line.split(":", 1)[0].strip() for line in lines if ":" in line)
+    problems += process_differences(plan, interfaces, probe)
+    if problems:
+        raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))
 
 
 def _verify(plan: Plan, live: bwrap.Live, limit_setup: limits.LimitSetup) -> None:
@@ -171,7 +221,10 @@ def _plan_record(plan: Plan, host_uid: int, host_gid: int) -> dict[str, Any]:
         "env": [list(pair) for pair in plan.env],
         "runtime_path": plan.runtime_path,
         "runtime_sha256": plan.runtime_sha256,
-        "mounts": [{"target": m.target, "kind": m.kind.value, "read_only": m.read_only} for m in plan.mounts],
+        "mounts": [
+            {"target": m.target, "kind": m.kind.value, "source": m.source, "read_only": m.read_only}
+            for m in plan.mounts
+        ],
     }
 
 
@@ -181,6 +234,15 @@ def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tupl
 
     record = {**record, "id": sandbox_id}
     removed, residue = stop(record)
+    if record.get("backend") == "docker":
+        from sandboxer.backends import docker as docker_backend
+
+        container_id = record.get("container_id") or docker_backend.labelled(registry.state_dir).get(sandbox_id)
+        if container_id:
+            left = docker_backend.remove(str(container_id))
+            residue.extend(left)
+            if not left:
+                removed.append(f"container {str(container_id)[:12]}")
     groups = tuple(record.get("limits", {}).get("groups", ()))
     if not groups:
         groups = limits.leftover_groups(sandbox_id)
@@ -244,6 +306,14 @@ def receipt_or_raise(receipt: dict[str, Any]) -> dict[str, Any]:
 
 
 def _running(record: dict[str, Any]) -> bool:
+    if record.get("backend") == "docker":
+        from sandboxer.backends import docker as docker_backend
+
+        try:
+            attrs = docker_backend.inspect(str(record.get("container_id")))
+        except BackendError:
+            return False
+        return bool((attrs.get("State") or {}).get("Running"))
     return all(
         isinstance(record.get(f"{key}_pid"), int) and procs.alive(record[f"{key}_pid"], record.get(f"{key}_start"))
         for key in ("init", "holder")
@@ -280,6 +350,7 @@ def gc(dirs: Dirs) -> dict[str, Any]:
     """Finish what crashed creates and teardowns left; never touch a healthy or busy sandbox."""
     registry = Registry(dirs.state)
     collected, healthy, busy = [], [], []
+    collected += _collect_orphan_containers(registry)
     for sandbox_id in registry.ids():
         lock = registry.try_lock_for_gc(sandbox_id)
         if lock is None:
@@ -297,40 +368,43 @@ def gc(dirs: Dirs) -> dict[str, Any]:
     return {"collected": collected, "healthy": healthy, "busy": busy}
 
 
+def _collect_orphan_containers(registry: Registry) -> list[dict[str, Any]]:
+    """Containers labelled with this state dir whose sandbox directory is gone (found by label)."""
+    import importlib.util
+
+    if importlib.util.find_spec("docker") is None or not os.path.exists("/var/run/docker.sock"):
+        return []
+    from sandboxer.backends import docker as docker_backend
+
+    receipts = []
+    present = set(registry.ids())
+    for sandbox_id, container_id in docker_backend.labelled(registry.state_dir).items():
+        if sandbox_id in present:
+            continue
+        residue = docker_backend.remove(container_id)
+        removed = [] if residue else [f"container {container_id[:12]}"]
+        receipts.append({"id": sandbox_id, "removed": removed, "residue": residue})
+    return receipts
+
+
 def inspect(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
     """Evidence observed from the live sandbox, compared with its plan."""
     from sandboxer.backends import bwrap
-    from sandboxer.config import Limits
     from sandboxer.netview import observe_network
     from sandboxer.observe import differences, read_mountinfo
-    from sandboxer.plan import RUNTIME_TARGET, Mount, MountKind, Plan
+    from sandboxer.plan import RUNTIME_TARGET
     from sandboxer.runtime import digest_runtime
 
     registry = Registry(dirs.state)
     record = registry.read(check_id(sandbox_id))
     if record.get("state") != "ready" or not _running(record):
         raise BackendError(f"sandbox {sandbox_id} is not running (state {record.get('state')})", hint="sandboxer gc")
+    if record.get("backend") == "docker":
+        return _inspect_docker(dirs, record)
     holder = int(record["holder_pid"])
     mounts = read_mountinfo(holder)
     network = observe_network(holder)
-    plan = Plan(
-        sandbox_id=sandbox_id,
-        profile=record["profile"],
-        backend="bwrap",
-        runtime_path=record["runtime_path"],
-        runtime_sha256=record["runtime_sha256"],
-        workspace_source=registry.path(sandbox_id, "workspace"),
-        uid=record["uid"],
-        gid=record["gid"],
-        user="sandbox",
-        hostname="sandbox",
-        mounts=tuple(
-            Mount(kind=MountKind(m["kind"]), target=m["target"], content=b"" if m["kind"] == "file" else None)
-            for m in record["mounts"]
-        ),
-        env=tuple((k, v) for k, v in record["env"]),
-        limits=Limits(memory_mib=record["limits"]["memory_mib"], pids=record["limits"]["pids"]),
-    )
+    plan = _plan_from_record(record, registry.path(sandbox_id, "workspace"))
     live = bwrap.Live(
         bwrap_pid=record["bwrap_pid"],
         init_pid=record["init_pid"],
@@ -377,6 +451,118 @@ def inspect(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
             "memory_mib": limit_record["memory_mib"],
             "pids": limit_record["pids"],
             "cgroups": list(probe.cgroups) if limit_record["groups"] else [],
+        },
+        "matches_plan": not problems,
+        "differences": problems,
+    }
+
+
+def _plan_from_record(record: dict[str, Any], workspace_source: str) -> Plan:
+    """The plan a sandbox was made from, as its record keeps it (what verification compares)."""
+    from sandboxer.config import Limits
+    from sandboxer.plan import Mount, MountKind, Plan
+
+    return Plan(
+        sandbox_id=record["id"],
+        profile=record["profile"],
+        backend=record["backend"],
+        runtime_path=record["runtime_path"],
+        runtime_sha256=record["runtime_sha256"],
+        workspace_source=workspace_source,
+        uid=record["uid"],
+        gid=record["gid"],
+        user="sandbox",
+        hostname="sandbox",
+        mounts=tuple(
+            Mount(
+                kind=MountKind(m["kind"]),
+                target=m["target"],
+                source=m.get("source"),
+                content=b"" if m["kind"] == "file" else None,
+            )
+            for m in record["mounts"]
+        ),
+        env=tuple((k, v) for k, v in record["env"]),
+        limits=Limits(memory_mib=record["limits"]["memory_mib"], pids=record["limits"]["pids"]),
+    )
+
+
+def _inspect_docker(dirs: Dirs, record: dict[str, Any]) -> dict[str, Any]:
+    """inspect on the Docker backend: what the Engine shows and what the container itself shows."""
+    from sandboxer import dockerexec
+    from sandboxer.backends import docker as docker_backend
+    from sandboxer.observe import parse_mountinfo, parse_probe, process_differences
+    from sandboxer.plan import RUNTIME_TARGET
+    from sandboxer.runtime import digest_runtime
+
+    registry = Registry(dirs.state)
+    sandbox_id = str(record["id"])
+    container_id = str(record["container_id"])
+    plan = _plan_from_record(record, registry.path(sandbox_id, "workspace"))
+    user = f"{plan.uid}:{plan.gid}"
+    try:
+        seen = {
+            name: dockerexec.capture(container_id, ["cat", name], env=dict(plan.env), user=user)
+            for name in (
+                "/proc/self/status",
+                "/proc/self/environ",
+                "/proc/self/cgroup",
+                "/proc/net/dev",
+                "/proc/self/mountinfo",
+            )
+        }
+    except (OSError, dockerexec.EngineError) as exc:
+        raise BackendError(f"docker: the probe failed ({exc})") from None
+    probe = parse_probe(
+        seen["/proc/self/status"].decode(errors="replace"),
+        seen["/proc/self/environ"],
+        seen["/proc/self/cgroup"].decode(errors="replace"),
+    )
+    lines = seen["/proc/net/dev"].decode(errors="replace").splitlines()[2:]
+    interfaces = sorted(line.split(":", 1)[0].strip() for line in lines if ":" in line)
+    mounts = parse_mountinfo(seen["/proc/self/mountinfo"].decode(errors="replace"))
+    attrs = docker_backend.inspect(container_id)
+    problems = docker_backend.check(container_id, plan, etc_dir=registry.path(sandbox_id, "etc"))
+    problems += process_differences(plan, interfaces, probe)
+    runtime_mount = next((m for m in reversed(mounts) if m.target == RUNTIME_TARGET), None)
+    observed_digest = digest_runtime(record["runtime_path"], state_dir=dirs.state).sha256
+    if observed_digest != record["runtime_sha256"]:
+        problems.append("runtime: its tree digest no longer matches the pin")
+    host = attrs.get("HostConfig") or {}
+    return {
+        "id": sandbox_id,
+        "profile": record["profile"],
+        "backend": "docker",
+        "status": "running",
+        "runtime": {
+            "sha256": observed_digest,
+            "pinned_sha256": record["runtime_sha256"],
+            "target": RUNTIME_TARGET,
+            "read_only": bool(runtime_mount and runtime_mount.read_only),
+        },
+        "network": {"interfaces": interfaces, "mode": host.get("NetworkMode")},
+        "mounts": [{"target": m.target, "read_only": m.read_only, "fstype": m.fstype} for m in mounts],
+        "user": {"uid": probe.uid, "gid": probe.gid, "groups": list(probe.groups)},
+        "capabilities": {
+            "effective": f"{probe.cap_eff:016x}",
+            "permitted": f"{probe.cap_prm:016x}",
+            "bounding": f"{probe.cap_bnd:016x}",
+            "no_new_privs": probe.no_new_privs,
+        },
+        "env_names": list(probe.env_names),
+        "limits": {
+            "mechanism": "docker",
+            "memory_mib": record["limits"]["memory_mib"],
+            "pids": record["limits"]["pids"],
+            "engine": {"memory": host.get("Memory"), "pids": host.get("PidsLimit")},
+        },
+        "docker": {
+            "container": container_id,
+            "image": record.get("image"),
+            "read_only_root": host.get("ReadonlyRootfs"),
+            "cap_drop": host.get("CapDrop"),
+            "security_opt": host.get("SecurityOpt"),
+            "user": (attrs.get("Config") or {}).get("User"),
         },
         "matches_plan": not problems,
         "differences": problems,

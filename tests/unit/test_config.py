@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sandboxer.config import ExtensionConfig, Limits, Profile, parse_owner_file, validate_name
@@ -255,7 +255,7 @@ def test_structural_error_wins_over_forbidden_setting() -> None:
 
 
 @given(secret=st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_", min_size=12, max_size=40))
-@settings(max_examples=50, deadline=None, database=None)
+@settings(max_examples=50, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 def test_errors_never_quote_values(secret: str) -> None:
     texts = [
         PROFILE.replace("secrets: []", f"secrets: [{secret}]"),

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 
 from sandboxer.digest import RuntimeArtifactError, tree_digest
 from sandboxer.errors import UsageError
@@ -39,7 +39,7 @@ def _refused(root: Path | str, relpath: str) -> pytest.ExceptionInfo[RuntimeArti
 # --- the format -------------------------------------------------------------------------------
 
 
-@settings(max_examples=60, deadline=None, database=None)
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tree=trees)
 def test_tree_digest_equals_reference_implementation_for_random_trees(
     tmp_path_factory: pytest.TempPathFactory, tree: dict[bytes, Node]

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 
 from sandboxer.digest import TreeDigest, tree_digest
 from sandboxer.digest_cache import StatCache
@@ -191,7 +191,7 @@ def test_digest_runtime_right_after_creation_reuses_nothing(runtime: Path, state
     assert second.sha256 == first.sha256
 
 
-@settings(max_examples=30, deadline=None, database=None)
+@settings(max_examples=30, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tree=trees)
 def test_digest_through_a_warm_cache_equals_reference(
     tmp_path_factory: pytest.TempPathFactory, tree: dict[bytes, Node]

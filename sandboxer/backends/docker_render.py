@@ -1,0 +1,137 @@
+"""Render a plan as Docker container settings: a pure function, the Docker side of one policy.
+
+The host's /usr, the runtime and the workspace are bind mounts exactly as under bwrap (see
+docs/docker.md for why /usr comes from the host); generated /etc files are bound read-only from
+the sandbox's own directory; the private state is tmpfs, 0700, owned by the sandbox user.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from sandboxer.plan import STATE_ROOT, MountKind, Plan
+
+LABEL = "io.sandboxer.sandbox"
+STATE_LABEL = "io.sandboxer.state-dir"  # gc of one broker never touches another broker's containers
+# pid 1 of the container: a shell that sleeps and, in `wait`, reaps whatever execs leave behind.
+# (Docker's own init would be bind-mounted at /sbin/docker-init, inside the host's read-only /usr.)
+HOLDER = ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BindSpec:
+    """One bind mount the container must have, exactly once."""
+
+    source: str
+    target: str
+    read_only: bool
+
+
+def binds(plan: Plan, *, etc_dir: str) -> list[BindSpec]:
+    """Every bind mount of the container, generated /etc files included."""
+    specs: list[BindSpec] = []
+    for mount in plan.mounts:
+        if mount.kind in (MountKind.RO_BIND, MountKind.BIND):
+            specs.append(BindSpec(source=str(mount.source), target=mount.target, read_only=mount.read_only))
+        elif mount.kind is MountKind.FILE:
+            source = os.path.join(etc_dir, os.path.basename(mount.target))
+            specs.append(BindSpec(source=source, target=mount.target, read_only=True))
+    return specs
+
+
+def tmpfs(plan: Plan) -> dict[str, str]:
+    """The state root and each state dir as a tmpfs, 0700, owned by the sandbox user."""
+    mounts: dict[str, str] = {}
+    for mount in plan.mounts:
+        if mount.kind in (MountKind.TMPFS, MountKind.DIR) and mount.target.startswith(STATE_ROOT):
+            size = mount.size_bytes or next(m.size_bytes for m in plan.mounts if m.target == STATE_ROOT)
+            options = f"rw,nosuid,nodev,size={size},mode={mount.mode or 0o700:o},uid={plan.uid},gid={plan.gid}"
+            mounts[mount.target] = options
+    return mounts
+
+
+def create_kwargs(plan: Plan, *, image: str, etc_dir: str, state_dir: str) -> dict[str, Any]:
+    """Keyword arguments of the Docker SDK's `containers.create` for this plan (mounts excluded:
+    they are `binds(...)`, turned into SDK Mount objects at the edge)."""
+    memory = plan.limits.memory_mib * 1024 * 1024
+    return {
+        "image": image,
+        "command": HOLDER,
+        "user": f"{plan.uid}:{plan.gid}",
+        "hostname": plan.hostname,
+        "working_dir": "/workspace",
+        "environment": dict(plan.env),
+        "labels": {LABEL: plan.sandbox_id, STATE_LABEL: state_dir, "io.sandboxer.profile": plan.profile},
+        "network_mode": "none",
+        "read_only": True,
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges:true"],  # and Docker's default seccomp profile, never unconfined
+        "privileged": False,
+        "pids_limit": plan.limits.pids,
+        "mem_limit": memory,
+        "memswap_limit": memory,
+        "tmpfs": tmpfs(plan),
+        "ipc_mode": "private",
+        "cgroupns": "private",
+        "detach": True,
+        "stdin_open": False,
+        "tty": False,
+    }
+
+
+def verify(attrs: dict[str, Any], plan: Plan, *, etc_dir: str) -> list[str]:
+    """Compare Docker's inspect output with the plan; empty when they match."""
+    return _host_problems(attrs, plan) + _mount_problems(attrs, plan, etc_dir=etc_dir)
+
+
+def _host_problems(attrs: dict[str, Any], plan: Plan) -> list[str]:
+    problems: list[str] = []
+    host = attrs.get("HostConfig") or {}
+    config = attrs.get("Config") or {}
+    if not host.get("ReadonlyRootfs"):
+        problems.append("root filesystem is writable")
+    if host.get("NetworkMode") != "none":
+        problems.append(f"network mode is {host.get('NetworkMode')}, planned none")
+    if host.get("Privileged"):
+        problems.append("privileged")
+    if sorted(host.get("CapDrop") or []) != ["ALL"] or host.get("CapAdd"):
+        problems.append("capabilities are not all dropped")
+    security = host.get("SecurityOpt") or []
+    if not any(opt.replace("=", ":") == "no-new-privileges:true" for opt in security):
+        problems.append("no-new-privileges is not set")
+    if any("unconfined" in opt for opt in security):
+        problems.append("a confinement is unconfined")
+    if config.get("User") != f"{plan.uid}:{plan.gid}":
+        problems.append(f"user is {config.get('User')!r}, planned {plan.uid}:{plan.gid}")
+    for key in ("PidMode", "IpcMode", "UTSMode", "UsernsMode", "CgroupnsMode"):
+        if str(host.get(key) or "").startswith("host"):
+            problems.append(f"{key} shares a host namespace")
+    if host.get("Devices"):
+        problems.append("devices are passed in")
+    if host.get("PidsLimit") != plan.limits.pids or host.get("Memory") != plan.limits.memory_mib * 1024 * 1024:
+        problems.append("pids or memory limit differs from the plan")
+    return problems
+
+
+def _mount_problems(attrs: dict[str, Any], plan: Plan, *, etc_dir: str) -> list[str]:
+    problems: list[str] = []
+    mounts = attrs.get("Mounts") or []
+    expected = {(b.target, b.source, b.read_only) for b in binds(plan, etc_dir=etc_dir)}
+    seen = [(m.get("Destination"), m.get("Source"), not m.get("RW", True)) for m in mounts if m.get("Type") == "bind"]
+    for mount in mounts:
+        if mount.get("Type") != "bind" and mount.get("RW", True):
+            problems.append(f"mount {mount.get('Destination')}: a writable {mount.get('Type')} not in the plan")
+        if "docker.sock" in str(mount.get("Source")):
+            problems.append("the Docker socket is mounted")
+    for entry in seen:
+        if entry not in expected:
+            problems.append(f"mount {entry[0]}: not in the plan (or not with the planned source and mode)")
+    targets = [target for target, _, _ in seen]
+    for target, _, _ in expected:
+        if targets.count(target) != 1:
+            problems.append(f"mount {target}: planned once, present {targets.count(target)} times")
+    if set(((attrs.get("HostConfig") or {}).get("Tmpfs") or {}).keys()) != set(tmpfs(plan)):
+        problems.append("tmpfs mounts differ from the plan")
+    return problems
