@@ -47,12 +47,17 @@ def read_file(path: str, display: str) -> bytes:
         if exc.errno == errno.ELOOP:
             raise UsageError(f"{display}: must be a regular file, not a symlink") from None
         raise UsageError(f"{display}: cannot be read ({exc.strerror})") from None
-    with os.fdopen(fd, "rb") as stream:
-        st = os.fstat(stream.fileno())
-        if not stat.S_ISREG(st.st_mode):
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise UsageError(f"{display}: must be a regular file")
-        data = stream.read(MAX_FILE_BYTES + 1)
-    return data
+        chunks: list[bytes] = []
+        total = 0
+        while total <= MAX_FILE_BYTES and (chunk := os.read(fd, 65536)):
+            chunks.append(chunk)
+            total += len(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 def read_owner_file(config_dir: str, name: str) -> OwnerFileBytes:

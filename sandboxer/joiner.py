@@ -272,7 +272,7 @@ def _command(entry: Entry, report: int, stdio: tuple[int, int, int]) -> None:
         drop_all_capabilities()
         prctl(PR_SET_NO_NEW_PRIVS, 1)
         os.closerange(3, report)
-        os.closerange(report + 1, 1 << 16)
+        os.closerange(report + 1, 0x7FFFFFFF)  # every descriptor above, however high (close_range)
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, set())

@@ -77,6 +77,8 @@ class Plan:
     workspace_source: str
     uid: int
     gid: int
+    host_uid: int  # who the sandbox user is on the host: never root, and (as root) no account's uid
+    host_gid: int
     user: str
     hostname: str
     mounts: tuple[Mount, ...]
@@ -135,6 +137,7 @@ def build_plan(
     profile: Profile,
     extension: ExtensionConfig,
     workspace_source: str,
+    host_ids: tuple[int, int] = (SANDBOX_UID, SANDBOX_GID),
     host_links: tuple[tuple[str, str], ...] = (("/bin", "usr/bin"), ("/lib", "usr/lib"), ("/sbin", "usr/sbin")),
     host_etc: tuple[str, ...] = (),
 ) -> Plan:
@@ -165,6 +168,8 @@ def build_plan(
         workspace_source=workspace_source,
         uid=uid,
         gid=gid,
+        host_uid=host_ids[0],
+        host_gid=host_ids[1],
         user=user,
         hostname=HOSTNAME,
         mounts=tuple(mounts),

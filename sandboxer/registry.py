@@ -100,6 +100,9 @@ class Registry:
         except BlockingIOError:
             os.close(fd)
             return None
+        if os.fstat(fd).st_nlink == 0:  # whoever held it before us removed the sandbox meanwhile
+            os.close(fd)
+            raise NotFoundError(f"no such sandbox: {sandbox_id}")
         return fd
 
     def try_lock_for_gc(self, sandbox_id: str) -> int | None:

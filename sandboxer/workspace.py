@@ -80,10 +80,12 @@ def _finish(destination: str, owner: tuple[int, int] | None) -> None:
     os.chmod(destination, 0o700)
     if owner is not None:
         uid, gid = owner
-        os.lchown(destination, uid, gid)
+        # The top directory changes hands last: until then it is root's and 0700, so nobody can
+        # swap anything below it for a symlink while root walks the tree by name.
         for directory, dirnames, filenames in os.walk(destination):
             for name in (*dirnames, *filenames):
                 os.lchown(os.path.join(directory, name), uid, gid)
+        os.lchown(destination, uid, gid)
 
 
 def remove_tree(path: str) -> bool:
@@ -94,7 +96,10 @@ def remove_tree(path: str) -> bool:
     """
     if not os.path.lexists(path):
         return True
-    if os.path.isdir(path) and not os.path.islink(path):
+    if os.path.isdir(path) and not os.path.islink(path) and os.geteuid() == 0:
+        shutil.rmtree(path, ignore_errors=True)  # root needs no mode bits; rmtree never follows links
+    elif os.path.isdir(path) and not os.path.islink(path):
+        # An ordinary broker owns these files itself, so only its own uid could race this walk.
         with contextlib.suppress(OSError):
             os.chmod(path, stat.S_IRWXU)
         for directory, dirnames, _ in os.walk(path):

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 MAX_FILE_BYTES = 256 * 1024
 
 _TAG = "tag:yaml.org,2002:"
-_DECIMAL = re.compile(r"[-+]?[0-9]+")
+_DECIMAL = re.compile(r"[-+]?[0-9]{1,18}")
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +84,7 @@ def _scalar_value(node: ScalarNode, file: str, path: str) -> str | int | bool | 
                 mark.line,
                 mark.column,
                 path,
-                "integers must be written in decimal",
+                "integers must be decimal, at most 18 digits",
             )
         return int(node.value)
     if tag == _TAG + "float":
@@ -149,7 +150,7 @@ def parse_yaml(data: bytes, file: str) -> YNode:
         mark = exc.problem_mark or exc.context_mark
         line, column = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
         # The problem text names the syntax fault; the snippet that would quote the file is dropped.
-        problem = (exc.problem or exc.context or "invalid YAML").strip()
+        problem = _QUOTED.sub("'…'", (exc.problem or exc.context or "invalid YAML").strip())  # never quote the file
         raise ConfigError(file, line, column, "", f"invalid YAML: {problem}") from None
     except YAMLError:
         raise ConfigError(file, 1, 1, "", "invalid YAML") from None

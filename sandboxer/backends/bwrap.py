@@ -50,10 +50,43 @@ class Live:
 
 
 def host_ids(plan: Plan) -> tuple[int, int]:
-    """The host uid/gid the sandbox user is: the plan's as root, the broker's own otherwise."""
-    if os.geteuid() == 0:
-        return plan.uid, plan.gid
-    return os.getuid(), os.getgid()
+    """The host uid/gid the sandbox user is."""
+    return plan.host_uid, plan.host_gid
+
+
+# As root, each sandbox runs as a host uid of its own from this range: no account has it and
+# no process runs as it, so no host user can enter or touch the sandbox, nor one sandbox another.
+HOST_ID_RANGE = (1_700_000_000, 1_900_000_000)
+
+
+def allocate_host_ids() -> tuple[int, int]:
+    """A fresh unprivileged host uid/gid for one sandbox (as root); the broker's own otherwise."""
+    import grp
+    import pwd
+    import secrets
+
+    if os.geteuid() != 0:
+        return os.getuid(), os.getgid()
+    running = set()
+    for pid in procs.all_pids():
+        with contextlib.suppress(OSError):
+            running.add(os.stat(f"/proc/{pid}").st_uid)
+    low, high = HOST_ID_RANGE
+    for _ in range(64):
+        candidate = low + secrets.randbelow(high - low)
+        if candidate in running:
+            continue
+        try:
+            pwd.getpwuid(candidate)
+            continue
+        except KeyError:
+            pass
+        try:
+            grp.getgrgid(candidate)
+            continue
+        except KeyError:
+            return candidate, candidate
+    raise BackendError("no free unprivileged host uid for the sandbox")
 
 
 def check_reachable(path: str, *, uid: int, gid: int, what: str) -> None:

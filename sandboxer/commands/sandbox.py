@@ -76,17 +76,17 @@ def _admit(dirs: Dirs, profile_name: str) -> tuple[str, Profile, ExtensionConfig
         },
     )
     if os.geteuid() == 0 and extension.extension == "ext.bwrap":
-        from sandboxer.plan import SANDBOX_GID, SANDBOX_UID
-
-        bwrap.check_reachable(extension.runtime.path, uid=SANDBOX_UID, gid=SANDBOX_GID, what="runtime")
-        bwrap.check_reachable(os.path.dirname(dirs.state), uid=SANDBOX_UID, gid=SANDBOX_GID, what="state dir")
+        # The sandbox's host uid is no account's: "others" permission bits are what it gets.
+        anyone = bwrap.HOST_ID_RANGE[0] - 1
+        bwrap.check_reachable(extension.runtime.path, uid=anyone, gid=anyone, what="runtime")
+        bwrap.check_reachable(os.path.dirname(dirs.state), uid=anyone, gid=anyone, what="state dir")
     return raw.path, profile, extension
 
 
 def create(dirs: Dirs, profile_name: str) -> dict[str, Any]:
     """Create a sandbox from an approved profile; nothing is left behind if any step fails."""
     from sandboxer.backends import bwrap
-    from sandboxer.plan import WORKSPACE_TARGET, build_plan
+    from sandboxer.plan import SANDBOX_GID, SANDBOX_UID, WORKSPACE_TARGET, build_plan
 
     profile_file, profile, extension = _admit(dirs, profile_name)
     registry = Registry(dirs.state)
@@ -104,11 +104,14 @@ def create(dirs: Dirs, profile_name: str) -> dict[str, Any]:
         registry.write(sandbox_id, record)
         clone_dir = registry.path(sandbox_id, "workspace")
         links, etc = _host_layout()
+        # Docker runs the container user as host uid 1000 (no user-namespace remapping yet).
+        ids = bwrap.allocate_host_ids() if extension.extension == "ext.bwrap" else (SANDBOX_UID, SANDBOX_GID)
         plan = build_plan(
             sandbox_id=sandbox_id,
             profile=profile,
             extension=extension,
             workspace_source=clone_dir,
+            host_ids=ids,
             host_links=links,
             host_etc=etc,
         )
@@ -471,6 +474,8 @@ def _plan_from_record(record: dict[str, Any], workspace_source: str) -> Plan:
         workspace_source=workspace_source,
         uid=record["uid"],
         gid=record["gid"],
+        host_uid=record["host_uid"],
+        host_gid=record["host_gid"],
         user="sandbox",
         hostname="sandbox",
         mounts=tuple(

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.integration.conftest import SandboxBroker
 
@@ -577,15 +578,29 @@ def test_concurrent_execs_in_one_sandbox_all_succeed(sb: SandboxBroker) -> None:
 # 15 ─ workspace ownership on the host (root broker)
 
 
-def test_files_the_sandbox_creates_in_workspace_belong_to_uid_1000_on_the_host(sb_root: SandboxBroker) -> None:
+def test_files_the_sandbox_creates_belong_to_its_own_unprivileged_host_uid(sb_root: SandboxBroker) -> None:
+    import grp
+    import pwd
+
     sandbox_id = sb_root.create()
+    other = sb_root.create()
     result = sb_root.sh(sandbox_id, "echo made-inside > /workspace/newfile && mkdir /workspace/newdir")
     assert result.status == 0, result.stderr
+    record = json.loads((sb_root.sandbox_dir(sandbox_id) / "record.json").read_text())
+    host_uid, host_gid = record["host_uid"], record["host_gid"]
+    assert host_uid not in (0, 1000)
+    with pytest.raises(KeyError):
+        pwd.getpwuid(host_uid)  # no account on the host has it
+    with pytest.raises(KeyError):
+        grp.getgrgid(host_gid)
+    other_record = json.loads((sb_root.sandbox_dir(other) / "record.json").read_text())
+    assert other_record["host_uid"] != host_uid  # sandboxes do not share a host uid
     clone = sb_root.sandbox_dir(sandbox_id) / "workspace"
     for path in (clone / "newfile", clone / "newdir", clone, clone / "README.md"):
         st = os.stat(path)
-        assert (st.st_uid, st.st_gid) == (1000, 1000), path
+        assert (st.st_uid, st.st_gid) == (host_uid, host_gid), path
     assert (clone / "newfile").read_text() == "made-inside\n"
+    assert sb_root.sh(sandbox_id, "id -u").stdout == "1000\n"  # inside it is still uid 1000
 
 
 # 16 ─ teardown leaves nothing

@@ -173,7 +173,7 @@ BAD_FILES = [
     (
         "memory hex",
         PROFILE + "limits:\n  memory_mib: 0x400\n",
-        "f.yaml:12:15: limits.memory_mib: integers must be written in decimal",
+        "f.yaml:12:15: limits.memory_mib: integers must be decimal, at most 18 digits",
     ),
     (
         "best_effort string",
@@ -192,7 +192,13 @@ BAD_FILES = [
         "f.yaml:5:8: workspace.ref: must be a Git branch, tag or commit name (letters, digits, . _ / -)",
     ),
     ("integer key", EXT + "1: x\n", "f.yaml:6:1: keys must be plain strings"),
-    ("bad yaml", "extension: [\n", "f.yaml:2:1: invalid YAML: expected the node content, but found '<stream end>'"),
+    ("bad yaml", "extension: [\n", "f.yaml:2:1: invalid YAML: expected the node content, but found '…'"),
+    ("undefined alias", "extension: *SECRETALIAS\n", "f.yaml:1:12: invalid YAML: found undefined alias '…'"),
+    (
+        "huge integer",
+        PROFILE + "limits:\n  pids: " + "9" * 5000 + "\n",
+        "f.yaml:12:9: limits.pids: integers must be decimal, at most 18 digits",
+    ),
 ]
 
 
