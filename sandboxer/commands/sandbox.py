@@ -454,19 +454,44 @@ def inspect(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
     observed_digest = digest_runtime(record["runtime_path"], state_dir=dirs.state).sha256
     if observed_digest != record["runtime_sha256"]:
         problems.append("runtime: its tree digest no longer matches the pin")
+    evidence = _evidence(
+        record,
+        observed_digest=observed_digest,
+        runtime_mount=runtime_mount,
+        mounts=mounts,
+        probe=probe,
+        problems=problems,
+    )
+    evidence["runtime"]["digest_ms"] = round((time.monotonic() - started) * 1000, 1)
+    evidence["network"] = network
+    evidence["limits"]["cgroups"] = list(probe.cgroups) if limit_record["groups"] else []
+    return evidence
+
+
+def _evidence(
+    record: dict[str, Any],
+    *,
+    observed_digest: str,
+    runtime_mount: MountSeen | None,
+    mounts: list[MountSeen],
+    probe: ProbeSeen,
+    problems: list[str],
+) -> dict[str, Any]:
+    """The evidence both backends report, in the contract's shape."""
+    from sandboxer.plan import RUNTIME_TARGET
+
     return {
-        "id": sandbox_id,
+        "id": record["id"],
         "profile": record["profile"],
-        "backend": "bwrap",
+        "backend": record["backend"],
         "status": "running",
         "runtime": {
             "sha256": observed_digest,
             "pinned_sha256": record["runtime_sha256"],
             "target": RUNTIME_TARGET,
             "read_only": bool(runtime_mount and runtime_mount.read_only),
-            "digest_ms": round((time.monotonic() - started) * 1000, 1),
         },
-        "network": network,
+        "network": {},
         "mounts": [{"target": m.target, "read_only": m.read_only, "fstype": m.fstype} for m in mounts],
         "user": {"uid": probe.uid, "gid": probe.gid, "groups": list(probe.groups)},
         "capabilities": {
@@ -477,10 +502,9 @@ def inspect(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
         },
         "env_names": list(probe.env_names),
         "limits": {
-            "mechanism": limit_record["mechanism"],
-            "memory_mib": limit_record["memory_mib"],
-            "pids": limit_record["pids"],
-            "cgroups": list(probe.cgroups) if limit_record["groups"] else [],
+            "mechanism": record["limits"]["mechanism"],
+            "memory_mib": record["limits"]["memory_mib"],
+            "pids": record["limits"]["pids"],
         },
         "matches_plan": not problems,
         "differences": problems,
@@ -539,41 +563,22 @@ def _inspect_docker(dirs: Dirs, record: dict[str, Any]) -> dict[str, Any]:
     if observed_digest != record["runtime_sha256"]:
         problems.append("runtime: its tree digest no longer matches the pin")
     host = attrs.get("HostConfig") or {}
-    return {
-        "id": sandbox_id,
-        "profile": record["profile"],
-        "backend": "docker",
-        "status": "running",
-        "runtime": {
-            "sha256": observed_digest,
-            "pinned_sha256": record["runtime_sha256"],
-            "target": RUNTIME_TARGET,
-            "read_only": bool(runtime_mount and runtime_mount.read_only),
-        },
-        "network": {"interfaces": interfaces, "mode": host.get("NetworkMode")},
-        "mounts": [{"target": m.target, "read_only": m.read_only, "fstype": m.fstype} for m in mounts],
-        "user": {"uid": probe.uid, "gid": probe.gid, "groups": list(probe.groups)},
-        "capabilities": {
-            "effective": f"{probe.cap_eff:016x}",
-            "permitted": f"{probe.cap_prm:016x}",
-            "bounding": f"{probe.cap_bnd:016x}",
-            "no_new_privs": probe.no_new_privs,
-        },
-        "env_names": list(probe.env_names),
-        "limits": {
-            "mechanism": "docker",
-            "memory_mib": record["limits"]["memory_mib"],
-            "pids": record["limits"]["pids"],
-            "engine": {"memory": host.get("Memory"), "pids": host.get("PidsLimit")},
-        },
-        "docker": {
-            "container": container_id,
-            "image": record.get("image"),
-            "read_only_root": host.get("ReadonlyRootfs"),
-            "cap_drop": host.get("CapDrop"),
-            "security_opt": host.get("SecurityOpt"),
-            "user": (attrs.get("Config") or {}).get("User"),
-        },
-        "matches_plan": not problems,
-        "differences": problems,
+    evidence = _evidence(
+        record,
+        observed_digest=observed_digest,
+        runtime_mount=runtime_mount,
+        mounts=mounts,
+        probe=probe,
+        problems=problems,
+    )
+    evidence["network"] = {"interfaces": interfaces, "mode": host.get("NetworkMode")}
+    evidence["limits"]["engine"] = {"memory": host.get("Memory"), "pids": host.get("PidsLimit")}
+    evidence["docker"] = {
+        "container": container_id,
+        "image": record.get("image"),
+        "read_only_root": host.get("ReadonlyRootfs"),
+        "cap_drop": host.get("CapDrop"),
+        "security_opt": host.get("SecurityOpt"),
+        "user": (attrs.get("Config") or {}).get("User"),
     }
+    return evidence
