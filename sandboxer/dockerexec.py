@@ -66,7 +66,9 @@ def create_exec(container: str, argv: list[str], *, env: dict[str, str], user: s
     """Create an exec of `argv` under `env -i`; returns its id."""
     if "=" in argv[0]:
         raise EngineError("a program name with '=' cannot be run through env -i")
-    command = ["/usr/bin/env", "-i", "--", *(f"{k}={v}" for k, v in env.items()), *argv]
+    # env -C: a cwd that does not exist is env's own failure (status 125, like the bwrap path),
+    # not an OCI error text on stdout.
+    command = ["/usr/bin/env", "-i", "-C", cwd, "--", *(f"{k}={v}" for k, v in env.items()), *argv]
     body = {
         "AttachStdin": True,
         "AttachStdout": True,
@@ -74,7 +76,7 @@ def create_exec(container: str, argv: list[str], *, env: dict[str, str], user: s
         "Tty": False,
         "Cmd": command,
         "User": user,
-        "WorkingDir": cwd,
+        "WorkingDir": "/",
         "Privileged": False,
     }
     status, content = _request("POST", f"/containers/{container}/exec", body)

@@ -184,7 +184,7 @@ def _start_docker(plan: Plan, image: str, registry: Registry, record: dict[str, 
     record["container_id"] = container_id
     registry.write(sandbox_id, record)
     problems = docker_backend.check(container_id, plan, etc_dir=etc_dir)
-    probe, interfaces, _ = _docker_probe(container_id, plan)
+    probe, interfaces, _, _ = _docker_probe(container_id, plan)
     problems += process_differences(plan, interfaces, probe)
     if problems:
         raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))
@@ -199,7 +199,7 @@ _DOCKER_PROBE_FILES = (
 )
 
 
-def _docker_probe(container_id: str, plan: Plan) -> tuple[ProbeSeen, list[str], list[MountSeen]]:
+def _docker_probe(container_id: str, plan: Plan) -> tuple[ProbeSeen, list[str], list[MountSeen], list[dict[str, str]]]:
     """One `cat` run like an exec reads, about itself: environment, status, cgroups, mounts,
     interfaces. One process instead of five; the parts are told apart by their fixed shapes."""
     from sandboxer import dockerexec
@@ -225,8 +225,16 @@ def _docker_probe(container_id: str, plan: Plan) -> tuple[ProbeSeen, list[str], 
         elif line.strip():
             mount_lines.append(line)
     probe = parse_probe("\n".join(status_lines), environ, "\n".join(cgroup_lines))
+    netdev, _, route_text = netdev.partition("Iface\t")
     interfaces = sorted(line.split(":", 1)[0].strip() for line in netdev.splitlines()[2:] if ":" in line)
-    return probe, interfaces, parse_mountinfo("\n".join(mount_lines))
+    routes = []
+    for line in route_text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) == 10 and len(fields[0]) == 32:  # /proc/net/ipv6_route
+            routes.append({"family": "inet6", "dst": f"{fields[0]}/{int(fields[1], 16)}", "dev": fields[9]})
+        elif len(fields) >= 8:  # /proc/net/route: Iface Destination Gateway … Mask
+            routes.append({"family": "inet", "dst": fields[1], "dev": fields[0]})
+    return probe, interfaces, parse_mountinfo("\n".join(mount_lines)), routes
 
 
 def _verify(plan: Plan, live: bwrap.Live, limit_setup: limits.LimitSetup) -> None:
@@ -554,7 +562,7 @@ def _inspect_docker(dirs: Dirs, record: dict[str, Any]) -> dict[str, Any]:
     sandbox_id = str(record["id"])
     container_id = str(record["container_id"])
     plan = _plan_from_record(record, registry.path(sandbox_id, "workspace"))
-    probe, interfaces, mounts = _docker_probe(container_id, plan)
+    probe, interfaces, mounts, routes = _docker_probe(container_id, plan)
     attrs = docker_backend.inspect(container_id)
     problems = docker_backend.check(container_id, plan, etc_dir=registry.path(sandbox_id, "etc"))
     problems += process_differences(plan, interfaces, probe)
@@ -571,7 +579,7 @@ def _inspect_docker(dirs: Dirs, record: dict[str, Any]) -> dict[str, Any]:
         probe=probe,
         problems=problems,
     )
-    evidence["network"] = {"interfaces": interfaces, "mode": host.get("NetworkMode")}
+    evidence["network"] = {"interfaces": interfaces, "routes": routes, "mode": host.get("NetworkMode")}
     evidence["limits"]["engine"] = {"memory": host.get("Memory"), "pids": host.get("PidsLimit")}
     evidence["docker"] = {
         "container": container_id,

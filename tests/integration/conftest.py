@@ -48,6 +48,8 @@ class SandboxBroker:
     repo: Path
     runtime: Path
     as_user: bool
+    profile: str = PROFILE
+    backend: str = "bwrap"
     created: list[str] = field(default_factory=list)
 
     def argv(self, *args: str) -> list[str]:
@@ -69,9 +71,9 @@ class SandboxBroker:
         )
         return Result(proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace"))
 
-    def create(self, profile: str = PROFILE) -> str:
+    def create(self, profile: str | None = None) -> str:
         """Create a sandbox and return its id (torn down at the end of the test)."""
-        result = self.run("create", "--profile", profile)
+        result = self.run("create", "--profile", profile or self.profile)
         assert result.status == 0, result.stderr
         sandbox_id = result.stdout.strip()
         self.created.append(sandbox_id)
@@ -177,6 +179,78 @@ def sb_root(runtime_dir: Path) -> Iterator[SandboxBroker]:
     """A ready broker run as whatever user runs the tests (root in CI)."""
     _require_tools()
     broker = make_broker(runtime_dir, as_user=False)
+    try:
+        yield broker
+    finally:
+        _cleanup(broker)
+
+
+DOCKER_PROFILE = "docker-local"
+
+
+def docker_skip_reason() -> str | None:
+    """Why the Docker variant cannot run here, or None when it can."""
+    if os.geteuid() != 0:
+        return "the Docker backend needs a root broker"
+    try:
+        import docker
+
+        client = docker.from_env(timeout=30)
+        client.ping()
+        client.close()
+    except ImportError:
+        return "the docker SDK is not installed (make check installs sandboxer[docker])"
+    except Exception as exc:  # any reason the daemon cannot be reached
+        return f"no Docker daemon answers ({type(exc).__name__}); scripts/start-dockerd says why"
+    return None
+
+
+@pytest.fixture(scope="session")
+def base_image() -> str:
+    """The local base image, built from the host's files (never pulled)."""
+    reason = docker_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    script = [sys.executable, str(Path(__file__).resolve().parents[2] / "scripts" / "build-base-image")]
+    built = subprocess.run(script, capture_output=True, text=True, check=False)
+    assert built.returncode == 0, built.stderr
+    return built.stdout.strip()
+
+
+def add_docker(broker: SandboxBroker, image: str) -> None:
+    """An approved ext.docker config on the broker's runtime, and a Docker profile as its default."""
+    digest = broker.run("runtime", "digest", str(broker.runtime)).stdout.strip()
+    (broker.config / "extensions" / "ext.docker.yaml").write_text(
+        f'extension: ext.docker\nconfig:\n  image: "{image}"\n  runtime:\n'
+        f"    path: {broker.runtime}\n    sha256: {digest}\n"
+    )
+    broker.write_profile(DOCKER_PROFILE, profile_text(DOCKER_PROFILE, broker.repo).replace("ext.bwrap", "ext.docker"))
+    for name in ("ext.docker", DOCKER_PROFILE):
+        approved = broker.run("ext", "approve", name)
+        assert approved.status == 0, approved.stderr
+    broker.profile = DOCKER_PROFILE
+    broker.backend = "docker"
+
+
+@pytest.fixture(params=["bwrap-root", "bwrap-user", "docker"])
+def sbx(request: pytest.FixtureRequest, runtime_dir: Path) -> Iterator[SandboxBroker]:
+    """A ready broker for the behaviour both backends share: bwrap as root, bwrap as a user,
+    and Docker."""
+    _require_tools()
+    variant = request.param
+    if variant == "docker":
+        image = request.getfixturevalue("base_image")
+        broker = make_broker(runtime_dir, as_user=False)
+        add_docker(broker, image)
+    else:
+        as_user = variant == "bwrap-user"
+        if os.geteuid() != 0:
+            if not as_user:
+                pytest.skip("the root broker variant needs root (CI runs as root)")
+            as_user = False
+        if as_user and shutil.which("setpriv") is None:
+            pytest.skip("setpriv (util-linux) is needed to run the broker unprivileged")
+        broker = make_broker(runtime_dir, as_user=as_user)
     try:
         yield broker
     finally:
