@@ -261,7 +261,11 @@ def _command(entry: Entry, report: int, stdio: tuple[int, int, int]) -> None:
         for target, fd in enumerate(stdio):
             if fd != target:
                 os.dup2(fd, target)
-        os.chdir(entry.cwd)
+        try:
+            os.chdir(entry.cwd)
+        except OSError as exc:
+            _report(report, f"setup 125 --cwd {entry.cwd}: not a directory inside the sandbox ({exc.strerror})")
+            os._exit(125)
         import resource
 
         for which, limit in entry.rlimits:
