@@ -91,15 +91,10 @@ def check(container_id: str, plan: Plan, *, etc_dir: str) -> list[str]:
 
 def remove(container_id: str) -> list[str]:
     """Remove the container and its anonymous volumes; returns residue."""
-    import docker
+    from sandboxer.dockerexec import remove_container
 
-    try:
-        client().api.remove_container(container_id, force=True, v=True)
-    except docker.errors.NotFound:
-        return []
-    except docker.errors.DockerException as exc:
-        return [f"container {container_id[:12]}: {_explain(exc)}"]
-    return []
+    problem = remove_container(container_id)
+    return [] if problem is None else [f"container {container_id[:12]}: {problem}"]
 
 
 def labelled(state_dir: str) -> dict[str, str]:
