@@ -36,6 +36,7 @@ def _connect() -> socket.socket:
 def _request(method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
     payload = json.dumps(body).encode() if body is not None else b""
     with _connect() as sock:
+        sock.settimeout(60)  # a daemon that never answers must not hang the broker
         head = f"{method} {API}{path} HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n"
         head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
         sock.sendall(head.encode() + payload)
@@ -46,7 +47,10 @@ def _request(method: str, path: str, body: dict[str, Any] | None = None) -> tupl
     header, _, content = raw.partition(b"\r\n\r\n")
     status = int(header.split(b" ", 2)[1])
     if b"transfer-encoding: chunked" in header.lower():
-        content = _dechunk(content)
+        try:
+            content = _dechunk(content)
+        except ValueError:
+            raise EngineError("the Engine sent a damaged response") from None
     return status, content
 
 
@@ -143,6 +147,8 @@ def run(exec_id: str, *, stdin: int, stdout: int, stderr: int, timeout: float | 
                 continue
             data = sock.recv(65536)
             if not data:
+                if buffer:
+                    raise EngineError("the Engine closed the stream in the middle of a frame")
                 return True
             buffer += data
     finally:
@@ -178,7 +184,8 @@ def exit_code(exec_id: str, *, wait: float = 10.0) -> int:
 
 
 def remove_container(container: str) -> str | None:
-    """Remove a container and its anonymous volumes; None when gone, else what went wrong.
+    """Remove a container and its anonymous volumes: None when removed now, "gone" when it
+    already was, else what went wrong.
 
     Teardown uses this rather than the SDK, whose import costs more than the removal.
     """
@@ -186,4 +193,11 @@ def remove_container(container: str) -> str | None:
         status, _ = _request("DELETE", f"/containers/{container}?force=true&v=true")
     except OSError as exc:
         return f"the Engine cannot be reached ({exc.strerror})"
-    return None if status in (204, 404) else f"the Engine answered HTTP {status}"
+    if status == 404:
+        return "gone"
+    return None if status == 204 else f"the Engine answered HTTP {status}"
+
+
+def engine_get(path: str) -> tuple[int, bytes]:
+    """GET an Engine API path (status, body); raises OSError when the Engine does not answer."""
+    return _request("GET", path)

@@ -238,15 +238,45 @@ def _run_docker(
         exec_id = dockerexec.create_exec(
             str(record["container_id"]), command, env=env, user=user, cwd=options.get("cwd", "/workspace")
         )
-        finished = dockerexec.run(exec_id, stdin=0, stdout=1, stderr=2, timeout=timeout)
-        if not finished:
-            pid = dockerexec.inspect_exec(exec_id).get("Pid")
-            if isinstance(pid, int) and pid > 0:
-                _kill_session(pid)
-            return TIMED_OUT
-        return dockerexec.exit_code(exec_id)
     except (OSError, dockerexec.EngineError) as exc:
         raise ExecUsage(f"exec: the Docker Engine failed ({exc})") from None
+
+    def interrupted(signum: int, _frame: object) -> None:
+        raise _Interrupted(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupted)
+    try:
+        finished = dockerexec.run(exec_id, stdin=0, stdout=1, stderr=2, timeout=timeout)
+        if not finished:
+            _kill_docker_exec(exec_id)
+            return TIMED_OUT
+        return dockerexec.exit_code(exec_id)
+    except _Interrupted as stop:
+        _kill_docker_exec(exec_id)  # the caller gave up: nothing of this exec outlives it
+        return 128 + stop.signum
+    except (OSError, dockerexec.EngineError) as exc:
+        _kill_docker_exec(exec_id)
+        raise ExecUsage(f"exec: the Docker Engine failed or the caller went away ({exc})") from None
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _kill_docker_exec(exec_id: str) -> None:
+    """Kill what a Docker exec started: its session and its command's descendants, by host pid."""
+    from sandboxer import dockerexec
+
+    try:
+        state = dockerexec.inspect_exec(exec_id)
+    except (OSError, dockerexec.EngineError):
+        return
+    pid = state.get("Pid")
+    if state.get("Running") and isinstance(pid, int) and pid > 0:  # not running: the pid may be reused
+        _kill_session(pid)
 
 
 def _exec_group(limit_record: dict[str, object]) -> str | None:

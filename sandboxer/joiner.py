@@ -223,8 +223,9 @@ def _relay(
     entry: Entry, namespaces: list[tuple[int, int]], cgroups: list[int], report: int, stdio: tuple[int, int, int]
 ) -> None:
     """Process A: never returns."""
+    broker = os.getppid()
     try:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         for fd in cgroups:
             os.write(fd, b"0")  # "0" moves the writer; B inherits the cgroups
             os.close(fd)
@@ -235,6 +236,11 @@ def _relay(
         for fd, nstype in namespaces:
             setns(fd, nstype)
             os.close(fd)
+        # Only now: every credential change above (setresuid, setns into a user namespace)
+        # clears the parent-death signal. If the broker died meanwhile, stop here.
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != broker:
+            os._exit(125)
         command = os.fork()
     except OSError as exc:
         _report(report, f"setup 125 cannot enter the sandbox ({exc.strerror})")
@@ -243,6 +249,8 @@ def _relay(
         _command(entry, report, stdio)
     _report(report, f"pid {command}")
     os.close(report)
+    for target in (0, 1, 2):  # A keeps none of the caller's streams: B has them
+        os.dup2(devnull, target)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_IGN)  # the broker decides; A only relays B's end
     while True:

@@ -21,7 +21,8 @@ def client() -> Any:
     except ImportError:
         raise BackendError("the Docker backend needs the Docker SDK", hint="pip install 'sandboxer[docker]'") from None
     try:
-        engine = docker.from_env(timeout=60)
+        # The same fixed endpoint as sandboxer.dockerexec: never DOCKER_HOST from the environment.
+        engine = docker.DockerClient(base_url="unix:///var/run/docker.sock", timeout=60)
         engine.ping()
     except docker.errors.DockerException as exc:
         raise BackendError(f"cannot reach the Docker daemon ({type(exc).__name__})", hint="start dockerd") from None
@@ -94,7 +95,7 @@ def remove(container_id: str) -> list[str]:
     from sandboxer.dockerexec import remove_container
 
     problem = remove_container(container_id)
-    return [] if problem is None else [f"container {container_id[:12]}: {problem}"]
+    return [] if problem is None or problem == "gone" else [f"container {container_id[:12]}: {problem}"]
 
 
 def labelled(state_dir: str) -> dict[str, str]:
@@ -105,5 +106,7 @@ def labelled(state_dir: str) -> dict[str, str]:
         return {}
     found: dict[str, str] = {}
     for container in engine.api.containers(all=True, filters={"label": f"{STATE_LABEL}={state_dir}"}):
-        found[str(container["Labels"][LABEL])] = str(container["Id"])
+        sandbox_id = (container.get("Labels") or {}).get(LABEL)
+        if sandbox_id:
+            found[str(sandbox_id)] = str(container["Id"])
     return found

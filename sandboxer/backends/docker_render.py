@@ -17,7 +17,7 @@ LABEL = "io.sandboxer.sandbox"
 STATE_LABEL = "io.sandboxer.state-dir"  # gc of one broker never touches another broker's containers
 # pid 1 of the container: a shell that sleeps and, in `wait`, reaps whatever execs leave behind.
 # (Docker's own init would be bind-mounted at /sbin/docker-init, inside the host's read-only /usr.)
-HOLDER = ["/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"]
+HOLDER = ["/bin/sh", "-c", "while :; do sleep 3600 & wait $!; done"]  # as pid 1 it ignores TERM from inside
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,20 +98,36 @@ def _host_problems(attrs: dict[str, Any], plan: Plan) -> list[str]:
         problems.append("privileged")
     if sorted(host.get("CapDrop") or []) != ["ALL"] or host.get("CapAdd"):
         problems.append("capabilities are not all dropped")
-    security = host.get("SecurityOpt") or []
-    if not any(opt.replace("=", ":") == "no-new-privileges:true" for opt in security):
-        problems.append("no-new-privileges is not set")
-    if any("unconfined" in opt for opt in security):
-        problems.append("a confinement is unconfined")
+    problems += _mode_problems(host)
     if config.get("User") != f"{plan.uid}:{plan.gid}":
         problems.append(f"user is {config.get('User')!r}, planned {plan.uid}:{plan.gid}")
-    for key in ("PidMode", "IpcMode", "UTSMode", "UsernsMode", "CgroupnsMode"):
-        if str(host.get(key) or "").startswith("host"):
-            problems.append(f"{key} shares a host namespace")
     if host.get("Devices"):
         problems.append("devices are passed in")
     if host.get("PidsLimit") != plan.limits.pids or host.get("Memory") != plan.limits.memory_mib * 1024 * 1024:
         problems.append("pids or memory limit differs from the plan")
+    return problems
+
+
+def _mode_problems(host: dict[str, Any]) -> list[str]:
+    problems: list[str] = []
+    security = host.get("SecurityOpt") or []
+    # Exactly what we render: any other option (a seccomp profile of its own, label=disable,
+    # apparmor=...) is a change of policy, whatever it says.
+    if [opt.replace("=", ":") for opt in security] != ["no-new-privileges:true"]:
+        problems.append("security options differ from the plan (no-new-privileges only, default seccomp)")
+    expected_modes = {"PidMode": "", "IpcMode": "private", "UTSMode": "", "CgroupnsMode": "private", "UsernsMode": ""}
+    for key, value in expected_modes.items():
+        if (host.get(key) or "") != value:
+            problems.append(f"{key} is {host.get(key)!r}, planned {value!r}")
+    for key in ("DeviceCgroupRules", "DeviceRequests", "Sysctls", "Ulimits"):
+        if host.get(key):
+            problems.append(f"{key} is set")
+    if not host.get("MaskedPaths") or not host.get("ReadonlyPaths"):
+        problems.append("Docker's masked or read-only /proc paths were removed")
+    if host.get("MemorySwap") != host.get("Memory"):
+        problems.append("swap beyond the memory limit is allowed")
+    if host.get("Runtime") not in (None, "runc"):
+        problems.append(f"runtime is {host.get('Runtime')!r}, planned runc")
     return problems
 
 
@@ -121,8 +137,10 @@ def _mount_problems(attrs: dict[str, Any], plan: Plan, *, etc_dir: str) -> list[
     expected = {(b.target, b.source, b.read_only) for b in binds(plan, etc_dir=etc_dir)}
     seen = [(m.get("Destination"), m.get("Source"), not m.get("RW", True)) for m in mounts if m.get("Type") == "bind"]
     for mount in mounts:
-        if mount.get("Type") != "bind" and mount.get("RW", True):
-            problems.append(f"mount {mount.get('Destination')}: a writable {mount.get('Type')} not in the plan")
+        if mount.get("Type") != "bind":
+            problems.append(f"mount {mount.get('Destination')}: a {mount.get('Type')} not in the plan")
+        elif mount.get("Propagation") not in ("", "rprivate", None):
+            problems.append(f"mount {mount.get('Destination')}: propagation {mount.get('Propagation')}")
         if "docker.sock" in str(mount.get("Source")):
             problems.append("the Docker socket is mounted")
     for entry in seen:
@@ -132,6 +150,6 @@ def _mount_problems(attrs: dict[str, Any], plan: Plan, *, etc_dir: str) -> list[
     for target, _, _ in expected:
         if targets.count(target) != 1:
             problems.append(f"mount {target}: planned once, present {targets.count(target)} times")
-    if set(((attrs.get("HostConfig") or {}).get("Tmpfs") or {}).keys()) != set(tmpfs(plan)):
-        problems.append("tmpfs mounts differ from the plan")
+    if ((attrs.get("HostConfig") or {}).get("Tmpfs") or {}) != tmpfs(plan):
+        problems.append("tmpfs mounts or their options differ from the plan")
     return problems

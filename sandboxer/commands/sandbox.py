@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import time
@@ -260,7 +261,14 @@ def _plan_record(plan: Plan, host_uid: int, host_gid: int) -> dict[str, Any]:
         "runtime_path": plan.runtime_path,
         "runtime_sha256": plan.runtime_sha256,
         "mounts": [
-            {"target": m.target, "kind": m.kind.value, "source": m.source, "read_only": m.read_only}
+            {
+                "target": m.target,
+                "kind": m.kind.value,
+                "source": m.source,
+                "read_only": m.read_only,
+                "mode": m.mode,
+                "size_bytes": m.size_bytes,
+            }
             for m in plan.mounts
         ],
     }
@@ -343,15 +351,20 @@ def receipt_or_raise(receipt: dict[str, Any]) -> dict[str, Any]:
     return receipt
 
 
-def _running(record: dict[str, Any]) -> bool:
+def _running(record: dict[str, Any]) -> bool | None:
+    """Whether the sandbox's processes run; None when that cannot be known (Engine silent)."""
     if record.get("backend") == "docker":
-        from sandboxer.backends import docker as docker_backend
+        from sandboxer import dockerexec
 
         try:
-            attrs = docker_backend.inspect(str(record.get("container_id")))
-        except BackendError:
+            status, content = dockerexec.engine_get(f"/containers/{record.get('container_id')}/json")
+        except (OSError, dockerexec.EngineError):
+            return None
+        if status == 404:
             return False
-        return bool((attrs.get("State") or {}).get("Running"))
+        if status != 200:
+            return None
+        return bool((json.loads(content).get("State") or {}).get("Running"))
     return all(
         isinstance(record.get(f"{key}_pid"), int) and procs.alive(record[f"{key}_pid"], record.get(f"{key}_start"))
         for key in ("init", "holder")
@@ -371,7 +384,8 @@ def list_sandboxes(dirs: Dirs) -> dict[str, Any]:
             continue
         status = record.get("state", "unknown")
         if status == "ready":
-            status = "running" if _running(record) else "dead"
+            running = _running(record)
+            status = "unknown" if running is None else "running" if running else "dead"
         entries.append(
             {
                 "id": sandbox_id,
@@ -396,7 +410,11 @@ def gc(dirs: Dirs) -> dict[str, Any]:
             continue
         try:
             record = registry.read_or_none(sandbox_id)
-            if record is not None and record.get("state") == "ready" and _running(record):
+            running = _running(record) if record is not None and record.get("state") == "ready" else False
+            if running is None:  # the Engine does not answer: never destroy what may be healthy
+                busy.append(sandbox_id)
+                continue
+            if running:
                 healthy.append(sandbox_id)
                 continue
             removed, residue = destroy(registry, sandbox_id, record or {"id": sandbox_id})
@@ -542,6 +560,8 @@ def _plan_from_record(record: dict[str, Any], workspace_source: str) -> Plan:
                 kind=MountKind(m["kind"]),
                 target=m["target"],
                 source=m.get("source"),
+                mode=m.get("mode"),
+                size_bytes=m.get("size_bytes"),
                 content=b"" if m["kind"] == "file" else None,
             )
             for m in record["mounts"]
