@@ -448,8 +448,6 @@ def inspect(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
     from sandboxer.backends import bwrap
     from sandboxer.netview import observe_network
     from sandboxer.observe import differences, read_mountinfo
-    from sandboxer.plan import RUNTIME_TARGET
-    from sandboxer.runtime import digest_runtime
 
     registry = Registry(dirs.state)
     record = registry.read(check_id(sandbox_id))
@@ -475,20 +473,7 @@ def inspect(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
         rlimits=tuple((int(a), int(b)) for a, b in limit_record["rlimits"]),
     )
     problems = differences(plan, mounts, network["interfaces"], probe)
-    runtime_mount = next((m for m in reversed(mounts) if m.target == RUNTIME_TARGET), None)
-    started = time.monotonic()
-    observed_digest = digest_runtime(record["runtime_path"], state_dir=dirs.state).sha256
-    if observed_digest != record["runtime_sha256"]:
-        problems.append("runtime: its tree digest no longer matches the pin")
-    evidence = _evidence(
-        record,
-        observed_digest=observed_digest,
-        runtime_mount=runtime_mount,
-        mounts=mounts,
-        probe=probe,
-        problems=problems,
-    )
-    evidence["runtime"]["digest_ms"] = round((time.monotonic() - started) * 1000, 1)
+    evidence = _evidence(record, state_dir=dirs.state, mounts=mounts, probe=probe, problems=problems)
     evidence["network"] = network
     evidence["limits"]["cgroups"] = list(probe.cgroups) if limit_record["groups"] else []
     return evidence
@@ -497,15 +482,22 @@ def inspect(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
 def _evidence(
     record: dict[str, Any],
     *,
-    observed_digest: str,
-    runtime_mount: MountSeen | None,
+    state_dir: str,
     mounts: list[MountSeen],
     probe: ProbeSeen,
     problems: list[str],
 ) -> dict[str, Any]:
-    """The evidence both backends report, in the contract's shape."""
+    """The evidence both backends report, in the contract's shape; the runtime is re-digested
+    now (through the stat cache) and a changed runtime is one more difference."""
     from sandboxer.plan import RUNTIME_TARGET
+    from sandboxer.runtime import digest_runtime
 
+    runtime_mount = next((m for m in reversed(mounts) if m.target == RUNTIME_TARGET), None)
+    started = time.monotonic()
+    observed_digest = digest_runtime(record["runtime_path"], state_dir=state_dir).sha256
+    digest_ms = round((time.monotonic() - started) * 1000, 1)
+    if observed_digest != record["runtime_sha256"]:
+        problems.append("runtime: its tree digest no longer matches the pin")
     return {
         "id": record["id"],
         "profile": record["profile"],
@@ -516,6 +508,7 @@ def _evidence(
             "pinned_sha256": record["runtime_sha256"],
             "target": RUNTIME_TARGET,
             "read_only": bool(runtime_mount and runtime_mount.read_only),
+            "digest_ms": digest_ms,
         },
         "network": {},
         "mounts": [{"target": m.target, "read_only": m.read_only, "fstype": m.fstype} for m in mounts],
@@ -575,8 +568,6 @@ def _inspect_docker(dirs: Dirs, record: dict[str, Any]) -> dict[str, Any]:
     """inspect on the Docker backend: what the Engine shows and what the container itself shows."""
     from sandboxer.backends import docker as docker_backend
     from sandboxer.observe import process_differences
-    from sandboxer.plan import RUNTIME_TARGET
-    from sandboxer.runtime import digest_runtime
 
     registry = Registry(dirs.state)
     sandbox_id = str(record["id"])
@@ -586,19 +577,8 @@ def _inspect_docker(dirs: Dirs, record: dict[str, Any]) -> dict[str, Any]:
     attrs = docker_backend.inspect(container_id)
     problems = docker_backend.check(container_id, plan, etc_dir=registry.path(sandbox_id, "etc"))
     problems += process_differences(plan, interfaces, probe)
-    runtime_mount = next((m for m in reversed(mounts) if m.target == RUNTIME_TARGET), None)
-    observed_digest = digest_runtime(record["runtime_path"], state_dir=dirs.state).sha256
-    if observed_digest != record["runtime_sha256"]:
-        problems.append("runtime: its tree digest no longer matches the pin")
     host = attrs.get("HostConfig") or {}
-    evidence = _evidence(
-        record,
-        observed_digest=observed_digest,
-        runtime_mount=runtime_mount,
-        mounts=mounts,
-        probe=probe,
-        problems=problems,
-    )
+    evidence = _evidence(record, state_dir=dirs.state, mounts=mounts, probe=probe, problems=problems)
     evidence["network"] = {"interfaces": interfaces, "routes": routes, "mode": host.get("NetworkMode")}
     evidence["limits"]["engine"] = {"memory": host.get("Memory"), "pids": host.get("PidsLimit")}
     evidence["docker"] = {

@@ -156,18 +156,22 @@ def _cleanup(broker: SandboxBroker) -> None:
 MODES = ["root", "user"]
 
 
-@pytest.fixture(params=MODES)
-def sb(request: pytest.FixtureRequest, runtime_dir: Path) -> Iterator[SandboxBroker]:
-    """A ready broker, once as root and once as an unprivileged user."""
-    _require_tools()
-    as_user = request.param == "user"
+def _bwrap_broker(runtime_dir: Path, *, as_user: bool) -> SandboxBroker:
+    """A bwrap broker run as root, or as an unprivileged user (uid 65534 via setpriv)."""
     if os.geteuid() != 0:
         if not as_user:
             pytest.skip("the root broker variant needs root (CI runs as root)")
         as_user = False  # already unprivileged: run the broker as ourselves
     if as_user and shutil.which("setpriv") is None:
         pytest.skip("setpriv (util-linux) is needed to run the broker unprivileged")
-    broker = make_broker(runtime_dir, as_user=as_user)
+    return make_broker(runtime_dir, as_user=as_user)
+
+
+@pytest.fixture(params=MODES)
+def sb(request: pytest.FixtureRequest, runtime_dir: Path) -> Iterator[SandboxBroker]:
+    """A ready broker, once as root and once as an unprivileged user."""
+    _require_tools()
+    broker = _bwrap_broker(runtime_dir, as_user=request.param == "user")
     try:
         yield broker
     finally:
@@ -243,14 +247,7 @@ def sbx(request: pytest.FixtureRequest, runtime_dir: Path) -> Iterator[SandboxBr
         broker = make_broker(runtime_dir, as_user=False)
         add_docker(broker, image)
     else:
-        as_user = variant == "bwrap-user"
-        if os.geteuid() != 0:
-            if not as_user:
-                pytest.skip("the root broker variant needs root (CI runs as root)")
-            as_user = False
-        if as_user and shutil.which("setpriv") is None:
-            pytest.skip("setpriv (util-linux) is needed to run the broker unprivileged")
-        broker = make_broker(runtime_dir, as_user=as_user)
+        broker = _bwrap_broker(runtime_dir, as_user=variant == "bwrap-user")
     try:
         yield broker
     finally:
