@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 from tests.integration.conftest import SandboxBroker
+from tests.samples import CONTRACT_ENV_NAMES
 
 PYTHON = "/opt/sandboxer/runtime/bin/python3"
 STATE = "/run/sandboxer/state"
@@ -34,21 +35,6 @@ STATE_ENV = {
     "XDG_STATE_HOME": f"{STATE}/data",
     "TMPDIR": f"{STATE}/tmp",
 }
-CONTRACT_ENV_NAMES = [
-    "HOME",
-    "LANG",
-    "LOGNAME",
-    "PATH",
-    "PYTHONDONTWRITEBYTECODE",
-    "PYTHONNOUSERSITE",
-    "SANDBOXER_PROFILE",
-    "SANDBOXER_SANDBOX_ID",
-    "TMPDIR",
-    "USER",
-    "XDG_CACHE_HOME",
-    "XDG_CONFIG_HOME",
-    "XDG_STATE_HOME",
-]
 GENERATED_ETC = {"passwd", "group", "hosts", "hostname", "nsswitch.conf", "resolv.conf"}
 HOST_ETC = ("/etc/ssl/certs", "/etc/ca-certificates", "/etc/ld.so.cache", "/etc/localtime")
 PORT = 47123  # every sandbox has its own network namespace: a fixed port never clashes
