@@ -178,17 +178,28 @@ def test_missing_image_is_an_error_naming_it(db: SandboxBroker, runtime_dir: Pat
 def test_create_killed_midway_is_cleaned_by_gc_and_teardown_removes_the_container(db: SandboxBroker) -> None:
     engine = _engine()
     label = f"io.sandboxer.state-dir={db.state}"
-    for delay in (0.05, 0.15, 0.3):
+    started = time.monotonic()
+    healthy = db.create(PROFILE)
+    duration = time.monotonic() - started
+    # Kill creates at points inside the time one takes; a create that still finished is healthy.
+    for fraction in (0.2, 0.45, 0.7, 0.9):
         proc = subprocess.Popen(db.argv("create", "--profile", PROFILE), env=db.env(), stdout=subprocess.DEVNULL)
-        time.sleep(delay)
+        time.sleep(duration * fraction)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    healthy = db.create(PROFILE)
     collected = db.run("gc", "--json")
     assert collected.status == 0, collected.stderr
-    assert healthy in collected.json()["healthy"]
+    report = collected.json()
+    assert healthy in report["healthy"]
+    assert report["collected"], "no create was killed midway: the delays missed every create"
+    assert all(not item["residue"] for item in report["collected"]), report
     containers = engine.api.containers(all=True, filters={"label": label})
-    assert [c["Labels"]["io.sandboxer.sandbox"] for c in containers] == [healthy]
+    assert sorted(c["Labels"]["io.sandboxer.sandbox"] for c in containers) == sorted(report["healthy"]), report
+    left = sorted(n for n in os.listdir(db.state / "sandboxes") if not n.startswith("."))
+    assert left == sorted(report["healthy"])
+    for other in report["healthy"]:
+        if other != healthy:
+            assert db.run("teardown", other).status == 0
     assert db.exec(healthy, "true").status == 0
     receipt = db.run("teardown", healthy, "--json")
     assert receipt.status == 0, receipt.stderr
