@@ -45,7 +45,10 @@ def _request(method: str, path: str, body: dict[str, Any] | None = None) -> tupl
             chunks.append(data)
     raw = b"".join(chunks)
     header, _, content = raw.partition(b"\r\n\r\n")
-    status = int(header.split(b" ", 2)[1])
+    try:
+        status = int(header.split(b" ", 2)[1])
+    except (IndexError, ValueError):
+        raise EngineError("the Engine sent a malformed response") from None
     if b"transfer-encoding: chunked" in header.lower():
         try:
             content = _dechunk(content)
@@ -66,13 +69,44 @@ def _dechunk(data: bytes) -> bytes:
         i = end + 2 + size + 2
 
 
-def create_exec(container: str, argv: list[str], *, env: dict[str, str], user: str, cwd: str) -> str:
-    """Create an exec of `argv` under `env -i`; returns its id."""
-    if "=" in argv[0]:
-        raise EngineError("a program name with '=' cannot be run through env -i")
-    # env -C: a cwd that does not exist is env's own failure (status 125, like the bwrap path),
-    # not an OCI error text on stdout.
-    command = ["/usr/bin/env", "-i", "-C", cwd, "--", *(f"{k}={v}" for k, v in env.items()), *argv]
+# `exec --executable` needs argv[0] apart from the program, which env(1) cannot do: a few lines
+# of the host's Python (its /usr is in the container) set cwd and execute with exactly the plan's
+# environment, restoring the signal dispositions Python changes at start-up.
+_LAUNCHER = """import os, signal, sys
+for s in (signal.SIGPIPE, signal.SIGXFSZ):
+    signal.signal(s, signal.SIG_DFL)
+cwd, count = sys.argv[1], int(sys.argv[2])
+env = dict(pair.split("=", 1) for pair in sys.argv[3 : 3 + count])
+program, argv = sys.argv[3 + count], sys.argv[4 + count :]
+try:
+    os.chdir(cwd)
+except OSError as exc:
+    sys.stderr.write(f"sandboxer: exec: --cwd {cwd}: not a directory inside the sandbox ({exc.strerror})\\n")
+    os._exit(125)
+try:
+    os.execvpe(program, argv, env)
+except OSError as exc:
+    status = 127 if exc.errno in (2, 20) else 126
+    what = "not found" if status == 127 else f"not executable ({exc.strerror})"
+    sys.stderr.write(f"sandboxer: exec: {program}: {what}\\n")
+    os._exit(status)
+"""
+
+
+def create_exec(
+    container: str, argv: list[str], *, env: dict[str, str], user: str, cwd: str, executable: str | None = None
+) -> str:
+    """Create an exec of `argv` (of `executable` with `argv` when given) under exactly `env`;
+    returns its id."""
+    pairs = [f"{k}={v}" for k, v in env.items()]
+    if executable is not None:
+        command = ["/usr/bin/python3", "-I", "-S", "-c", _LAUNCHER, cwd, str(len(pairs)), *pairs, executable, *argv]
+    else:
+        if "=" in argv[0]:
+            raise EngineError("a program name with '=' cannot be run through env -i")
+        # env -C: a cwd that does not exist is env's own failure (status 125, like the bwrap
+        # path), not an OCI error text on stdout.
+        command = ["/usr/bin/env", "-i", "-C", cwd, "--", *pairs, *argv]
     body = {
         "AttachStdin": True,
         "AttachStdout": True,
@@ -109,32 +143,54 @@ def _pump_stdin(sock: socket.socket, stdin: int) -> None:
             sock.shutdown(socket.SHUT_WR)
 
 
-def run(exec_id: str, *, stdin: int, stdout: int, stderr: int, timeout: float | None) -> bool:
-    """Start the exec and stream until it ends; False if `timeout` expired first."""
+def _hijack(path: str, body: bytes) -> tuple[socket.socket, bytes]:
+    """POST `path` asking for the raw stream (HTTP upgrade); returns the socket and what already
+    arrived after the response head."""
+    what = path.partition("?")[0]
     sock = _connect()
     try:
-        body = json.dumps({"Detach": False, "Tty": False}).encode()
-        head = f"POST {API}/exec/{exec_id}/start HTTP/1.1\r\nHost: docker\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n"
+        head = f"POST {API}{path} HTTP/1.1\r\nHost: docker\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n"
         head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
         sock.sendall(head.encode() + body)
         buffer = b""
         while b"\r\n\r\n" not in buffer:
             data = sock.recv(4096)
             if not data:
-                raise EngineError("exec start: the Engine closed the connection")
+                raise EngineError(f"{what}: the Engine closed the connection")
             buffer += data
         header, _, buffer = buffer.partition(b"\r\n\r\n")
-        if int(header.split(b" ", 2)[1]) not in (101, 200):
-            raise EngineError(f"exec start: HTTP {header.split(b' ', 2)[1].decode()}")
+        status = header.split(b" ", 2)[1] if header.count(b" ") >= 1 else b"?"
+        if status not in (b"101", b"200"):
+            raise EngineError(f"{what}: HTTP {status.decode(errors='replace')}")
+    except BaseException:
+        sock.close()
+        raise
+    return sock, buffer
+
+
+def _frames(buffer: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
+    """Split the multiplexed stream (8-byte headers: stream, 3 zero bytes, size) into whole
+    frames and the incomplete rest."""
+    frames = []
+    while len(buffer) >= 8:
+        stream, size = buffer[0], struct.unpack(">I", buffer[4:8])[0]
+        if len(buffer) < 8 + size:
+            break
+        frames.append((stream, buffer[8 : 8 + size]))
+        buffer = buffer[8 + size :]
+    return frames, buffer
+
+
+def run(exec_id: str, *, stdin: int, stdout: int, stderr: int, timeout: float | None) -> bool:
+    """Start the exec and stream until it ends; False if `timeout` expired first."""
+    sock, buffer = _hijack(f"/exec/{exec_id}/start", json.dumps({"Detach": False, "Tty": False}).encode())
+    try:
         threading.Thread(target=_pump_stdin, args=(sock, stdin), daemon=True).start()
         deadline = None if timeout is None else time.monotonic() + timeout
         targets = {1: stdout, 2: stderr}
         while True:
-            while len(buffer) >= 8:
-                stream, size = buffer[0], struct.unpack(">I", buffer[4:8])[0]
-                if len(buffer) < 8 + size:
-                    break
-                payload, buffer = buffer[8 : 8 + size], buffer[8 + size :]
+            frames, buffer = _frames(buffer)
+            for stream, payload in frames:
                 fd = targets.get(stream)
                 view = memoryview(payload)
                 while fd is not None and view:
@@ -150,6 +206,35 @@ def run(exec_id: str, *, stdin: int, stdout: int, stderr: int, timeout: float | 
                 if buffer:
                     raise EngineError("the Engine closed the stream in the middle of a frame")
                 return True
+            buffer += data
+    finally:
+        sock.close()
+
+
+def attach(container: str) -> tuple[socket.socket, bytes]:
+    """Attach to a created container's stdout before it starts (nothing it writes is missed)."""
+    return _hijack(f"/containers/{container}/attach?stream=1&stdout=1&stderr=1", b"")
+
+
+def read_until(attached: tuple[socket.socket, bytes], mark: bytes, *, timeout: float, limit: int = 1 << 20) -> bytes:
+    """What the container writes to stdout before the line `mark`; closes the attachment."""
+    sock, buffer = attached
+    deadline = time.monotonic() + timeout
+    out = bytearray()
+    try:
+        while True:
+            frames, buffer = _frames(buffer)
+            out += b"".join(payload for stream, payload in frames if stream == 1)
+            end = out.find(b"\n" + mark + b"\n")
+            if end >= 0:
+                return bytes(out[: end + 1])
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or len(out) > limit:
+                raise EngineError("the container's probe did not finish")
+            ready, _, _ = select.select([sock], [], [], remaining)
+            data = sock.recv(65536) if ready else b""
+            if ready and not data:
+                raise EngineError("the container's output ended before its probe finished")
             buffer += data
     finally:
         sock.close()
@@ -198,6 +283,6 @@ def remove_container(container: str) -> str | None:
     return None if status == 204 else f"the Engine answered HTTP {status}"
 
 
-def engine_get(path: str) -> tuple[int, bytes]:
-    """GET an Engine API path (status, body); raises OSError when the Engine does not answer."""
-    return _request("GET", path)
+def engine_request(method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
+    """One Engine API call (status, body); raises OSError when the Engine does not answer."""
+    return _request(method, path, body)

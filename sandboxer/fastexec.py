@@ -231,12 +231,15 @@ def _run_docker(
     """exec through the Engine API; statuses as on bwrap (env -i gives 126/127 for us)."""
     from sandboxer import dockerexec
 
-    if "executable" in options:
-        raise ExecUsage("exec: --executable is not supported on the Docker backend yet")
     user = f"{record['uid']}:{record['gid']}"
     try:
         exec_id = dockerexec.create_exec(
-            str(record["container_id"]), command, env=env, user=user, cwd=options.get("cwd", "/workspace")
+            str(record["container_id"]),
+            command,
+            env=env,
+            user=user,
+            cwd=options.get("cwd", "/workspace"),
+            executable=options.get("executable"),
         )
     except (OSError, dockerexec.EngineError) as exc:
         raise ExecUsage(f"exec: the Docker Engine failed ({exc})") from None

@@ -15,9 +15,20 @@ from sandboxer.plan import STATE_ROOT, MountKind, Plan
 
 LABEL = "io.sandboxer.sandbox"
 STATE_LABEL = "io.sandboxer.state-dir"  # gc of one broker never touches another broker's containers
-# pid 1 of the container: a shell that sleeps and, in `wait`, reaps whatever execs leave behind.
-# (Docker's own init would be bind-mounted at /sbin/docker-init, inside the host's read-only /usr.)
-HOLDER = ["/bin/sh", "-c", "while :; do sleep 3600 & wait $!; done"]  # as pid 1 it ignores TERM from inside
+# What a process in the container reads about itself: the create-time proof (and inspect's).
+PROBE_FILES = ("/proc/self/environ", "/proc/self/status", "/proc/self/cgroup", "/proc/self/mountinfo", "/proc/net/dev")
+PROBE_END = b"sandboxer-probe-end"
+
+
+def holder(plan: Plan) -> list[str]:
+    """pid 1 of the container. Under the plan's environment alone it first runs the probe (its
+    output, then the PROBE_END line, on stdout: the broker reads it through an attachment made
+    before start, which saves an exec), then sleeps and, in `wait`, reaps whatever execs leave
+    behind. As pid 1 the shell ignores TERM from inside. (Docker's own init would be
+    bind-mounted at /sbin/docker-init, inside the host's read-only /usr.)"""
+    script = f"unset PWD; cat {' '.join(PROBE_FILES)}; echo; echo {PROBE_END.decode()}; exec >/dev/null 2>&1; "
+    script += "while :; do sleep 3600 & wait $!; done"
+    return ["/usr/bin/env", "-i", *(f"{name}={value}" for name, value in plan.env), "/bin/sh", "-c", script]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,32 +63,40 @@ def tmpfs(plan: Plan) -> dict[str, str]:
     return mounts
 
 
-def create_kwargs(plan: Plan, *, image: str, etc_dir: str, state_dir: str) -> dict[str, Any]:
-    """Keyword arguments of the Docker SDK's `containers.create` for this plan (mounts excluded:
-    they are `binds(...)`, turned into SDK Mount objects at the edge)."""
+def create_body(plan: Plan, *, image: str, etc_dir: str, state_dir: str) -> dict[str, Any]:
+    """The Engine API's `POST /containers/create` body for this plan."""
     memory = plan.limits.memory_mib * 1024 * 1024
+    mounts = [
+        {"Type": "bind", "Source": b.source, "Target": b.target, "ReadOnly": b.read_only}
+        for b in binds(plan, etc_dir=etc_dir)
+    ]
     return {
-        "image": image,
-        "command": HOLDER,
-        "user": f"{plan.uid}:{plan.gid}",
-        "hostname": plan.hostname,
-        "working_dir": "/workspace",
-        "environment": dict(plan.env),
-        "labels": {LABEL: plan.sandbox_id, STATE_LABEL: state_dir, "io.sandboxer.profile": plan.profile},
-        "network_mode": "none",
-        "read_only": True,
-        "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges:true"],  # and Docker's default seccomp profile, never unconfined
-        "privileged": False,
-        "pids_limit": plan.limits.pids,
-        "mem_limit": memory,
-        "memswap_limit": memory,
-        "tmpfs": tmpfs(plan),
-        "ipc_mode": "private",
-        "cgroupns": "private",
-        "detach": True,
-        "stdin_open": False,
-        "tty": False,
+        "Image": image,
+        "Cmd": holder(plan),
+        "User": f"{plan.uid}:{plan.gid}",
+        "Hostname": plan.hostname,
+        "WorkingDir": "/workspace",
+        "Env": [f"{name}={value}" for name, value in plan.env],
+        "Labels": {LABEL: plan.sandbox_id, STATE_LABEL: state_dir, "io.sandboxer.profile": plan.profile},
+        "AttachStdin": False,
+        "AttachStdout": False,
+        "AttachStderr": False,
+        "OpenStdin": False,
+        "Tty": False,
+        "HostConfig": {
+            "NetworkMode": "none",
+            "ReadonlyRootfs": True,
+            "CapDrop": ["ALL"],
+            "SecurityOpt": ["no-new-privileges:true"],  # and Docker's default seccomp profile, never unconfined
+            "Privileged": False,
+            "PidsLimit": plan.limits.pids,
+            "Memory": memory,
+            "MemorySwap": memory,
+            "Tmpfs": tmpfs(plan),
+            "IpcMode": "private",
+            "CgroupnsMode": "private",
+            "Mounts": mounts,
+        },
     }
 
 

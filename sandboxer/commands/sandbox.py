@@ -181,37 +181,35 @@ def _start_docker(plan: Plan, image: str, registry: Registry, record: dict[str, 
     record["image"] = image
     record.update(_plan_record(plan, plan.uid, plan.gid))
     registry.write(sandbox_id, record)
-    container_id = docker_backend.start(plan, image=image, etc_dir=etc_dir, state_dir=registry.state_dir)
+    container_id, output = docker_backend.start(plan, image=image, etc_dir=etc_dir, state_dir=registry.state_dir)
     record["container_id"] = container_id
     registry.write(sandbox_id, record)
     problems = docker_backend.check(container_id, plan, etc_dir=etc_dir)
-    probe, interfaces, _, _ = _docker_probe(container_id, plan)
+    probe, interfaces, _, _ = _parse_docker_probe(output)
     problems += process_differences(plan, interfaces, probe)
     if problems:
         raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))
 
 
-_DOCKER_PROBE_FILES = (
-    "/proc/self/environ",
-    "/proc/self/status",
-    "/proc/self/cgroup",
-    "/proc/self/mountinfo",
-    "/proc/net/dev",
-)
-
-
 def _docker_probe(container_id: str, plan: Plan) -> tuple[ProbeSeen, list[str], list[MountSeen], list[dict[str, str]]]:
-    """One `cat` run like an exec reads, about itself: environment, status, cgroups, mounts,
-    interfaces. One process instead of five; the parts are told apart by their fixed shapes."""
+    """The probe run as an exec is (inspect's view): one `cat` of what a process reads about
+    itself — environment, status, cgroups, mounts, interfaces."""
     from sandboxer import dockerexec
-    from sandboxer.observe import parse_mountinfo, parse_probe
+    from sandboxer.backends.docker_render import PROBE_FILES
 
     try:
         data = dockerexec.capture(
-            container_id, ["cat", *_DOCKER_PROBE_FILES], env=dict(plan.env), user=f"{plan.uid}:{plan.gid}"
+            container_id, ["cat", *PROBE_FILES], env=dict(plan.env), user=f"{plan.uid}:{plan.gid}"
         )
     except (OSError, dockerexec.EngineError) as exc:
         raise BackendError(f"docker: the probe failed ({exc})") from None
+    return _parse_docker_probe(data)
+
+
+def _parse_docker_probe(data: bytes) -> tuple[ProbeSeen, list[str], list[MountSeen], list[dict[str, str]]]:
+    """The probe's output, its parts told apart by their fixed shapes."""
+    from sandboxer.observe import parse_mountinfo, parse_probe
+
     split = data.find(b"\0Name:\t")
     if split < 0:
         raise BackendError("docker: the probe's output has an unexpected shape")
@@ -357,7 +355,7 @@ def _running(record: dict[str, Any]) -> bool | None:
         from sandboxer import dockerexec
 
         try:
-            status, content = dockerexec.engine_get(f"/containers/{record.get('container_id')}/json")
+            status, content = dockerexec.engine_request("GET", f"/containers/{record.get('container_id')}/json")
         except (OSError, dockerexec.EngineError):
             return None
         if status == 404:
