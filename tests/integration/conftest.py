@@ -146,7 +146,11 @@ def make_broker(runtime: Path, *, as_user: bool) -> SandboxBroker:
 
 
 def _cleanup(broker: SandboxBroker) -> None:
-    for sandbox_id in broker.created:
+    """Tear down every sandbox the broker still has (a failed test may leave ones it never
+    recorded), then gc: it also removes containers whose sandbox directory is gone."""
+    registry = broker.state / "sandboxes"
+    present = {p.name for p in registry.iterdir() if not p.name.startswith(".")} if registry.is_dir() else set()
+    for sandbox_id in sorted(present | set(broker.created)):
         if broker.sandbox_dir(sandbox_id).exists():
             broker.run("teardown", sandbox_id)
     broker.run("gc")
@@ -252,3 +256,23 @@ def sbx(request: pytest.FixtureRequest, runtime_dir: Path) -> Iterator[SandboxBr
         yield broker
     finally:
         _cleanup(broker)
+
+
+@pytest.fixture(params=["bwrap-root", "docker"])
+def sbx_root(request: pytest.FixtureRequest, runtime_dir: Path) -> Iterator[SandboxBroker]:
+    """A ready root broker on each backend: bwrap run as whatever user runs the tests (root in CI),
+    like `sb_root`, and Docker, like `sbx`'s Docker variant."""
+    _require_tools()
+    image = request.getfixturevalue("base_image") if request.param == "docker" else None
+    broker = make_broker(runtime_dir, as_user=False)
+    if image is not None:
+        add_docker(broker, image)
+    try:
+        yield broker
+    finally:
+        _cleanup(broker)
+
+
+def backend_profile_text(broker: SandboxBroker, name: str, repo: Path, extra: str = "") -> str:
+    """A profile for `repo` on the broker's backend (`ext.bwrap` or `ext.docker`)."""
+    return profile_text(name, repo, extra).replace("ext.bwrap", f"ext.{broker.backend}")

@@ -1,7 +1,12 @@
-"""The bwrap sandbox lifecycle through the real CLI: create, list, teardown, refusals, gc, concurrency.
+"""The sandbox lifecycle through the real CLI: create, list, teardown, refusals, gc, concurrency.
+
+What the contract defines independently of the backend runs on bwrap (as root and as a user) and on
+Docker (fixtures `sbx`, `sbx_root`); gc after a killed create or a dead init, the pid namespace and
+cgroups are bwrap's own and run on bwrap only (fixtures `sb`, `sb_root`).
 
 Every refusal is checked for its documented exit status, a single `sandboxer:` line on stderr and
-for leaving nothing behind: no sandbox directory, an unchanged approvals ledger, and no process.
+for leaving nothing behind: no sandbox directory, an unchanged approvals ledger, no process, and
+(on Docker) no container.
 Processes are tracked exactly: the CLI runs under a small wrapper that is a child subreaper, so any
 process the CLI leaves running (even one in a new session) is re-parented to the wrapper and seen.
 """
@@ -30,7 +35,7 @@ import pytest
 
 from sandboxer.registry import new_id
 from tests.conftest import Result
-from tests.integration.conftest import PROFILE, UNPRIVILEGED_UID, SandboxBroker, profile_text
+from tests.integration.conftest import PROFILE, UNPRIVILEGED_UID, SandboxBroker, backend_profile_text
 
 ID_RE = re.compile(r"[0-9a-f]{24}")
 
@@ -74,19 +79,39 @@ def run_tracked(argv: list[str], env: dict[str, str]) -> tuple[Result, list[list
     return result, leftovers
 
 
+def containers(sb: SandboxBroker) -> dict[str, str]:
+    """The Docker containers labelled with this broker's state dir (sandbox id -> container id);
+    always empty for a bwrap broker."""
+    if sb.backend != "docker":
+        return {}
+    import docker
+
+    client = docker.from_env(timeout=30)
+    try:
+        found = client.api.containers(all=True, filters={"label": f"io.sandboxer.state-dir={sb.state}"})
+    finally:
+        client.close()
+    return {c["Labels"]["io.sandboxer.sandbox"]: c["Id"] for c in found}
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """What a refused command must not change."""
 
     entries: frozenset[str]
     ledger: bytes | None
+    containers: frozenset[str]
 
 
 def snapshot(sb: SandboxBroker) -> Snapshot:
     registry = sb.state / "sandboxes"
     entries = frozenset(os.listdir(registry)) - {".lock"} if registry.is_dir() else frozenset()
     ledger = sb.config / "approvals.json"
-    return Snapshot(entries=entries, ledger=ledger.read_bytes() if ledger.exists() else None)
+    return Snapshot(
+        entries=entries,
+        ledger=ledger.read_bytes() if ledger.exists() else None,
+        containers=frozenset(containers(sb).values()),
+    )
 
 
 def refused(
@@ -105,6 +130,7 @@ def refused(
     assert leftovers == [], f"processes left running: {leftovers}"
     assert after.entries == before.entries, f"registry changed: {sorted(after.entries ^ before.entries)}"
     assert after.ledger == before.ledger, "the approvals ledger changed"
+    assert after.containers == before.containers, f"containers changed: {sorted(after.containers ^ before.containers)}"
     return result
 
 
@@ -156,21 +182,24 @@ def test_tracker_sees_a_process_left_in_a_new_session() -> None:
 # --- create, list, teardown -----------------------------------------------------------------------
 
 
-def test_create_json_list_and_teardown_receipt(sb: SandboxBroker) -> None:
+def test_create_json_list_and_teardown_receipt(sbx: SandboxBroker) -> None:
+    sb = sbx
     digest = sb.run("runtime", "digest", str(sb.runtime))
     assert digest.status == 0, digest.stderr
-    created = sb.run("create", "--profile", PROFILE, "--json")
+    created = sb.run("create", "--profile", sb.profile, "--json")
     assert created.status == 0, created.stderr
     document = created.json()
     sandbox_id = document["id"]
     sb.created.append(sandbox_id)
     assert ID_RE.fullmatch(sandbox_id)
-    assert document["profile"] == PROFILE
-    assert document["backend"] == "bwrap"
+    assert document["profile"] == sb.profile
+    assert document["backend"] == sb.backend
     assert document["runtime_sha256"] == digest.stdout.strip()
 
     entry = listed(sb)[sandbox_id]
-    assert (entry["status"], entry["profile"], entry["backend"]) == ("running", PROFILE, "bwrap")
+    assert (entry["status"], entry["profile"], entry["backend"]) == ("running", sb.profile, sb.backend)
+    if sb.backend == "docker":
+        assert list(containers(sb)) == [sandbox_id]
 
     receipt = sb.run("teardown", sandbox_id, "--json")
     assert receipt.status == 0, receipt.stderr
@@ -184,6 +213,7 @@ def test_create_json_list_and_teardown_receipt(sb: SandboxBroker) -> None:
     assert not sb.sandbox_dir(sandbox_id).exists()
     assert processes_naming([sandbox_id]) == []
     assert cgroups_of(sandbox_id) == []
+    assert containers(sb) == {}
 
 
 # --- bad input ------------------------------------------------------------------------------------
@@ -203,7 +233,8 @@ def _check_unknown_and_malformed(sb: SandboxBroker, unknown: str, malformed: lis
 MALFORMED = ["../x", "0123456789ABCDEF01234567", "0123456789abcdef0123456", "0123456789abcdef012345678"]
 
 
-def test_unknown_and_malformed_ids(sb: SandboxBroker) -> None:
+def test_unknown_and_malformed_ids(sbx: SandboxBroker) -> None:
+    sb = sbx
     # Before any sandbox exists (no registry yet) ...
     _check_unknown_and_malformed(sb, new_id(), MALFORMED)
     assert not (sb.state / "sandboxes").exists() or snapshot(sb).entries == frozenset()
@@ -214,20 +245,23 @@ def test_unknown_and_malformed_ids(sb: SandboxBroker) -> None:
     assert sb.exec(live, "true").status == 0
 
 
-def test_unapproved_changed_and_revoked_configuration_is_refused(sb: SandboxBroker) -> None:
-    path = sb.write_profile("second", profile_text("second", sb.repo))
+def test_unapproved_changed_and_revoked_configuration_is_refused(sbx: SandboxBroker) -> None:
+    sb = sbx
+    extension = f"ext.{sb.backend}"
+    path = sb.write_profile("second", backend_profile_text(sb, "second", sb.repo))
     refused(sb, "create", "--profile", "second", status=3, needles=["second is not approved"])
 
     approve(sb, "second")
     path.write_bytes(path.read_bytes() + b"\n")  # one more byte, still a valid profile
     refused(sb, "create", "--profile", "second", status=3, needles=["second changed since it was approved"])
 
-    revoked = sb.run("ext", "revoke", "ext.bwrap")
+    revoked = sb.run("ext", "revoke", extension)
     assert revoked.status == 0, revoked.stderr
-    refused(sb, "create", "--profile", PROFILE, status=3, needles=["ext.bwrap is not approved"])
+    refused(sb, "create", "--profile", sb.profile, status=3, needles=[f"{extension} is not approved"])
 
 
-def test_runtime_digest_mismatch_is_refused(sb: SandboxBroker) -> None:
+def test_runtime_digest_mismatch_is_refused(sbx: SandboxBroker) -> None:
+    sb = sbx
     # A private copy: the session runtime is shared by every test and must not change.
     private = sb.root / "private-runtime"
     private.mkdir(mode=0o755)
@@ -237,22 +271,26 @@ def test_runtime_digest_mismatch_is_refused(sb: SandboxBroker) -> None:
         Path(directory).chmod(0o755)
     digest = sb.run("runtime", "digest", str(runtime))
     assert digest.status == 0, digest.stderr
-    ext = sb.config / "extensions" / "ext.bwrap.yaml"
-    ext.write_text(
-        f"extension: ext.bwrap\nconfig:\n  runtime:\n    path: {runtime}\n    sha256: {digest.stdout.strip()}\n"
-    )
+    # The broker's extension config (ext.docker also names its image), pinned to the private copy.
+    ext = sb.config / "extensions" / f"ext.{sb.backend}.yaml"
+    text = ext.read_text()
+    pinned = re.sub(r"(?m)^    sha256: .*$", f"    sha256: {digest.stdout.strip()}", text)
+    pinned = pinned.replace(f"    path: {sb.runtime}\n", f"    path: {runtime}\n")
+    assert f"    path: {runtime}\n" in pinned, pinned
+    ext.write_text(pinned)
     own(sb, ext)
-    approve(sb, "ext.bwrap")
+    approve(sb, f"ext.{sb.backend}")
     added = runtime / "bin" / "added-later"
     added.write_text("#!/bin/sh\n")
     added.chmod(0o644)
-    refused(sb, "create", "--profile", PROFILE, status=3, needles=["config.runtime.sha256", str(runtime)])
+    refused(sb, "create", "--profile", sb.profile, status=3, needles=["config.runtime.sha256", str(runtime)])
 
 
-def test_workspace_repository_that_is_not_a_repository(sb: SandboxBroker) -> None:
+def test_workspace_repository_that_is_not_a_repository(sbx: SandboxBroker) -> None:
+    sb = sbx
     empty = sb.root / "not-a-repo"
     empty.mkdir(mode=0o755)
-    path = sb.write_profile("nogit", profile_text("nogit", empty))
+    path = sb.write_profile("nogit", backend_profile_text(sb, "nogit", empty))
     approve(sb, "nogit")
     refused(
         sb,
@@ -264,11 +302,12 @@ def test_workspace_repository_that_is_not_a_repository(sb: SandboxBroker) -> Non
     )
 
 
-def test_workspace_repository_inside_a_repository_is_not_a_repository(sb: SandboxBroker) -> None:
+def test_workspace_repository_inside_a_repository_is_not_a_repository(sbx: SandboxBroker) -> None:
     """A directory inside a Git work tree is not a repository either: invalid input (2), not a backend failure."""
+    sb = sbx
     inner = sb.repo / "docs"
     inner.mkdir(mode=0o755)
-    path = sb.write_profile("inner", profile_text("inner", inner))
+    path = sb.write_profile("inner", backend_profile_text(sb, "inner", inner))
     approve(sb, "inner")
     refused(
         sb,
@@ -280,23 +319,26 @@ def test_workspace_repository_inside_a_repository_is_not_a_repository(sb: Sandbo
     )
 
 
-def test_workspace_ref_that_does_not_exist(sb: SandboxBroker) -> None:
-    text = profile_text("badref", sb.repo).replace("ref: main", "ref: no-such-branch")
+def test_workspace_ref_that_does_not_exist(sbx: SandboxBroker) -> None:
+    sb = sbx
+    text = backend_profile_text(sb, "badref", sb.repo).replace("ref: main", "ref: no-such-branch")
     path = sb.write_profile("badref", text)
     approve(sb, "badref")
     refused(sb, "create", "--profile", "badref", status=2, needles=["workspace.ref", str(path)])
 
 
-def test_network_allow_is_refused(sb: SandboxBroker) -> None:
-    text = profile_text("open", sb.repo).replace("default: deny", "default: allow")
+def test_network_allow_is_refused(sbx: SandboxBroker) -> None:
+    sb = sbx
+    text = backend_profile_text(sb, "open", sb.repo).replace("default: deny", "default: allow")
     sb.write_profile("open", text)
     refused(sb, "ext", "approve", "open", status=3, needles=["network.default"])
     refused(sb, "create", "--profile", "open", status=3, needles=["network.default"])
 
 
-def test_manifest_and_bootstrap_are_not_supported_yet(sb: SandboxBroker) -> None:
-    refused(sb, "create", "--profile", PROFILE, "--manifest", "x", status=2)
-    refused(sb, "create", "--profile", PROFILE, "--bootstrap", "x", status=2)
+def test_manifest_and_bootstrap_are_not_supported_yet(sbx: SandboxBroker) -> None:
+    sb = sbx
+    refused(sb, "create", "--profile", sb.profile, "--manifest", "x", status=2)
+    refused(sb, "create", "--profile", sb.profile, "--bootstrap", "x", status=2)
 
 
 def test_missing_bwrap_is_a_backend_failure_with_install_hint(sb_root: SandboxBroker) -> None:
@@ -495,11 +537,11 @@ def test_gc_of_a_dead_sandbox_spares_a_live_one_that_reuses_its_pid_namespace_in
 # --- concurrency ----------------------------------------------------------------------------------
 
 
-def test_twenty_concurrent_sandboxes(sb_root: SandboxBroker) -> None:
-    sb = sb_root
+def test_twenty_concurrent_sandboxes(sbx_root: SandboxBroker) -> None:
+    sb = sbx_root
     count = 20
     with ThreadPoolExecutor(max_workers=count) as pool:
-        creates = list(pool.map(lambda _: sb.run("create", "--profile", PROFILE), range(count)))
+        creates = list(pool.map(lambda _: sb.run("create", "--profile", sb.profile), range(count)))
         ids = [r.stdout.strip() for r in creates if r.status == 0]
         sb.created.extend(ids)
         assert [r.stderr for r in creates if r.status != 0] == []
@@ -510,6 +552,8 @@ def test_twenty_concurrent_sandboxes(sb_root: SandboxBroker) -> None:
         assert [(i, r.status, r.stderr) for i, r in zip(ids, execs, strict=True) if r.status != 0] == []
         whoami = list(pool.map(lambda i: sb.sh(i, 'printf %s "$SANDBOXER_SANDBOX_ID"'), ids))
         assert [r.stdout for r in whoami] == ids, "an exec ran in another sandbox"
+        if sb.backend == "docker":
+            assert sorted(containers(sb)) == sorted(ids)
 
         receipts = list(pool.map(lambda i: sb.run("teardown", i, "--json"), ids))
     assert [(i, r.status, r.stderr) for i, r in zip(ids, receipts, strict=True) if r.status != 0] == []
@@ -518,3 +562,4 @@ def test_twenty_concurrent_sandboxes(sb_root: SandboxBroker) -> None:
     assert snapshot(sb).entries == frozenset()
     assert processes_naming(ids) == []
     assert [g for i in ids for g in cgroups_of(i)] == []
+    assert containers(sb) == {}

@@ -1,4 +1,5 @@
-"""The workspace clone is made safely on the host, and the profile's limits hold inside."""
+"""The workspace clone is made safely on the host, and the profile's limits hold inside: on bwrap (as
+root and, where the fixture allows, as a user) and on Docker alike."""
 
 from __future__ import annotations
 
@@ -6,20 +7,22 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.integration.conftest import SandboxBroker, profile_text
+from tests.integration.conftest import SandboxBroker, backend_profile_text
 
 
-def test_clone_shares_no_inode_with_the_owners_repository(sb_root: SandboxBroker) -> None:
-    sandbox_id = sb_root.create()
-    clone = sb_root.sandbox_dir(sandbox_id) / "workspace"
-    owner_inodes = {p.stat().st_ino for p in (sb_root.repo / ".git" / "objects").rglob("*") if p.is_file()}
+def test_clone_shares_no_inode_with_the_owners_repository(sbx_root: SandboxBroker) -> None:
+    sb = sbx_root
+    sandbox_id = sb.create()
+    clone = sb.sandbox_dir(sandbox_id) / "workspace"
+    owner_inodes = {p.stat().st_ino for p in (sb.repo / ".git" / "objects").rglob("*") if p.is_file()}
     clone_objects = [p for p in (clone / ".git" / "objects").rglob("*") if p.is_file()]
     assert clone_objects, "the clone has objects"
     assert all(p.stat().st_nlink == 1 for p in clone_objects)
     assert not owner_inodes & {p.stat().st_ino for p in clone_objects}
 
 
-def test_owner_hooks_templates_and_global_config_never_run_on_the_host(sb_root: SandboxBroker, tmp_path: Path) -> None:
+def test_owner_hooks_templates_and_global_config_never_run_on_the_host(sbx_root: SandboxBroker, tmp_path: Path) -> None:
+    sb = sbx_root
     marker = tmp_path / "hook-ran"
     hooks = tmp_path / "hooks"
     hooks.mkdir()
@@ -27,33 +30,32 @@ def test_owner_hooks_templates_and_global_config_never_run_on_the_host(sb_root: 
         hook = hooks / name
         hook.write_text(f"#!/bin/sh\ntouch {marker}\n")
         hook.chmod(0o755)
-    (sb_root.repo / ".git" / "hooks").mkdir(exist_ok=True)
+    (sb.repo / ".git" / "hooks").mkdir(exist_ok=True)
     for hook in hooks.iterdir():
-        (sb_root.repo / ".git" / "hooks" / hook.name).write_bytes(hook.read_bytes())
-        (sb_root.repo / ".git" / "hooks" / hook.name).chmod(0o755)
-    home = sb_root.root / "home"
+        (sb.repo / ".git" / "hooks" / hook.name).write_bytes(hook.read_bytes())
+        (sb.repo / ".git" / "hooks" / hook.name).chmod(0o755)
+    home = sb.root / "home"
     (home / ".gitconfig").write_text(f"[core]\n\thooksPath = {hooks}\n[init]\n\ttemplateDir = {tmp_path}\n")
     (tmp_path / "hooks").chmod(0o755)
     # The same hooks do run for a plain git clone with this HOME: the test can see them fire.
     probe = tmp_path / "probe-clone"
-    subprocess.run(
-        ["git", "clone", "-q", str(sb_root.repo), str(probe)], env={**sb_root.env(), "HOME": str(home)}, check=True
-    )
+    subprocess.run(["git", "clone", "-q", str(sb.repo), str(probe)], env={**sb.env(), "HOME": str(home)}, check=True)
     assert marker.exists()
     marker.unlink()
-    sandbox_id = sb_root.create()
+    sandbox_id = sb.create()
     assert not marker.exists()
-    assert not list((sb_root.sandbox_dir(sandbox_id) / "workspace" / ".git" / "hooks").glob("*"))
+    assert not list((sb.sandbox_dir(sandbox_id) / "workspace" / ".git" / "hooks").glob("*"))
 
 
 def limited(sb: SandboxBroker, name: str, limits: str) -> str:
-    sb.write_profile(name, profile_text(name, sb.repo, f"limits:\n{limits}"))
+    sb.write_profile(name, backend_profile_text(sb, name, sb.repo, f"limits:\n{limits}"))
     approved = sb.run("ext", "approve", name)
     assert approved.status == 0, approved.stderr
     return sb.create(name)
 
 
-def test_pids_limit_stops_a_fork_flood(sb: SandboxBroker) -> None:
+def test_pids_limit_stops_a_fork_flood(sbx: SandboxBroker) -> None:
+    sb = sbx
     sandbox_id = limited(sb, "few-pids", "  pids: 24\n")
     flood = sb.sh(sandbox_id, "n=0; for i in $(seq 60); do sleep 3 & n=$((n+1)); done 2>/dev/null; wait; echo $n")
     assert flood.status != 0, flood  # the shell could not fork all 60 (it exits 2 on a failed fork)
@@ -65,7 +67,8 @@ def test_pids_limit_stops_a_fork_flood(sb: SandboxBroker) -> None:
     assert fine.stdout.strip() == "done"
 
 
-def test_memory_limit_stops_a_large_allocation(sb: SandboxBroker) -> None:
+def test_memory_limit_stops_a_large_allocation(sbx: SandboxBroker) -> None:
+    sb = sbx
     grab = "import sys; b = bytearray(int(sys.argv[1]) * 2**20); b[::4096] = b'x' * len(b[::4096]); print('ok')"
     small = limited(sb, "small-memory", "  memory_mib: 128\n")
     refused = sb.exec(small, "python3", "-c", grab, "400")
@@ -76,18 +79,24 @@ def test_memory_limit_stops_a_large_allocation(sb: SandboxBroker) -> None:
     assert fits.stdout.strip() == "ok"
 
 
-def test_inspect_reports_the_limit_mechanism_in_force(sb: SandboxBroker) -> None:
+def test_inspect_reports_the_limit_mechanism_in_force(sbx: SandboxBroker) -> None:
+    sb = sbx
     sandbox_id = limited(sb, "inspected", "  memory_mib: 256\n  pids: 64\n")
-    limits = sb.run("inspect", sandbox_id, "--json").json()["limits"]
+    inspected = sb.run("inspect", sandbox_id, "--json")
+    assert inspected.status == 0, inspected.stderr
+    limits = inspected.json()["limits"]
     assert (limits["memory_mib"], limits["pids"]) == (256, 64)
-    if os.geteuid() == 0 and not sb.as_user:
+    if sb.backend == "docker":
+        assert limits["mechanism"] == "docker"  # the Engine's pids and memory limits
+    elif os.geteuid() == 0 and not sb.as_user:
         assert limits["mechanism"] == "cgroup-v1" if Path("/sys/fs/cgroup/memory").is_dir() else "cgroup-v2"
         assert any(sandbox_id in line for line in limits["cgroups"])
     else:
         assert limits["mechanism"] in ("cgroup-v2", "rlimit")
 
 
-def test_executable_option_runs_that_program_with_the_given_argv(sb: SandboxBroker) -> None:
+def test_executable_option_runs_that_program_with_the_given_argv(sbx: SandboxBroker) -> None:
+    sb = sbx
     sandbox_id = sb.create()
     result = sb.exec(sandbox_id, "custom-name", "-c", 'echo "$0"', options=("--executable", "/bin/sh"))
     assert result.status == 0, result.stderr
