@@ -17,7 +17,6 @@ import socket
 import struct
 import threading
 import time
-from typing import Any
 
 SOCKET = "/var/run/docker.sock"
 API = "/v1.41"
@@ -33,7 +32,7 @@ def _connect() -> socket.socket:
     return sock
 
 
-def _request(method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
+def _request(method: str, path: str, body: dict[str, object] | None = None) -> tuple[int, bytes]:
     payload = json.dumps(body).encode() if body is not None else b""
     with _connect() as sock:
         sock.settimeout(60)  # a daemon that never answers must not hang the broker
@@ -123,12 +122,12 @@ def create_exec(
     return str(json.loads(content)["Id"])
 
 
-def inspect_exec(exec_id: str) -> dict[str, Any]:
+def inspect_exec(exec_id: str) -> dict[str, object]:
     """The Engine's view of an exec (Running, ExitCode, Pid)."""
     status, content = _request("GET", f"/exec/{exec_id}/json")
     if status != 200:
         raise EngineError(f"exec inspect: HTTP {status}")
-    result: dict[str, Any] = json.loads(content)
+    result: dict[str, object] = json.loads(content)
     return result
 
 
@@ -283,6 +282,6 @@ def remove_container(container: str) -> str | None:
     return None if status == 204 else f"the Engine answered HTTP {status}"
 
 
-def engine_request(method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
+def engine_request(method: str, path: str, body: dict[str, object] | None = None) -> tuple[int, bytes]:
     """One Engine API call (status, body); raises OSError when the Engine does not answer."""
     return _request(method, path, body)

@@ -98,3 +98,12 @@ class NotPendingError(SandboxerError):
 
     exit_status = 75
     kind = "not-pending"
+
+
+class EntryError(Exception):
+    """Starting an exec's command failed; `status` is the exit status to report (125, 126, 127)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message

@@ -24,6 +24,8 @@ import os
 import signal
 from collections.abc import Sequence
 
+from sandboxer.errors import EntryError
+
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
@@ -139,15 +141,6 @@ class Started:
     def __init__(self, *, relay_pid: int, command_pid: int) -> None:
         self.relay_pid = relay_pid
         self.command_pid = command_pid
-
-
-class EntryError(Exception):
-    """Starting the command failed; `status` is the exec exit status to report (125, 126, 127)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 def owning_user_namespace(ns_fd: int) -> int:

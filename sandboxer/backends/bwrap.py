@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from sandboxer import joiner, procs
 from sandboxer.backends.bwrap_argv import BwrapFds, needs_fd, render
-from sandboxer.errors import BackendError, UsageError
+from sandboxer.errors import BackendError, EntryError, UsageError
 from sandboxer.observe import ProbeSeen, parse_probe
 from sandboxer.plan import MountKind, Plan
 
@@ -238,7 +238,7 @@ def probe(live: Live, plan: Plan, *, procs_files: tuple[str, ...], rlimits: tupl
     devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
         started = joiner.start(entry, stdin=devnull, stdout=devnull, stderr=devnull)
-    except joiner.EntryError as exc:
+    except EntryError as exc:
         raise BackendError(f"probe: {exc.message}") from None
     finally:
         os.close(devnull)
