@@ -32,6 +32,8 @@ ext_app = typer.Typer(
 runtime_app = typer.Typer(help="Owner: the runtime pin.", no_args_is_help=True)
 app.add_typer(ext_app, name="ext")
 app.add_typer(runtime_app, name="runtime")
+manifest_app = typer.Typer(help="Lease manifests (docs/manifest.md).", no_args_is_help=True)
+app.add_typer(manifest_app, name="manifest")
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
 
@@ -74,6 +76,27 @@ def ext_check(
     lines = [f"{file}: valid {result['kind']} (sha256 {result['sha256']})"]
     shown = {key: value for key, value in result.items() if key not in ("file", "sha256", "valid", "kind")}
     lines += [f"  {key}: {value}" for key, value in flatten(shown)]
+    _print(result, "\n".join(lines), json)
+
+
+@manifest_app.command("check")
+def manifest_check(
+    ctx: typer.Context,
+    file: Annotated[str, typer.Argument(help="A lease manifest (the assignment file in its run directory).")],
+    json: JsonOption = False,
+) -> None:
+    """Validate a lease manifest and its sources; print what it grants (never a value)."""
+    from sandboxer import manifest
+
+    dirs = _dirs(ctx)
+    checked = manifest.load(os.path.abspath(file), forbidden=(dirs.config, dirs.state))
+    result = {"valid": True, **manifest.meaning(checked)}
+    lines = [f"{checked.file}: valid lease manifest, version {checked.version}, run {checked.run_id}"]
+    lines += [
+        f"  {lease['lease_id']}: {lease['scope']} for {lease['consumer']}"
+        + (f", expires {lease['expires_at']}" if lease["expires_at"] else "")
+        for lease in result["leases"]
+    ]
     _print(result, "\n".join(lines), json)
 
 
