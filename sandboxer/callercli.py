@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     create = commands.add_parser("create", help="create a sandbox from an approved profile and print its id")
     create.add_argument("--profile", required=True, help="an approved profile name")
-    create.add_argument("--manifest", help="a lease manifest (not yet supported)")
+    create.add_argument("--manifest", help="a lease manifest (docs/manifest.md)")
     create.add_argument("--bootstrap", help="a runtime bootstrap file (not yet supported)")
     inspect = commands.add_parser("inspect", help="evidence observed from a live sandbox")
     inspect.add_argument("id", metavar="ID")
@@ -48,9 +48,9 @@ def _run(args: argparse.Namespace, dirs: Dirs) -> None:
 
     match args.command:
         case "create":
-            if args.manifest is not None or args.bootstrap is not None:
-                raise UsageError("--manifest and --bootstrap are not supported yet")
-            result = sandbox.create(dirs, args.profile)
+            if args.bootstrap is not None:
+                raise UsageError("--bootstrap is not supported yet")
+            result = sandbox.create(dirs, args.profile, manifest_path=args.manifest)
             print_result(result, result["id"], args.json)
         case "inspect":
             result = sandbox.inspect(dirs, args.id)

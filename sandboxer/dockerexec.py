@@ -75,7 +75,7 @@ _LAUNCHER = """import os, signal, sys
 for s in (signal.SIGPIPE, signal.SIGXFSZ):
     signal.signal(s, signal.SIG_DFL)
 cwd, count = sys.argv[1], int(sys.argv[2])
-env = dict(pair.split("=", 1) for pair in sys.argv[3 : 3 + count])
+env = dict(item.split("=", 1) if "=" in item else (item, os.environ[item]) for item in sys.argv[3 : 3 + count])
 program, argv = sys.argv[3 + count], sys.argv[4 + count :]
 try:
     os.chdir(cwd)
@@ -93,13 +93,25 @@ except OSError as exc:
 
 
 def create_exec(
-    container: str, argv: list[str], *, env: dict[str, str], user: str, cwd: str, executable: str | None = None
+    container: str,
+    argv: list[str],
+    *,
+    env: dict[str, str],
+    user: str,
+    cwd: str,
+    executable: str | None = None,
+    values_apart: bool = False,
 ) -> str:
     """Create an exec of `argv` (of `executable` with `argv` when given) under exactly `env`;
-    returns its id."""
+    returns its id. With `values_apart` (a provider launch) the command line names the variables
+    and their values travel in the exec's own environment, which the Engine does not show."""
     pairs = [f"{k}={v}" for k, v in env.items()]
+    extra: dict[str, object] = {}
     if executable is not None:
-        command = ["/usr/bin/python3", "-I", "-S", "-c", _LAUNCHER, cwd, str(len(pairs)), *pairs, executable, *argv]
+        items = list(env) if values_apart else pairs
+        if values_apart:
+            extra["Env"] = pairs
+        command = ["/usr/bin/python3", "-I", "-S", "-c", _LAUNCHER, cwd, str(len(items)), *items, executable, *argv]
     else:
         if "=" in argv[0]:
             raise EngineError("a program name with '=' cannot be run through env -i")
@@ -115,6 +127,7 @@ def create_exec(
         "User": user,
         "WorkingDir": "/",
         "Privileged": False,
+        **extra,
     }
     status, content = _request("POST", f"/containers/{container}/exec", body)
     if status != 201:

@@ -29,13 +29,18 @@ if TYPE_CHECKING:
 BROKER_FAILED = 125
 TIMED_OUT = 124
 _HEX = frozenset("0123456789abcdef")
-_CONSUMER_FIRST = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
-_CONSUMER_REST = _CONSUMER_FIRST | frozenset("_.-")
 
 
 def _is_consumer(name: str) -> bool:
-    """1-64 of a-z 0-9 _ . -, starting with a letter or digit (no `re`: it is slow to import)."""
-    return 0 < len(name) <= 64 and name[0] in _CONSUMER_FIRST and set(name) <= _CONSUMER_REST
+    """A manifest's consumer label: 1-128 printable characters without whitespace, '=' or '//'
+    (no `re`: it is slow to import)."""
+    return (
+        0 < len(name) <= 128
+        and name.isprintable()
+        and not any(c.isspace() for c in name)
+        and "=" not in name
+        and "//" not in name
+    )
 
 
 def _is_id(value: str) -> bool:
@@ -108,7 +113,7 @@ def _validate(options: dict[str, str]) -> float | None:
         raise ExecUsage("exec: --cwd must be a normalized absolute path inside the sandbox")
     consumer = options.get("consumer")
     if consumer is not None and not _is_consumer(consumer):
-        raise ExecUsage("exec: --consumer must be 1-64 of a-z 0-9 _ . - starting with a letter or digit")
+        raise ExecUsage("exec: --consumer must be 1-128 characters without whitespace, '=' or '//'")
     executable = options.get("executable")
     if executable is not None and (not executable or "\0" in executable):
         raise ExecUsage("exec: --executable must be a program name or an absolute path")
@@ -195,7 +200,14 @@ def run(argv: list[str]) -> int:
     )
     record = _load(dirs.state, options["id"])
     env = {str(k): str(v) for k, v in record["env"]}  # type: ignore[attr-defined]
-    if "consumer" in options:
+    assignment = record.get("manifest")
+    if isinstance(assignment, dict):
+        for lease_id, moment in assignment.get("expiries", []):
+            if float(moment) <= time.time():
+                raise ExecUsage(f"exec: lease {lease_id} has expired")
+    if "consumer" in options and "executable" in options:
+        env = _provider_environment(assignment, options["consumer"], options["executable"])
+    elif "consumer" in options:
         env["SANDBOXER_CONSUMER"] = options["consumer"]
     if record.get("backend") == "docker":
         return _run_docker(record, options, command, env, timeout)
@@ -232,6 +244,23 @@ def run(argv: list[str]) -> int:
                 os.rmdir(exec_group)  # kept while a background process of this exec still runs
 
 
+def _provider_environment(assignment: object, consumer: str, executable: str) -> dict[str, str]:
+    """A provider launch's whole environment, granted by the sandbox's manifest or refused."""
+    if not isinstance(assignment, dict):
+        raise ExecUsage(
+            "exec: a provider launch (--consumer with --executable) needs a sandbox created with a manifest"
+        )
+    from sandboxer import leases
+    from sandboxer.errors import SandboxerError
+
+    try:
+        return leases.provider_environment(
+            assignment, consumer=consumer, executable=executable, caller_env=dict(os.environ)
+        )
+    except SandboxerError as exc:
+        raise ExecUsage(f"exec: provider launch refused: {exc.message}") from None
+
+
 def _run_docker(
     record: dict[str, object], options: dict[str, str], command: list[str], env: dict[str, str], timeout: float | None
 ) -> int:
@@ -247,6 +276,8 @@ def _run_docker(
             user=user,
             cwd=options.get("cwd", "/workspace"),
             executable=options.get("executable"),
+            # A provider's values travel in the exec's environment, never on a command line.
+            values_apart="consumer" in options and "executable" in options,
         )
     except (OSError, dockerexec.EngineError) as exc:
         raise ExecUsage(f"exec: the Docker Engine failed ({exc})") from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import stat
@@ -85,3 +86,22 @@ def locked(path: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def open_beneath(root: str, path: str, flags: int = os.O_PATH) -> int:
+    """Open `path`, which lies strictly below the directory `root`, following no symlink on the
+    way (each component is opened relative to its parent with O_NOFOLLOW). `flags` apply to the
+    last component; O_NOFOLLOW and O_CLOEXEC are always added. Raises OSError."""
+    relative = os.path.relpath(path, root)
+    parts = relative.split("/")
+    if relative.startswith("..") or relative == "." or any(p in ("", ".", "..") for p in parts):
+        raise OSError(errno.EINVAL, "not below the directory", path)
+    directory = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            inner = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+            os.close(directory)
+            directory = inner
+        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+    finally:
+        os.close(directory)

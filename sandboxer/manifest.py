@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, NoReturn
 
 from sandboxer.errors import PolicyError, UsageError
+from sandboxer.fsutil import open_beneath
 
 MAX_DOCUMENT = 1 << 20
 NAMESPACE = "/run/branchbox/leases"
@@ -969,7 +970,7 @@ def read_material(manifest: Manifest, lease: Lease, index: int, *, owner: int) -
         r.fail(where, "must be directly in the run's materializations/ directory")
     _private_dir(r, materials, owner, where, "the directory")
     try:
-        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_beneath(run_dir(manifest), source, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         r.fail(where, "is a symlink" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})")
     try:
@@ -1045,9 +1046,13 @@ def check_live(manifest: Manifest, *, now: datetime | None = None) -> None:
     """Every lease whose expiry is checked must expire strictly after `now` (LeaseExpiredError)."""
     moment = now or datetime.now(UTC)
     for lease in manifest.leases:
-        checked = lease.scope in _EXPIRING or lease.scope == MODEL_IDENTITY
-        if checked and lease.expires_at is not None and lease.expires_at <= moment:
+        if expiry_checked(manifest, lease) and lease.expires_at is not None and lease.expires_at <= moment:
             raise LeaseExpiredError(manifest.file, f"{lease.field}.expires_at", "the lease has expired")
+
+
+def expiry_checked(manifest: Manifest, lease: Lease) -> bool:
+    """Whether a lease's expiry must be live (model identities: from version 2 on)."""
+    return lease.scope in _EXPIRING or (lease.scope == MODEL_IDENTITY and manifest.version != "1")
 
 
 def meaning(manifest: Manifest) -> dict[str, Any]:

@@ -46,6 +46,7 @@ class MountKind(StrEnum):
     DIR = "dir"  # a directory inside a tmpfs
     SYMLINK = "symlink"
     FILE = "file"  # generated content, read-only
+    SPOOL = "spool"  # a lease's request spool, writable: a host directory (bwrap) or a named volume (Docker)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,11 +59,24 @@ class Mount:
     mode: int | None = None
     size_bytes: int | None = None
     content: bytes | None = None  # FILE only
+    lease: str | None = None  # the manifest lease that grants this mount
+    beneath: str | None = None  # open `source` below this directory without following symlinks
 
     @property
     def read_only(self) -> bool:
         """Whether the sandbox user may not write here."""
         return self.kind in (MountKind.RO_BIND, MountKind.FILE)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Grants:
+    """What a lease manifest adds to a sandbox: its user (a version 3 workspace consumer), lease
+    mounts, and project variables for every exec."""
+
+    uid: int | None = None
+    gid: int | None = None
+    mounts: tuple[Mount, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,13 +154,15 @@ def build_plan(
     host_ids: tuple[int, int] = (SANDBOX_UID, SANDBOX_GID),
     host_links: tuple[tuple[str, str], ...] = (("/bin", "usr/bin"), ("/lib", "usr/lib"), ("/sbin", "usr/sbin")),
     host_etc: tuple[str, ...] = (),
+    grants: Grants | None = None,
 ) -> Plan:
     """The plan of one sandbox. `host_links` and `host_etc` describe the host's /usr layout.
 
     `host_links` are the top-level links into /usr (merged-/usr hosts: /bin, /lib, /lib64, /sbin);
     `host_etc` are host /etc entries bound read-only (TLS certificates, the loader cache).
     """
-    uid, gid, user = SANDBOX_UID, SANDBOX_GID, SANDBOX_USER
+    grants = grants or Grants()
+    uid, gid, user = grants.uid or SANDBOX_UID, grants.gid or SANDBOX_GID, SANDBOX_USER
     mounts: list[Mount] = [
         Mount(kind=MountKind.RO_BIND, target="/usr", source="/usr"),
         *(Mount(kind=MountKind.SYMLINK, target=target, source=link) for target, link in host_links),
@@ -158,6 +174,7 @@ def build_plan(
         Mount(kind=MountKind.BIND, target=WORKSPACE_TARGET, source=workspace_source),
         Mount(kind=MountKind.TMPFS, target=STATE_ROOT, mode=0o700, size_bytes=STATE_TMPFS_BYTES),
         *(Mount(kind=MountKind.DIR, target=f"{STATE_ROOT}/{sub}", mode=0o700) for _, sub in STATE_DIRS),
+        *grants.mounts,
     ]
     return Plan(
         sandbox_id=sandbox_id,
@@ -173,6 +190,6 @@ def build_plan(
         user=user,
         hostname=HOSTNAME,
         mounts=tuple(mounts),
-        env=base_env(sandbox_id=sandbox_id, profile=profile.name, user=user),
+        env=(*base_env(sandbox_id=sandbox_id, profile=profile.name, user=user), *grants.env),
         limits=profile.limits,
     )

@@ -14,7 +14,7 @@ import stat
 import subprocess
 import tempfile
 
-from sandboxer.errors import BackendError, UsageError
+from sandboxer.errors import BackendError, PolicyError, UsageError
 
 
 def _git(
@@ -36,8 +36,21 @@ def _git(
     return subprocess.run([git, *config, *args], cwd=cwd, env=env, capture_output=True, check=False, timeout=300)
 
 
-def clone(*, repository: str, ref: str, destination: str, profile_file: str, owner: tuple[int, int] | None) -> None:
-    """Clone `repository` at `ref` into the new directory `destination`, owned by `owner` if given."""
+def clone(
+    *,
+    repository: str,
+    ref: str,
+    destination: str,
+    profile_file: str,
+    owner: tuple[int, int] | None,
+    branch: str | None = None,
+    ref_field: str = "workspace.ref",
+) -> None:
+    """Clone `repository` at `ref` into the new directory `destination`, owned by `owner` if given.
+
+    With `branch` (a manifest's task branch), that branch is created at `ref` and checked out;
+    a `ref` the repository lacks is then a refusal of the manifest (PolicyError, exit 3).
+    """
     with tempfile.TemporaryDirectory(prefix="sandboxer-git-home-") as home:
         # Our own "global" config, read by every git process of the clone (upload-pack too):
         # the owner's repository may belong to another user, and hooks never run.
@@ -47,19 +60,23 @@ def clone(*, repository: str, ref: str, destination: str, profile_file: str, own
             config.write("[core]\n\thooksPath = /dev/null\n")
         # The common case, a branch or tag, is one git process; a commit id takes a second step.
         clone_args = ["clone", "--quiet", "--no-local", "--template="]
-        fast = _git([*clone_args, "--branch", ref, "--", repository, destination], home=home)
-        if fast.returncode == 0:
-            return _finish(destination, owner)
-        shutil.rmtree(destination, ignore_errors=True)
+        if branch is None:
+            fast = _git([*clone_args, "--branch", ref, "--", repository, destination], home=home)
+            if fast.returncode == 0:
+                return _finish(destination, owner)
+            shutil.rmtree(destination, ignore_errors=True)
         if not _is_repository_root(repository, home):
             raise UsageError(f"{profile_file}: workspace.repository: not a Git repository")
         if _git([*clone_args, "--no-checkout", "--", repository, destination], home=home).returncode != 0:
             raise BackendError(f"{profile_file}: workspace.repository: git clone failed")
         found = _git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], home=home, cwd=destination)
         if found.returncode != 0:
-            raise UsageError(f"{profile_file}: workspace.ref: not found in the repository")
-        if _git(["checkout", "--quiet", "--detach", ref], home=home, cwd=destination).returncode != 0:
-            raise BackendError(f"{profile_file}: workspace.ref: checkout failed")
+            refusal = PolicyError if branch is not None else UsageError
+            raise refusal(f"{profile_file}: {ref_field}: not found in the repository")
+        checkout = ["checkout", "--quiet", "-b", branch, ref] if branch else ["checkout", "--quiet", "--detach", ref]
+        if _git(checkout, home=home, cwd=destination).returncode != 0:
+            what = "task_branch: cannot be created" if branch else f"{ref_field}: checkout failed"
+            raise BackendError(f"{profile_file}: {what}")
     _finish(destination, owner)
 
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 from sandboxer import joiner, procs
 from sandboxer.backends.bwrap_argv import BwrapFds, needs_fd, render
-from sandboxer.errors import BackendError, EntryError, UsageError
+from sandboxer.errors import BackendError, EntryError, PolicyError, UsageError
 from sandboxer.observe import ProbeSeen, parse_probe
-from sandboxer.plan import MountKind, Plan
+from sandboxer.plan import Mount, MountKind, Plan
 
 START_TIMEOUT = 20.0
 
@@ -135,6 +135,8 @@ def _opened_fds(plan: Plan) -> Iterator[dict[str, int]]:
                 fd = os.memfd_create("sandboxer-etc", 0)
                 os.write(fd, mount.content or b"")
                 os.lseek(fd, 0, os.SEEK_SET)
+            elif mount.beneath is not None:  # a lease source or spool: checked again on this very fd
+                fd = _open_lease(mount)
             else:
                 fd = os.open(str(mount.source), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             fds[mount.target] = fd
@@ -142,6 +144,17 @@ def _opened_fds(plan: Plan) -> Iterator[dict[str, int]]:
     finally:
         for fd in fds.values():
             os.close(fd)
+
+
+def _open_lease(mount: Mount) -> int:
+    """A lease source or spool, opened below its run or sandbox directory without following any
+    symlink, and refused unless it still is what the manifest check saw."""
+    from sandboxer.leases import open_beneath_checked
+
+    try:
+        return open_beneath_checked(mount)
+    except OSError as exc:
+        raise PolicyError(f"lease {mount.lease}: its source {mount.source} cannot be opened ({exc.strerror})") from None
 
 
 def _read_info(fd: int, bwrap: subprocess.Popen[bytes]) -> dict[str, int]:

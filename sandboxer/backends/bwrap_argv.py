@@ -27,7 +27,12 @@ def needs_fd(mount: Mount) -> bool:
     """Whether a mount is passed to bwrap by file descriptor."""
     # The runtime and the workspace are checked by the broker just before start: bind exactly
     # what was checked. /usr and host /etc entries are the host's own system files.
-    return mount.kind in (MountKind.FILE, MountKind.BIND) or mount.target == RUNTIME_TARGET
+    # Lease sources and spools are opened below their run or sandbox directory, symlink-free.
+    return (
+        mount.kind in (MountKind.FILE, MountKind.BIND, MountKind.SPOOL)
+        or mount.target == RUNTIME_TARGET
+        or mount.lease is not None
+    )
 
 
 def _mount_args(mount: Mount, fds: BwrapFds) -> list[list[str]]:
@@ -37,7 +42,7 @@ def _mount_args(mount: Mount, fds: BwrapFds) -> list[list[str]]:
             if needs_fd(mount):
                 return [["--ro-bind-fd", str(fds.by_target[target]), target]]
             return [["--ro-bind", str(mount.source), target]]
-        case MountKind.BIND:
+        case MountKind.BIND | MountKind.SPOOL:
             return [["--bind-fd", str(fds.by_target[target]), target]]
         case MountKind.TMPFS:
             args: list[str] = []

@@ -39,7 +39,7 @@ def write_etc(plan: Plan, etc_dir: str) -> None:
             path = os.path.join(etc_dir, os.path.basename(mount.target))
             with open(path, "wb") as stream:
                 stream.write(mount.content or b"")
-            os.chmod(path, 0o644)
+            os.chmod(path, mount.mode or 0o644)
 
 
 def require_sdk() -> None:

@@ -52,6 +52,11 @@ def binds(plan: Plan, *, etc_dir: str) -> list[BindSpec]:
     return specs
 
 
+def volumes(plan: Plan) -> list[tuple[str, str]]:
+    """(target, volume name) of each request spool: the only named volumes a container has."""
+    return [(m.target, str(m.source)) for m in plan.mounts if m.kind is MountKind.SPOOL]
+
+
 def tmpfs(plan: Plan) -> dict[str, str]:
     """The state root and each state dir as a tmpfs, 0700, owned by the sandbox user."""
     mounts: dict[str, str] = {}
@@ -66,9 +71,13 @@ def tmpfs(plan: Plan) -> dict[str, str]:
 def create_body(plan: Plan, *, image: str, etc_dir: str, state_dir: str) -> dict[str, Any]:
     """The Engine API's `POST /containers/create` body for this plan."""
     memory = plan.limits.memory_mib * 1024 * 1024
-    mounts = [
+    mounts: list[dict[str, Any]] = [
         {"Type": "bind", "Source": b.source, "Target": b.target, "ReadOnly": b.read_only}
         for b in binds(plan, etc_dir=etc_dir)
+    ]
+    mounts += [
+        {"Type": "volume", "Source": name, "Target": target, "ReadOnly": False, "VolumeOptions": {"NoCopy": True}}
+        for target, name in volumes(plan)
     ]
     return {
         "Image": image,
@@ -150,15 +159,35 @@ def _mode_problems(host: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _volume_problems(mounts: list[dict[str, Any]], plan: Plan) -> list[str]:
+    """Each spool volume exactly once, writable, by name (the Engine-private Source path of a
+    volume is never compared); no other volume."""
+    problems: list[str] = []
+    planned = volumes(plan)
+    seen = [(m.get("Destination"), m.get("Name")) for m in mounts if m.get("Type") == "volume"]
+    for mount in mounts:
+        if mount.get("Type") == "volume" and (
+            (mount.get("Destination"), mount.get("Name")) not in planned or not mount.get("RW")
+        ):
+            problems.append(f"mount {mount.get('Destination')}: a volume not in the plan, or read-only")
+    for target, name in planned:
+        if seen.count((target, name)) != 1:
+            problems.append(
+                f"mount {target}: spool volume {name} planned once, present {seen.count((target, name))} times"
+            )
+    return problems
+
+
 def _mount_problems(attrs: dict[str, Any], plan: Plan, *, etc_dir: str) -> list[str]:
     problems: list[str] = []
     mounts = attrs.get("Mounts") or []
     expected = {(b.target, b.source, b.read_only) for b in binds(plan, etc_dir=etc_dir)}
     seen = [(m.get("Destination"), m.get("Source"), not m.get("RW", True)) for m in mounts if m.get("Type") == "bind"]
+    problems += _volume_problems(mounts, plan)
     for mount in mounts:
-        if mount.get("Type") != "bind":
+        if mount.get("Type") not in ("bind", "volume"):
             problems.append(f"mount {mount.get('Destination')}: a {mount.get('Type')} not in the plan")
-        elif mount.get("Propagation") not in ("", "rprivate", None):
+        elif mount.get("Propagation") not in ("", "rprivate", None) and mount.get("Type") == "bind":
             problems.append(f"mount {mount.get('Destination')}: propagation {mount.get('Propagation')}")
         if "docker.sock" in str(mount.get("Source")):
             problems.append("the Docker socket is mounted")

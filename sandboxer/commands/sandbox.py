@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from sandboxer.backends import bwrap
     from sandboxer.config import ExtensionConfig, Profile
     from sandboxer.dirs import Dirs
+    from sandboxer.leases import Assignment
     from sandboxer.observe import MountSeen, ProbeSeen
     from sandboxer.plan import Plan
 
@@ -86,18 +87,24 @@ def _admit(dirs: Dirs, profile_name: str) -> tuple[str, Profile, ExtensionConfig
     return raw.path, profile, extension
 
 
-def create(dirs: Dirs, profile_name: str) -> dict[str, Any]:
-    """Create a sandbox from an approved profile; nothing is left behind if any step fails."""
+def create(dirs: Dirs, profile_name: str, *, manifest_path: str | None = None) -> dict[str, Any]:
+    """Create a sandbox from an approved profile (and a lease manifest); nothing is left behind
+    if any step fails."""
     from sandboxer.backends import bwrap
     from sandboxer.plan import SANDBOX_GID, SANDBOX_UID, WORKSPACE_TARGET, build_plan
 
     profile_file, profile, extension = _admit(dirs, profile_name)
+    backend = "bwrap" if extension.extension == "ext.bwrap" else "docker"
+    assignment = _admit_manifest(dirs, manifest_path, backend=backend, repository=profile.workspace.repository)
+    image = str(extension.image)
+    if assignment is not None and assignment.image is not None:
+        image = assignment.image
     registry = Registry(dirs.state)
     sandbox_id, lock = registry.allocate()
     record: dict[str, Any] = {
         "id": sandbox_id,
         "profile": profile.name,
-        "backend": "bwrap" if extension.extension == "ext.bwrap" else "docker",
+        "backend": backend,
         "state": "creating",
         "created_at": _now(),
         "owner_pid": os.getpid(),
@@ -107,8 +114,12 @@ def create(dirs: Dirs, profile_name: str) -> dict[str, Any]:
         registry.write(sandbox_id, record)
         clone_dir = registry.path(sandbox_id, "workspace")
         links, etc = _host_layout()
-        # Docker runs the container user as host uid 1000 (no user-namespace remapping yet).
-        ids = bwrap.allocate_host_ids() if extension.extension == "ext.bwrap" else (SANDBOX_UID, SANDBOX_GID)
+        grants = None if assignment is None else assignment.grants(backend, registry.path(sandbox_id))
+        # Docker runs the container user as its own host uid (no user-namespace remapping yet).
+        if extension.extension == "ext.bwrap":
+            ids = bwrap.allocate_host_ids()
+        else:
+            ids = (grants.uid or SANDBOX_UID, grants.gid or SANDBOX_GID) if grants else (SANDBOX_UID, SANDBOX_GID)
         plan = build_plan(
             sandbox_id=sandbox_id,
             profile=profile,
@@ -117,29 +128,26 @@ def create(dirs: Dirs, profile_name: str) -> dict[str, Any]:
             host_ids=ids,
             host_links=links,
             host_etc=etc,
+            grants=grants,
         )
         host_uid, host_gid = bwrap.host_ids(plan)
         workspace.clone(
             repository=profile.workspace.repository,
-            ref=profile.workspace.ref,
+            ref=assignment.revision if assignment else profile.workspace.ref,
             destination=clone_dir,
-            profile_file=profile_file,
+            profile_file=assignment.file if assignment else profile_file,
             owner=(host_uid, host_gid) if os.geteuid() == 0 else None,
+            branch=assignment.branch if assignment else None,
+            ref_field="repository.revision" if assignment else "workspace.ref",
         )
-        if plan.backend == "docker":
-            _start_docker(plan, str(extension.image), registry, record)
-        else:
-            limit_setup = limits.setup(sandbox_id, plan.limits)
-            record["limits"] = {
-                **limit_setup.as_record(),
-                "memory_mib": plan.limits.memory_mib,
-                "pids": plan.limits.pids,
-            }
-            live = bwrap.start(plan, log_path=registry.path(sandbox_id, "bwrap.log"))
-            record.update(live.as_record())
-            record.update(_plan_record(plan, host_uid, host_gid))
+        if assignment is not None:
+            record["manifest"] = assignment.record(plan)
             registry.write(sandbox_id, record)
-            _verify(plan, live, limit_setup)
+            assignment.make_spools(plan, dirs.state, consumer=(host_uid, host_gid))
+        if plan.backend == "docker":
+            _start_docker(plan, image, registry, record)
+        else:
+            _start_bwrap(plan, registry, record)
         record["state"] = "ready"
         registry.write(sandbox_id, record)
     except BaseException as exc:
@@ -152,7 +160,7 @@ def create(dirs: Dirs, profile_name: str) -> dict[str, Any]:
         raise
     finally:
         os.close(lock)
-    return {
+    result = {
         "id": sandbox_id,
         "profile": profile.name,
         "backend": record["backend"],
@@ -160,6 +168,39 @@ def create(dirs: Dirs, profile_name: str) -> dict[str, Any]:
         "workspace": WORKSPACE_TARGET,
         "limits": record["limits"]["mechanism"],
     }
+    if assignment is not None:
+        result["manifest"] = {"run_id": assignment.manifest.run_id, "leases": len(assignment.manifest.leases)}
+    return result
+
+
+def _start_bwrap(plan: Plan, registry: Registry, record: dict[str, Any]) -> None:
+    """Set up the limits, start the namespace, record it, and refuse it unless it is the plan."""
+    from sandboxer.backends import bwrap
+    from sandboxer.plan import MountKind
+
+    limit_setup = limits.setup(plan.sandbox_id, plan.limits)
+    record["limits"] = {**limit_setup.as_record(), "memory_mib": plan.limits.memory_mib, "pids": plan.limits.pids}
+    started = plan
+    if os.geteuid() == 0 and any(m.lease is not None and m.kind is MountKind.RO_BIND for m in plan.mounts):
+        from sandboxer import leases
+
+        started = leases.stage(plan, registry.path(plan.sandbox_id))
+    live = bwrap.start(started, log_path=registry.path(plan.sandbox_id, "bwrap.log"))
+    record.update(live.as_record())
+    record.update(_plan_record(plan, plan.host_uid, plan.host_gid))
+    registry.write(plan.sandbox_id, record)
+    _verify(plan, live, limit_setup)
+
+
+def _admit_manifest(dirs: Dirs, path: str | None, *, backend: str, repository: str) -> Assignment | None:
+    """The lease manifest of a create, fully checked before anything is made (or None)."""
+    if path is None:
+        return None
+    from sandboxer import leases
+
+    return leases.admit_assignment(
+        os.path.abspath(path), forbidden=(dirs.config, dirs.state), backend=backend, repository=repository
+    )
 
 
 def _start_docker(plan: Plan, image: str, registry: Registry, record: dict[str, Any]) -> None:
@@ -266,6 +307,8 @@ def _plan_record(plan: Plan, host_uid: int, host_gid: int) -> dict[str, Any]:
                 "read_only": m.read_only,
                 "mode": m.mode,
                 "size_bytes": m.size_bytes,
+                "lease": m.lease,
+                "beneath": m.beneath,
             }
             for m in plan.mounts
         ],
@@ -278,6 +321,10 @@ def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tupl
 
     record = {**record, "id": sandbox_id}
     removed, residue = stop(record)
+    if os.path.isdir(registry.path(sandbox_id, "leases")):
+        from sandboxer import leases
+
+        leases.unstage(registry.path(sandbox_id))  # what stays mounted is residue, found below
     if record.get("backend") == "docker":
         from sandboxer.backends import docker as docker_backend
 
@@ -287,6 +334,18 @@ def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tupl
             residue.extend(left)
             if not left:
                 removed.append(f"container {str(container_id)[:12]}")
+    if isinstance(record.get("manifest"), dict):
+        from sandboxer import leases
+
+        # The assignment's own files go only once the sandbox had consumed it (it was ready).
+        lease_removed, lease_residue = leases.remove(
+            record["manifest"],
+            backend=str(record.get("backend")),
+            sandbox_id=sandbox_id,
+            materializations=record.get("state") == "ready" or bool(record.get("consumed")),
+        )
+        removed.extend(lease_removed)
+        residue.extend(lease_residue)
     groups = tuple(record.get("limits", {}).get("groups", ()))
     if not groups:
         groups = limits.leftover_groups(sandbox_id)
@@ -333,6 +392,8 @@ def teardown(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
     try:
         record = registry.read_or_none(sandbox_id) or {"id": sandbox_id}
         if "state" in record:
+            if record["state"] == "ready":
+                record["consumed"] = True  # the assignment was used: its materializations go too
             record["state"] = "tearing-down"
             with contextlib.suppress(OSError, SandboxerError):
                 registry.write(sandbox_id, record)
@@ -554,6 +615,8 @@ def _plan_from_record(record: dict[str, Any], workspace_source: str) -> Plan:
                 mode=m.get("mode"),
                 size_bytes=m.get("size_bytes"),
                 content=b"" if m["kind"] == "file" else None,
+                lease=m.get("lease"),
+                beneath=m.get("beneath"),
             )
             for m in record["mounts"]
         ),

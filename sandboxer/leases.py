@@ -1,0 +1,480 @@
+"""What a checked lease manifest grants one sandbox, on either backend (docs/manifest.md).
+
+The broker plays the manifest's in-guest runtime: shared directories, standalone tool endpoints
+and a provider credential become read-only binds at their targets; the project environment file
+is bound read-only and its variables join every exec; each tool-request lease gets a writable
+request spool of its own (a host directory under the sandbox's directory on bwrap, a named
+volume on Docker) laid out as the specification says, and suppresses the bind of the socket
+endpoint it links. Provider-environment values are never mounted or stored: a provider launch
+reads them again right before it starts (`provider_environment`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandboxer import manifest as mf
+from sandboxer.errors import BackendError, PolicyError
+from sandboxer.plan import SAFE_PATH, SANDBOX_GID, SANDBOX_UID, STATE_DIRS, STATE_ROOT, Grants, Mount, MountKind, Plan
+
+SPOOL_PENDING_FILES = 16
+SPOOL_REQUEST_BYTES = 256 * 1024
+SPOOL_TOTAL_BYTES = 1024 * 1024
+SPOOL_VOLUME_PREFIX = "sandboxer-spool-"
+
+
+def spool_name(run_id: str, lease_id: str) -> str:
+    """The spool's name, derived from the run and the lease (a Docker volume name; on bwrap the
+    directory's name below the sandbox's `spools/`)."""
+    return SPOOL_VOLUME_PREFIX + hashlib.sha256(f"{run_id}\n{lease_id}".encode()).hexdigest()[:40]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Assignment:
+    """A checked manifest with what create needs of its files, read once through checked
+    descriptors: the project environment and each spool's capability (never a provider value)."""
+
+    manifest: mf.Manifest
+    owner: int
+    project_env: bytes | None
+    capabilities: dict[str, bytes] = field(repr=False)
+
+    @property
+    def file(self) -> str:
+        return self.manifest.file
+
+    @property
+    def revision(self) -> str:
+        return self.manifest.repository_revision
+
+    @property
+    def branch(self) -> str:
+        return self.manifest.task_branch
+
+    @property
+    def image(self) -> str | None:
+        return service_image(self.manifest)
+
+    def grants(self, backend: str, sandbox_dir: str) -> Grants:
+        return grants(self.manifest, backend=backend, sandbox_dir=sandbox_dir, project_env=self.project_env)
+
+    def record(self, plan: Plan) -> dict[str, Any]:
+        return record(self.manifest, plan.mounts, owner=self.owner)
+
+    def make_spools(self, plan: Plan, state_dir: str, *, consumer: tuple[int, int]) -> None:
+        """Each tool-request lease's spool, laid out before the sandbox starts."""
+        for mount in plan.mounts:
+            if mount.kind is not MountKind.SPOOL:
+                continue
+            lease = next(item for item in self.manifest.leases if item.lease_id == mount.lease)
+            if plan.backend == "docker":
+                root = create_volume(str(mount.source), sandbox_id=plan.sandbox_id, state_dir=state_dir)
+            else:
+                root = str(mount.source)
+                os.makedirs(os.path.dirname(root), mode=0o711, exist_ok=True)  # bwrap walks it as the sandbox uid
+                os.mkdir(root, 0o755)
+            lay_out_spool(
+                root,
+                binding_doc=binding(self.manifest, lease),
+                capability=self.capabilities[lease.lease_id],
+                consumer=consumer,
+            )
+
+
+def admit_assignment(path: str, *, forbidden: Sequence[str], backend: str, repository: str) -> Assignment:
+    """The whole manifest check at create: ManifestError (2), LeaseExpiredError or PolicyError (3)."""
+    data, info = mf.read_assignment(path)
+    checked = mf.parse(data, file=path)
+    mf.check_sources(checked, owner=info.st_uid, forbidden=forbidden)
+    mf.check_live(checked)
+    admit(checked, backend=backend, repository=repository, broker_uid=os.geteuid())
+    project_env = None
+    capabilities: dict[str, bytes] = {}
+    for lease in checked.leases:
+        if lease.scope == mf.PROJECT_ENVIRONMENT:
+            project_env = mf.read_material(checked, lease, 0, owner=info.st_uid)
+        elif lease.scope == mf.TOOL_REQUEST:
+            capabilities[lease.lease_id] = mf.read_material(checked, lease, 0, owner=info.st_uid)
+    return Assignment(manifest=checked, owner=info.st_uid, project_env=project_env, capabilities=capabilities)
+
+
+def admit(manifest: mf.Manifest, *, backend: str, repository: str, broker_uid: int) -> None:
+    """What this broker refuses of a valid manifest for this profile (PolicyError, exit 3)."""
+    file = manifest.file
+    if os.path.realpath(manifest.repository_path) != os.path.realpath(repository):
+        raise PolicyError(f"{file}: repository.path: is not the profile's workspace repository")
+    if manifest.published_ports:
+        raise PolicyError(f"{file}: published_ports: sandboxes are loopback-only; nothing is published")
+    if manifest.service_images and backend != "docker":
+        raise PolicyError(f"{file}: service_images: images need the Docker backend")
+    uid = manifest.workspace_consumer[0] if manifest.workspace_consumer else SANDBOX_UID
+    if manifest.workspace_consumer is not None and uid == broker_uid:
+        raise PolicyError(f"{file}: workspace_consumer.uid: must differ from the broker's own uid")
+    for lease in manifest.by_scope(mf.TOOL_REQUEST):
+        if lease.consumer_uid != uid:
+            raise PolicyError(f"{file}: {lease.field}.consumer_uid: is not the sandbox user's uid ({uid})")
+        if broker_uid != 0:
+            raise PolicyError(
+                f"{file}: {lease.field}: a request spool needs a root broker (its files must not be the consumer's)"
+            )
+
+
+def service_image(manifest: mf.Manifest, name: str = "app") -> str | None:
+    """The sandbox image a manifest assigns (Docker), if any."""
+    return dict(manifest.service_images).get(name)
+
+
+def grants(manifest: mf.Manifest, *, backend: str, sandbox_dir: str, project_env: bytes | None) -> Grants:
+    """The plan's share of the manifest: user, lease mounts in document order, project variables."""
+    suppressed = manifest.linked_endpoints()
+    directory = mf.run_dir(manifest)
+    mounts: list[Mount] = []
+    env: tuple[tuple[str, str], ...] = ()
+    for lease in manifest.leases:
+        if lease.scope in (mf.SHARED_DIRECTORY, mf.TOOL_ENDPOINT, mf.PROVIDER_CREDENTIAL):
+            if lease.lease_id in suppressed:
+                continue
+            item = lease.materializations[0]
+            mounts.append(
+                Mount(
+                    kind=MountKind.RO_BIND,
+                    target=str(item.target_path),
+                    source=item.source_path,
+                    lease=lease.lease_id,
+                    beneath=directory,
+                )
+            )
+        elif lease.scope == mf.PROJECT_ENVIRONMENT and project_env is not None:
+            mounts.append(
+                Mount(
+                    kind=MountKind.FILE,
+                    target=mf.PROJECT_ENV_TARGET,
+                    content=project_env,
+                    mode=0o444,
+                    lease=lease.lease_id,
+                )
+            )
+            env = tuple(mf.project_variables(project_env))
+        elif lease.scope == mf.TOOL_REQUEST:
+            name = spool_name(manifest.run_id, lease.lease_id)
+            spools = os.path.join(sandbox_dir, "spools")
+            source, beneath = (name, None) if backend == "docker" else (os.path.join(spools, name), spools)
+            mounts.append(
+                Mount(
+                    kind=MountKind.SPOOL,
+                    target=str(lease.request_spool_target),
+                    source=source,
+                    lease=lease.lease_id,
+                    beneath=beneath,
+                )
+            )
+    uid, gid = manifest.workspace_consumer or (SANDBOX_UID, SANDBOX_GID)
+    return Grants(uid=uid, gid=gid, mounts=tuple(mounts), env=env)
+
+
+def check_lease_fd(fd: int, mount: Mount) -> None:
+    """The source a lease mount opened is what was checked: no symlink, and a directory, socket or
+    regular file (a spool: a directory)."""
+    info = os.fstat(fd)
+    kinds = (stat.S_ISDIR,) if mount.kind is MountKind.SPOOL else (stat.S_ISDIR, stat.S_ISSOCK, stat.S_ISREG)
+    if not any(kind(info.st_mode) for kind in kinds):
+        raise PolicyError(f"lease {mount.lease}: its source {mount.source} changed since it was checked")
+
+
+def binding(manifest: mf.Manifest, lease: mf.Lease) -> dict[str, Any]:
+    """The spool's `.binding.json`: the non-secret facts of the signed lease."""
+    spool = str(lease.request_spool_target)
+    return {
+        "version": "1",
+        "run_id": manifest.run_id,
+        "lease_id": lease.lease_id,
+        "consumer": lease.consumer,
+        "consumer_uid": lease.consumer_uid,
+        "request_dir": f"{spool}/requests",
+        "response_dir": f"{spool}/responses",
+        "request_file": "<request_id>.json (write a temporary file of mode 0600, then rename it)",
+        "quotas": {
+            "pending_files": SPOOL_PENDING_FILES,
+            "request_bytes": SPOOL_REQUEST_BYTES,
+            "total_bytes": SPOOL_TOTAL_BYTES,
+        },
+        "replay_policy": lease.replay_policy,
+    }
+
+
+def lay_out_spool(root: str, *, binding_doc: dict[str, Any], capability: bytes, consumer: tuple[int, int]) -> None:
+    """The spool's layout in an empty directory the broker (root) owns: `.binding.json` and
+    `.capability` 0444, `requests/` 0700 the consumer's, `responses/` 0755, `.processing/` 0700."""
+    os.chmod(root, 0o755)  # noqa: S103 - the consumer traverses it; only requests/ is its to write
+    for name, data in (
+        (".binding.json", json.dumps(binding_doc, indent=2).encode() + b"\n"),
+        (".capability", capability),
+    ):
+        fd = os.open(
+            os.path.join(root, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444
+        )
+        try:
+            os.write(fd, data)
+            os.fchmod(fd, 0o444)
+        finally:
+            os.close(fd)
+    for name, mode in (("requests", 0o700), ("responses", 0o755), (".processing", 0o700)):
+        os.mkdir(os.path.join(root, name), mode)
+        os.chmod(os.path.join(root, name), mode)
+    os.lchown(os.path.join(root, "requests"), *consumer)
+
+
+def record(manifest: mf.Manifest, plan_mounts: tuple[Mount, ...], *, owner: int) -> dict[str, Any]:
+    """What the registry keeps of the manifest: ids, expiries, targets, paths and digests the
+    broker checks again later; never a value or a capability."""
+    return {
+        "file": manifest.file,
+        "sha256": manifest.sha256,
+        "owner_uid": owner,
+        "version": manifest.version,
+        "run_id": manifest.run_id,
+        "task_branch": manifest.task_branch,
+        "revision": manifest.repository_revision,
+        "expiries": [
+            [lease.lease_id, lease.expires_at.timestamp()]
+            for lease in manifest.leases
+            if lease.expires_at is not None and mf.expiry_checked(manifest, lease)
+        ],
+        "leases": [
+            {"lease_id": lease.lease_id, "scope": lease.scope, "consumer": lease.consumer} for lease in manifest.leases
+        ],
+        "mounts": [
+            {"lease_id": m.lease, "target": m.target, "kind": m.kind.value, "source": m.source}
+            for m in plan_mounts
+            if m.lease is not None
+        ],
+        "spools": [
+            {"lease_id": m.lease, "target": m.target, "source": m.source}
+            for m in plan_mounts
+            if m.kind is MountKind.SPOOL
+        ],
+        "materializations": [item.source_path for lease in manifest.leases for item in lease.materializations],
+    }
+
+
+def expired(manifest_record: dict[str, Any], now: float) -> str | None:
+    """The id of a lease whose expiry has passed, if any."""
+    for lease_id, moment in manifest_record.get("expiries", []):
+        if float(moment) <= now:
+            return str(lease_id)
+    return None
+
+
+def provider_environment(
+    manifest_record: dict[str, Any], *, consumer: str, executable: str, caller_env: dict[str, str]
+) -> dict[str, str]:
+    """The whole environment of a provider launch, or PolicyError: the fixed PATH, the private
+    state directories, the lease's inherited names from the caller, and the consumer's
+    provider-environment values read now (their digests recomputed from these bytes)."""
+    file = str(manifest_record["file"])
+    checked = mf.load(file, forbidden=())
+    if checked.sha256 != manifest_record["sha256"]:
+        raise PolicyError(f"{file}: the manifest changed since the sandbox was created")
+    identities = [
+        lease
+        for lease in checked.by_scope(mf.MODEL_IDENTITY)
+        if lease.consumer == consumer and lease.executable == executable
+    ]
+    if len(identities) != 1:
+        raise PolicyError(f"no live model-identity lease grants consumer {consumer} the executable {executable}")
+    env = {"PATH": SAFE_PATH}
+    env.update({name: f"{STATE_ROOT}/{sub}" for name, sub in STATE_DIRS})
+    for name in identities[0].inherited_environment:
+        if name not in caller_env:
+            raise PolicyError(
+                f"{identities[0].field}.inherited_environment: {name} is not set in the caller's environment"
+            )
+        env[name] = caller_env[name]
+    owner = int(manifest_record["owner_uid"])
+    for lease in checked.by_scope(mf.PROVIDER_ENVIRONMENT):
+        if lease.consumer != consumer:
+            continue
+        for index, item in enumerate(lease.materializations):
+            data = mf.read_material(checked, lease, index, owner=owner)
+            env[str(item.environment_name)] = data.decode("utf-8")
+    return env
+
+
+def remove(
+    manifest_record: dict[str, Any], *, backend: str, sandbox_id: str, materializations: bool
+) -> tuple[list[str], list[str]]:
+    """Remove the spools and, when the sandbox had consumed its assignment (`materializations`),
+    every recorded materialization source: (removed, residue)."""
+    from sandboxer import workspace
+
+    removed: list[str] = []
+    residue: list[str] = []
+    for spool in manifest_record.get("spools", []):
+        source = str(spool["source"])
+        if backend == "docker":
+            problem = remove_volume(source, sandbox_id=sandbox_id)
+            if problem == "gone":
+                continue
+            (residue if problem else removed).append(f"spool volume {source}" + (f": {problem}" if problem else ""))
+        elif workspace.remove_tree(source):
+            removed.append(f"spool {source}")
+        else:
+            residue.append(f"spool {source}")
+    for source in manifest_record.get("materializations", []) if materializations else []:
+        if not os.path.lexists(source):
+            continue
+        if _remove_source(str(source)):
+            removed.append(f"materialization {source}")
+        else:
+            residue.append(f"materialization {source}")
+    return removed, residue
+
+
+def _remove_source(path: str) -> bool:
+    from sandboxer import workspace
+
+    if os.path.isdir(path) and not os.path.islink(path):
+        return workspace.remove_tree(path)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def create_volume(name: str, *, sandbox_id: str, state_dir: str) -> str:
+    """Create the named volume of a spool; returns its host mount point (the broker is root)."""
+    from sandboxer import dockerexec
+    from sandboxer.backends.docker_render import LABEL, STATE_LABEL
+
+    body: dict[str, object] = {"Name": name, "Driver": "local", "Labels": {LABEL: sandbox_id, STATE_LABEL: state_dir}}
+    try:
+        status, content = dockerexec.engine_request("GET", f"/volumes/{name}")
+        if status == 200:
+            raise PolicyError(f"spool volume {name} already exists: a run's spool belongs to one sandbox")
+        status, content = dockerexec.engine_request("POST", "/volumes/create", body)
+    except (OSError, dockerexec.EngineError) as exc:
+        raise BackendError(f"docker: the spool volume could not be created ({exc})") from None
+    if status != 201:
+        raise BackendError(f"docker: the spool volume could not be created (HTTP {status})")
+    mountpoint = json.loads(content).get("Mountpoint")
+    if not isinstance(mountpoint, str) or not os.path.isdir(mountpoint):
+        raise BackendError(f"docker: spool volume {name} has no local mount point")
+    return mountpoint
+
+
+def remove_volume(name: str, *, sandbox_id: str) -> str | None:
+    """Remove this sandbox's spool volume: None when removed, "gone" when it was not there (or is
+    another sandbox's, which is never touched), else what went wrong."""
+    from sandboxer import dockerexec
+    from sandboxer.backends.docker_render import LABEL
+
+    try:
+        status, content = dockerexec.engine_request("GET", f"/volumes/{name}")
+        if status == 404:
+            return "gone"
+        labels = (json.loads(content).get("Labels") or {}) if status == 200 else {}
+        if status == 200 and labels.get(LABEL) != sandbox_id:
+            return "gone"
+        status, _ = dockerexec.engine_request("DELETE", f"/volumes/{name}")
+    except (OSError, ValueError, dockerexec.EngineError) as exc:
+        return f"the Engine cannot be reached ({exc})"
+    return None if status in (204, 404) else f"the Engine answered HTTP {status}"
+
+
+# ------------------------------------------------------------- bwrap as root: staged lease sources
+#
+# bwrap (0.8) resolves a --ro-bind-fd source back to its path and walks it as the sandbox's own
+# unprivileged uid, which cannot pass the run directory (0700, the assignment owner's). So a root
+# broker binds each lease source, opened symlink-free below the run directory, read-only onto a
+# mount point in the sandbox's own directory (0711) first; bwrap binds from there. teardown and
+# gc unmount them before anything else (`unstage`).
+
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_PRIVATE = 1, 2, 4, 32, 4096, 1 << 18
+_MNT_DETACH = 2
+
+
+def _libc() -> Any:
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _mount_call(source: str | None, target: str, flags: int) -> None:
+    import ctypes
+
+    result = _libc().mount(None if source is None else source.encode(), target.encode(), None, flags, None)
+    if result != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), target)
+
+
+def stage(plan: Plan, sandbox_dir: str) -> Plan:
+    """The plan with each lease bind's source replaced by a read-only staged bind of it."""
+    from dataclasses import replace as replaced
+
+    staging = os.path.join(sandbox_dir, "leases")
+    mounts = []
+    for index, mount in enumerate(plan.mounts):
+        if mount.kind is not MountKind.RO_BIND or mount.lease is None or mount.beneath is None:
+            mounts.append(mount)
+            continue
+        os.makedirs(staging, mode=0o711, exist_ok=True)
+        point = os.path.join(staging, str(index))
+        try:
+            fd = open_beneath_checked(mount)
+        except OSError as exc:
+            raise PolicyError(
+                f"lease {mount.lease}: its source {mount.source} cannot be opened ({exc.strerror})"
+            ) from None
+        try:
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                os.mkdir(point, 0o755)
+            else:
+                os.close(os.open(point, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
+            _mount_call(f"/proc/self/fd/{fd}", point, _MS_BIND)
+            _mount_call(None, point, _MS_PRIVATE)
+            _mount_call(None, point, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+        except OSError as exc:
+            raise BackendError(f"lease {mount.lease}: staging its source failed ({exc.strerror})") from None
+        finally:
+            os.close(fd)
+        mounts.append(replaced(mount, source=point, beneath=staging))
+    return replaced(plan, mounts=tuple(mounts))
+
+
+def open_beneath_checked(mount: Mount) -> int:
+    """A lease source or spool opened below its directory without following symlinks, and still
+    of a kind the check allowed."""
+    from sandboxer.fsutil import open_beneath
+
+    fd = open_beneath(str(mount.beneath), str(mount.source))
+    try:
+        check_lease_fd(fd, mount)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def unstage(sandbox_dir: str) -> list[str]:
+    """Unmount every staged lease source of a sandbox; returns what could not be unmounted."""
+    staging = os.path.join(sandbox_dir, "leases")
+    try:
+        with open("/proc/self/mountinfo") as stream:
+            points = [line.split()[4] for line in stream if len(line.split()) > 4]
+    except OSError:
+        return []
+    left = []
+    for point in sorted({p for p in points if p.startswith(staging + "/")}, key=len, reverse=True):
+        if _libc().umount2(point.encode(), _MNT_DETACH) != 0:
+            left.append(f"mount {point}")
+    return left
