@@ -113,6 +113,16 @@ def admit(manifest: mf.Manifest, *, backend: str, repository: str, broker_uid: i
         raise PolicyError(f"{file}: published_ports: sandboxes are loopback-only; nothing is published")
     if manifest.service_images and backend != "docker":
         raise PolicyError(f"{file}: service_images: images need the Docker backend")
+    clash = mf.targets_apart(manifest)
+    if clash is not None:
+        raise PolicyError(f"{file}: {clash}: mount targets must not be equal or nested")
+    for lease in manifest.by_scope(mf.PROVIDER_CREDENTIAL):
+        target = str(lease.materializations[0].target_path)
+        if any(target == t or target.startswith(t + "/") for t in mf.RESERVED_TARGETS):
+            raise PolicyError(
+                f"{file}: {lease.field}.materializations[0].target_path: "
+                "this broker never mounts a lease over a path the sandbox itself mounts (/usr, /proc, /etc/passwd, ...)"
+            )
     uid = manifest.workspace_consumer[0] if manifest.workspace_consumer else SANDBOX_UID
     if manifest.workspace_consumer is not None and uid == broker_uid:
         raise PolicyError(f"{file}: workspace_consumer.uid: must differ from the broker's own uid")
@@ -247,7 +257,13 @@ def record(manifest: mf.Manifest, plan_mounts: tuple[Mount, ...], *, owner: int)
             if lease.expires_at is not None and mf.expiry_checked(manifest, lease)
         ],
         "leases": [
-            {"lease_id": lease.lease_id, "scope": lease.scope, "consumer": lease.consumer} for lease in manifest.leases
+            {
+                "lease_id": lease.lease_id,
+                "scope": lease.scope,
+                "consumer": lease.consumer,
+                "expires_at": None if lease.expires_at is None else lease.expires_at.isoformat(),
+            }
+            for lease in manifest.leases
         ],
         "mounts": [
             {"lease_id": m.lease, "target": m.target, "kind": m.kind.value, "source": m.source}
@@ -369,6 +385,31 @@ def create_volume(name: str, *, sandbox_id: str, state_dir: str) -> str:
     if not isinstance(mountpoint, str) or not os.path.isdir(mountpoint):
         raise BackendError(f"docker: spool volume {name} has no local mount point")
     return mountpoint
+
+
+def orphan_volumes(state_dir: str, present: set[str]) -> list[tuple[str, str]]:
+    """(volume, sandbox id) of spool volumes this state dir made whose sandbox directory is gone."""
+    from urllib.parse import quote
+
+    from sandboxer import dockerexec
+    from sandboxer.backends.docker_render import LABEL, STATE_LABEL
+
+    filters = quote(json.dumps({"label": [f"{STATE_LABEL}={state_dir}"]}))
+    try:
+        status, content = dockerexec.engine_request("GET", f"/volumes?filters={filters}")
+        found = json.loads(content).get("Volumes") or [] if status == 200 else []
+    except (OSError, ValueError, dockerexec.EngineError):
+        return []
+    orphans = []
+    for volume in found:
+        owner = (volume.get("Labels") or {}).get(LABEL)
+        if (
+            isinstance(owner, str)
+            and owner not in present
+            and str(volume.get("Name", "")).startswith(SPOOL_VOLUME_PREFIX)
+        ):
+            orphans.append((str(volume["Name"]), owner))
+    return orphans
 
 
 def remove_volume(name: str, *, sandbox_id: str) -> str | None:

@@ -66,10 +66,10 @@ _CAPABILITY = re.compile(rb"[A-Za-z0-9._-]{32,128}")
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _IMAGE_DIGEST = r"sha256:[0-9a-f]{64}"
 _IMAGE = re.compile(
-    rf"{_IMAGE_DIGEST}|(?:[a-z0-9][a-z0-9.-]*(?::[0-9]{{1,5}})?/)?[a-z0-9][a-z0-9._-]*(?:/[a-z0-9][a-z0-9._-]*)*"
+    rf"{_IMAGE_DIGEST}|[a-z0-9][a-z0-9.-]*(?::[0-9]{{1,5}})?/[a-z0-9][a-z0-9._-]*(?:/[a-z0-9][a-z0-9._-]*)*"
     rf"(?::[a-z0-9_][a-z0-9_.-]{{0,127}})?@{_IMAGE_DIGEST}"
 )
-_EXPIRY = re.compile(r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})")
+_EXPIRY = re.compile(r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})", re.ASCII)
 
 AMBIENT_MARKERS = (
     "docker.sock",
@@ -119,9 +119,6 @@ PROVIDER_DENIED = frozenset(
         "SHELLOPTS",
         "SSH_AUTH_SOCK",
         "USER",
-        # Ours, stricter: the contract's own variables are never a lease's to set.
-        "TMPDIR",
-        "LANG",
     )
 )
 PROVIDER_DENIED_PREFIXES = (
@@ -135,13 +132,13 @@ PROVIDER_DENIED_PREFIXES = (
     "NODE_OPTIONS",
     "SANDBOXER_",
     "PYTHON",
-    "XDG_",  # ours, stricter: the state directories
 )
 PROJECT_DENIED = PROVIDER_DENIED | {"OP_SERVICE_ACCOUNT_TOKEN", "API_KEY", "TOKEN"}
 PROJECT_DENIED_PREFIXES = (*PROVIDER_DENIED_PREFIXES, "CODEX_")
 PROJECT_DENIED_SUFFIXES = ("_API_KEY", "_TOKEN")
-# Ours, stricter: a provider credential never lands on a path the sandbox's own plan mounts.
-_RESERVED_TARGETS = (
+# This broker's policy (create refuses with 3; `manifest check` follows the page): a provider
+# credential never lands on a path the sandbox's own plan mounts.
+RESERVED_TARGETS = (
     "/usr",
     "/bin",
     "/sbin",
@@ -720,8 +717,6 @@ def _target_rule(r: _Reader, target: str, path: str, scope: str) -> None:
             r.fail(path, f"must not be under {NAMESPACE}")
         if os.path.dirname(target) == "/":
             r.fail(path, "must not be directly in /")
-        if any(target == t or target.startswith(t + "/") for t in _RESERVED_TARGETS):
-            r.fail(path, "must not be a path the sandbox itself mounts (/usr, /proc, /workspace, /etc/passwd, ...)")
 
 
 def _env_name(r: _Reader, value: Any, path: str, *, project: bool) -> str:
@@ -743,13 +738,19 @@ def denied_name(name: str, *, project: bool) -> bool:
 def _between_leases(r: _Reader, manifest: Manifest) -> None:
     """The rules that relate leases to each other; the later of two places is named."""
     identities = _identities(r, manifest)
-    names: dict[str, set[str]] = {c: set(lease.inherited_environment) for c, lease in identities.items()}
+    names: dict[str, set[str]] = {}
     values = 0
     projects = 0
     spooled: set[str] = set()
     for lease in manifest.leases:
         if lease.scope in (PROVIDER_ENVIRONMENT, TOOL_REQUEST) and lease.consumer not in identities:
             r.fail(f"{lease.field}.consumer", "this consumer has no model-identity lease")
+        if lease.scope == MODEL_IDENTITY:  # in document order: a clash names the later place
+            taken = names.setdefault(lease.consumer, set())
+            for j, name in enumerate(lease.inherited_environment):
+                if name in taken:
+                    r.fail(f"{lease.field}.inherited_environment[{j}]", "this consumer already has this name")
+                taken.add(name)
         if lease.scope == PROVIDER_ENVIRONMENT:
             values = _provider_values(r, lease, names.setdefault(lease.consumer, set()), values)
         if lease.scope == PROJECT_ENVIRONMENT:
@@ -758,7 +759,6 @@ def _between_leases(r: _Reader, manifest: Manifest) -> None:
                 r.fail(f"{lease.field}.scope", "at most one project-environment lease")
         if lease.scope == TOOL_REQUEST:
             _tool_request(r, manifest, lease, spooled)
-    _targets_apart(r, manifest)
 
 
 def _provider_values(r: _Reader, lease: Lease, taken: set[str], values: int) -> int:
@@ -808,8 +808,9 @@ def _tool_request(r: _Reader, manifest: Manifest, lease: Lease, spooled: set[str
         r.fail(f"{lease.field}.consumer_uid", "must equal workspace_consumer.uid")
 
 
-def _targets_apart(r: _Reader, manifest: Manifest) -> None:
-    """No two mount targets are equal or nested (a capability sits inside its own spool)."""
+def targets_apart(manifest: Manifest) -> str | None:
+    """The field of the first mount target equal to or nested in an earlier one (a capability
+    sits inside its own spool), or None."""
     suppressed = manifest.linked_endpoints()
     taken: list[str] = []
     for lease in manifest.leases:
@@ -825,8 +826,9 @@ def _targets_apart(r: _Reader, manifest: Manifest) -> None:
             if target is None:
                 continue
             if any(_nested(target, other) for other in taken):
-                r.fail(where, "mount targets must not be equal or nested")
+                return where
             taken.append(target)
+    return None
 
 
 def _nested(a: str, b: str) -> bool:
@@ -894,8 +896,9 @@ def check_sources(manifest: Manifest, *, owner: int, forbidden: Sequence[str] = 
     sources: list[str] = []
     for lease, j, item, where in _each_material(manifest):
         source = item.source_path
+        real = os.path.realpath(source)
         for f in forbidden:
-            if _nested(source, os.path.normpath(f)):
+            if _nested(source, os.path.normpath(f)) or _nested(real, os.path.realpath(f)):
                 r.fail(where, "must not be the broker's own config or state")
         if any(_nested(source, other) for other in sources):
             r.fail(where, "sources must not be equal or nested")
@@ -981,7 +984,7 @@ def read_material(manifest: Manifest, lease: Lease, index: int, *, owner: int) -
         if info.st_uid != owner:
             r.fail(where, "must belong to the assignment's owner")
         if lease.scope == PROVIDER_CREDENTIAL:
-            if mode & 0o133 or mode & 0o444 != 0o444:
+            if mode & 0o022 or mode & 0o444 != 0o444:
                 r.fail(where, "a provider credential must be readable by all and writable by its owner only")
         elif mode & 0o077:
             r.fail(where, "must be owner-only (no group or other permissions)")

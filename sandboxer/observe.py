@@ -156,6 +156,10 @@ def _mount_differences(plan: Plan, mounts: list[MountSeen]) -> list[str]:
             problems.append(f"mount {planned.target}: planned read-only but writable")
         if not planned.read_only:
             expected_writable.add(planned.target)
+    for planned in plan.mounts:  # a lease mount exactly once: never shadowed, never doubled
+        count = sum(1 for mount in mounts if mount.target == planned.target)
+        if planned.lease is not None and count > 1:
+            problems.append(f"mount {planned.target}: lease {planned.lease} mounted {count} times")
     root = by_target.get("/")
     if root is None or not root.read_only:
         problems.append("mount /: the root must be read-only")

@@ -129,6 +129,13 @@ def _etc_files(uid: int, gid: int, user: str, hostname: str) -> tuple[Mount, ...
     )
 
 
+def _merged(base: tuple[tuple[str, str], ...], extra: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """`base` with `extra` set on top: a name keeps its place and takes the later value."""
+    merged = dict(base)
+    merged.update(extra)
+    return tuple(merged.items())
+
+
 def base_env(*, sandbox_id: str, profile: str, user: str) -> tuple[tuple[str, str], ...]:
     """The environment built from nothing: fixed PATH, state dirs, Python switches, identity."""
     env = [("PATH", SAFE_PATH)]
@@ -190,6 +197,6 @@ def build_plan(
         user=user,
         hostname=HOSTNAME,
         mounts=tuple(mounts),
-        env=(*base_env(sandbox_id=sandbox_id, profile=profile.name, user=user), *grants.env),
+        env=_merged(base_env(sandbox_id=sandbox_id, profile=profile.name, user=user), grants.env),
         limits=profile.limits,
     )

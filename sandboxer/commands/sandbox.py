@@ -499,6 +499,19 @@ def _collect_orphan_containers(registry: Registry) -> list[dict[str, Any]]:
         residue = docker_backend.remove(container_id)
         removed = [] if residue else [f"container {container_id[:12]}"]
         receipts.append({"id": sandbox_id, "removed": removed, "residue": residue})
+    from sandboxer import leases
+
+    for volume, sandbox_id in leases.orphan_volumes(registry.state_dir, present):
+        problem = leases.remove_volume(volume, sandbox_id=sandbox_id)
+        if problem != "gone":
+            item = f"spool volume {volume}"
+            receipts.append(
+                {
+                    "id": sandbox_id,
+                    "removed": [] if problem else [item],
+                    "residue": [f"{item}: {problem}"] if problem else [],
+                }
+            )
     return receipts
 
 
@@ -579,6 +592,7 @@ def _evidence(
             "no_new_privs": probe.no_new_privs,
         },
         "env_names": list(probe.env_names),
+        "leases": _lease_evidence(record, mounts),
         "limits": {
             "mechanism": record["limits"]["mechanism"],
             "memory_mib": record["limits"]["memory_mib"],
@@ -586,6 +600,29 @@ def _evidence(
         },
         "matches_plan": not problems,
         "differences": problems,
+    }
+
+
+def _lease_evidence(record: dict[str, Any], mounts: list[MountSeen]) -> dict[str, Any] | None:
+    """The manifest's share of the evidence: run, leases, and each lease mount as it is seen."""
+    assignment = record.get("manifest")
+    if not isinstance(assignment, dict):
+        return None
+    seen = {mount.target: mount for mount in mounts}
+    return {
+        "run_id": assignment.get("run_id"),
+        "manifest_sha256": assignment.get("sha256"),
+        "leases": assignment.get("leases", []),
+        "mounts": [
+            {
+                "lease_id": m["lease_id"],
+                "target": m["target"],
+                "kind": m["kind"],
+                "present": m["target"] in seen,
+                "read_only": bool(seen[m["target"]].read_only) if m["target"] in seen else None,
+            }
+            for m in assignment.get("mounts", [])
+        ],
     }
 
 
