@@ -31,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     create = commands.add_parser("create", help="create a sandbox from an approved profile and print its id")
     create.add_argument("--profile", required=True, help="an approved profile name")
     create.add_argument("--manifest", help="a lease manifest (docs/manifest.md)")
-    create.add_argument("--bootstrap", help="a runtime bootstrap file (not yet supported)")
+    create.add_argument("--bootstrap", help="a runtime bootstrap file (docs/bootstrap.md)")
     inspect = commands.add_parser("inspect", help="evidence observed from a live sandbox")
     inspect.add_argument("id", metavar="ID")
     commands.add_parser("list", help="list the sandboxes of this state dir")
@@ -48,9 +48,7 @@ def _run(args: argparse.Namespace, dirs: Dirs) -> None:
 
     match args.command:
         case "create":
-            if args.bootstrap is not None:
-                raise UsageError("--bootstrap is not supported yet")
-            result = sandbox.create(dirs, args.profile, manifest_path=args.manifest)
+            result = sandbox.create(dirs, args.profile, manifest_path=args.manifest, bootstrap_path=args.bootstrap)
             print_result(result, result["id"], args.json)
         case "inspect":
             result = sandbox.inspect(dirs, args.id)

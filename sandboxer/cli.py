@@ -34,6 +34,8 @@ app.add_typer(ext_app, name="ext")
 app.add_typer(runtime_app, name="runtime")
 manifest_app = typer.Typer(help="Lease manifests (docs/manifest.md).", no_args_is_help=True)
 app.add_typer(manifest_app, name="manifest")
+bootstrap_app = typer.Typer(help="Runtime bootstrap files (docs/bootstrap.md).", no_args_is_help=True)
+app.add_typer(bootstrap_app, name="bootstrap")
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
 
@@ -98,6 +100,21 @@ def manifest_check(
         for lease in result["leases"]
     ]
     _print(result, "\n".join(lines), json)
+
+
+@bootstrap_app.command("check")
+def bootstrap_check(
+    file: Annotated[str, typer.Argument(help="A runtime bootstrap file (one JSON object, owner-only).")],
+    json: JsonOption = False,
+) -> None:
+    """Validate a runtime bootstrap file; print its fields but never the credential."""
+    from sandboxer import bootstrap
+
+    document, _ = bootstrap.load(file)
+    result = {"valid": True, "file": os.path.abspath(file), **document.meaning()}
+    human = [f"{result['file']}: valid runtime bootstrap, version {document.version}"]
+    human += [f"  {key}: {value}" for key, value in document.meaning().items() if key != "version"]
+    _print(result, "\n".join(human), json)
 
 
 @ext_app.command("approve")

@@ -230,6 +230,36 @@ def start(plan: Plan, *, log_path: str) -> Live:
     return Live(bwrap_pid=process.pid, init_pid=init_pid, holder_pid=holder, pid_namespace=int(info["pid-namespace"]))
 
 
+def deliver(live: Live, plan: Plan, data: bytes, target: str, *, procs_files: tuple[str, ...]) -> None:
+    """Write `data` to `target` inside the sandbox as the sandbox user (mode 0600, a new file),
+    through the stdin of a command started like an exec: never argv, environment or host disk."""
+    uid, gid = host_ids(plan)
+    entry = joiner.Entry(
+        holder_pid=live.holder_pid,
+        host_uid=uid,
+        host_gid=gid,
+        cwd="/",
+        argv=("sh", "-c", 'umask 077 && set -C && exec cat > "$0"', target),
+        executable="/bin/sh",
+        env=dict(plan.env),
+        cgroup_procs=procs_files,
+    )
+    source = os.memfd_create("sandboxer-delivery", os.MFD_CLOEXEC)
+    devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        os.write(source, data)
+        os.lseek(source, 0, os.SEEK_SET)
+        started = joiner.start(entry, stdin=source, stdout=devnull, stderr=devnull)
+    except EntryError as exc:
+        raise BackendError(f"delivery of {target}: {exc.message}") from None
+    finally:
+        os.close(source)
+        os.close(devnull)
+    _, status = os.waitpid(started.relay_pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise BackendError(f"delivery of {target} failed inside the sandbox")
+
+
 def probe(live: Live, plan: Plan, *, procs_files: tuple[str, ...], rlimits: tuple[tuple[int, int], ...]) -> ProbeSeen:
     """Start a probe exactly as `exec` starts commands, and read what the kernel says of it.
 

@@ -106,6 +106,34 @@ def start(plan: Plan, *, image: str, etc_dir: str, state_dir: str) -> tuple[str,
     return container_id, probe
 
 
+def deliver(container_id: str, plan: Plan, data: bytes, target: str) -> None:
+    """Write `data` to `target` inside the container as the sandbox user (mode 0600, a new file),
+    through the stdin of an exec: never its command line, environment or the host's disk."""
+    from sandboxer import dockerexec
+
+    source = os.memfd_create("sandboxer-delivery", os.MFD_CLOEXEC)
+    devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        os.write(source, data)
+        os.lseek(source, 0, os.SEEK_SET)
+        exec_id = dockerexec.create_exec(
+            container_id,
+            ["/bin/sh", "-c", 'umask 077 && set -C && exec cat > "$0"', target],
+            env=dict(plan.env),
+            user=f"{plan.uid}:{plan.gid}",
+            cwd="/",
+        )
+        finished = dockerexec.run(exec_id, stdin=source, stdout=devnull, stderr=devnull, timeout=30)
+        status = dockerexec.exit_code(exec_id) if finished else 124
+    except (OSError, dockerexec.EngineError) as exc:
+        raise BackendError(f"delivery of {target}: the Engine failed ({exc})") from None
+    finally:
+        os.close(source)
+        os.close(devnull)
+    if status != 0:
+        raise BackendError(f"delivery of {target} failed inside the container")
+
+
 def inspect(container_id: str) -> dict[str, Any]:
     """The Engine's inspect document of the container."""
     status, document = _engine("GET", f"/containers/{container_id}/json")

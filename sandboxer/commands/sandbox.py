@@ -19,11 +19,12 @@ from sandboxer.registry import Registry, check_id
 if TYPE_CHECKING:
     from sandboxer.approvals import Ledger
     from sandboxer.backends import bwrap
+    from sandboxer.bootstrap import Bootstrap
     from sandboxer.config import ExtensionConfig, Profile
     from sandboxer.dirs import Dirs
     from sandboxer.leases import Assignment
     from sandboxer.observe import MountSeen, ProbeSeen
-    from sandboxer.plan import Plan
+    from sandboxer.plan import Grants, Plan
 
 HOST_LINKS_CANDIDATES = (("/bin", "usr/bin"), ("/lib", "usr/lib"), ("/lib64", "usr/lib64"), ("/sbin", "usr/sbin"))
 HOST_ETC_CANDIDATES = ("/etc/ssl/certs", "/etc/ca-certificates", "/etc/ld.so.cache", "/etc/localtime")
@@ -87,24 +88,20 @@ def _admit(dirs: Dirs, profile_name: str) -> tuple[str, Profile, ExtensionConfig
     return raw.path, profile, extension
 
 
-def create(dirs: Dirs, profile_name: str, *, manifest_path: str | None = None) -> dict[str, Any]:
-    """Create a sandbox from an approved profile (and a lease manifest); nothing is left behind
-    if any step fails."""
-    from sandboxer.backends import bwrap
-    from sandboxer.plan import SANDBOX_GID, SANDBOX_UID, WORKSPACE_TARGET, build_plan
+def create(
+    dirs: Dirs, profile_name: str, *, manifest_path: str | None = None, bootstrap_path: str | None = None
+) -> dict[str, Any]:
+    """Create a sandbox from an approved profile (a lease manifest, a runtime bootstrap);
+    nothing is left behind if any step fails."""
+    from sandboxer.plan import WORKSPACE_TARGET
 
-    profile_file, profile, extension = _admit(dirs, profile_name)
-    backend = "bwrap" if extension.extension == "ext.bwrap" else "docker"
-    assignment = _admit_manifest(dirs, manifest_path, backend=backend, repository=profile.workspace.repository)
-    image = str(extension.image)
-    if assignment is not None and assignment.image is not None:
-        image = assignment.image
+    request = _Request(dirs, profile_name, manifest_path, bootstrap_path)
     registry = Registry(dirs.state)
     sandbox_id, lock = registry.allocate()
     record: dict[str, Any] = {
         "id": sandbox_id,
-        "profile": profile.name,
-        "backend": backend,
+        "profile": request.profile.name,
+        "backend": request.backend,
         "state": "creating",
         "created_at": _now(),
         "owner_pid": os.getpid(),
@@ -112,42 +109,7 @@ def create(dirs: Dirs, profile_name: str, *, manifest_path: str | None = None) -
     }
     try:
         registry.write(sandbox_id, record)
-        clone_dir = registry.path(sandbox_id, "workspace")
-        links, etc = _host_layout()
-        grants = None if assignment is None else assignment.grants(backend, registry.path(sandbox_id))
-        # Docker runs the container user as its own host uid (no user-namespace remapping yet).
-        if extension.extension == "ext.bwrap":
-            ids = bwrap.allocate_host_ids()
-        else:
-            ids = (grants.uid or SANDBOX_UID, grants.gid or SANDBOX_GID) if grants else (SANDBOX_UID, SANDBOX_GID)
-        plan = build_plan(
-            sandbox_id=sandbox_id,
-            profile=profile,
-            extension=extension,
-            workspace_source=clone_dir,
-            host_ids=ids,
-            host_links=links,
-            host_etc=etc,
-            grants=grants,
-        )
-        host_uid, host_gid = bwrap.host_ids(plan)
-        workspace.clone(
-            repository=profile.workspace.repository,
-            ref=assignment.revision if assignment else profile.workspace.ref,
-            destination=clone_dir,
-            profile_file=assignment.file if assignment else profile_file,
-            owner=(host_uid, host_gid) if os.geteuid() == 0 else None,
-            branch=assignment.branch if assignment else None,
-            ref_field="repository.revision" if assignment else "workspace.ref",
-        )
-        if assignment is not None:
-            record["manifest"] = assignment.record(plan)
-            registry.write(sandbox_id, record)
-            assignment.make_spools(plan, dirs.state, consumer=(host_uid, host_gid))
-        if plan.backend == "docker":
-            _start_docker(plan, image, registry, record)
-        else:
-            _start_bwrap(plan, registry, record)
+        _make(request, registry, record)
         record["state"] = "ready"
         registry.write(sandbox_id, record)
     except BaseException as exc:
@@ -162,15 +124,83 @@ def create(dirs: Dirs, profile_name: str, *, manifest_path: str | None = None) -
         os.close(lock)
     result = {
         "id": sandbox_id,
-        "profile": profile.name,
+        "profile": request.profile.name,
         "backend": record["backend"],
-        "runtime_sha256": extension.runtime.sha256,
+        "runtime_sha256": request.extension.runtime.sha256,
         "workspace": WORKSPACE_TARGET,
         "limits": record["limits"]["mechanism"],
     }
-    if assignment is not None:
-        result["manifest"] = {"run_id": assignment.manifest.run_id, "leases": len(assignment.manifest.leases)}
+    if request.assignment is not None:
+        manifest = request.assignment.manifest
+        result["manifest"] = {"run_id": manifest.run_id, "leases": len(manifest.leases)}
+    if "bootstrap" in record:
+        result["bootstrap"] = record["bootstrap"]
     return result
+
+
+class _Request:
+    """Everything a create checks before anything is made: the approved profile and extension,
+    the lease manifest and the runtime bootstrap."""
+
+    def __init__(self, dirs: Dirs, profile_name: str, manifest_path: str | None, bootstrap_path: str | None) -> None:
+        self.state_dir = dirs.state
+        self.profile_file, self.profile, self.extension = _admit(dirs, profile_name)
+        self.backend = "bwrap" if self.extension.extension == "ext.bwrap" else "docker"
+        repository = self.profile.workspace.repository
+        self.assignment = _admit_manifest(dirs, manifest_path, backend=self.backend, repository=repository)
+        self.delivery = _admit_bootstrap(bootstrap_path, self.assignment)
+        image = self.assignment.image if self.assignment is not None else None
+        self.image = image or str(self.extension.image)
+
+
+def _make(request: _Request, registry: Registry, record: dict[str, Any]) -> None:
+    """Plan, clone, spools, start and verify, deliver: the body of a create."""
+    from sandboxer.backends import bwrap
+    from sandboxer.plan import SANDBOX_GID, SANDBOX_UID, build_plan
+
+    sandbox_id = str(record["id"])
+    assignment, delivery = request.assignment, request.delivery
+    clone_dir = registry.path(sandbox_id, "workspace")
+    links, etc = _host_layout()
+    grants = None if assignment is None else assignment.grants(request.backend, registry.path(sandbox_id))
+    if delivery is not None and delivery[0].suspend_control:
+        grants = _with_suspend_dir(grants)
+    # Docker runs the container user as its own host uid (no user-namespace remapping yet).
+    if request.backend == "bwrap":
+        ids = bwrap.allocate_host_ids()
+    else:
+        ids = (grants.uid or SANDBOX_UID, grants.gid or SANDBOX_GID) if grants else (SANDBOX_UID, SANDBOX_GID)
+    plan = build_plan(
+        sandbox_id=sandbox_id,
+        profile=request.profile,
+        extension=request.extension,
+        workspace_source=clone_dir,
+        host_ids=ids,
+        host_links=links,
+        host_etc=etc,
+        grants=grants,
+    )
+    host_uid, host_gid = bwrap.host_ids(plan)
+    workspace.clone(
+        repository=request.profile.workspace.repository,
+        ref=assignment.revision if assignment else request.profile.workspace.ref,
+        destination=clone_dir,
+        profile_file=assignment.file if assignment else request.profile_file,
+        owner=(host_uid, host_gid) if os.geteuid() == 0 else None,
+        branch=assignment.branch if assignment else None,
+        ref_field="repository.revision" if assignment else "workspace.ref",
+    )
+    if assignment is not None:
+        record["manifest"] = assignment.record(plan)
+        registry.write(sandbox_id, record)
+        assignment.make_spools(plan, request.state_dir, consumer=(host_uid, host_gid))
+    if plan.backend == "docker":
+        _start_docker(plan, request.image, registry, record)
+    else:
+        _start_bwrap(plan, registry, record)
+    if delivery is not None:
+        _deliver_bootstrap(plan, record, delivery[1])
+        record["bootstrap"] = {"target": BOOTSTRAP_TARGET, "suspend_control": delivery[0].suspend_control}
 
 
 def _start_bwrap(plan: Plan, registry: Registry, record: dict[str, Any]) -> None:
@@ -190,6 +220,60 @@ def _start_bwrap(plan: Plan, registry: Registry, record: dict[str, Any]) -> None
     record.update(_plan_record(plan, plan.host_uid, plan.host_gid))
     registry.write(plan.sandbox_id, record)
     _verify(plan, live, limit_setup)
+
+
+BOOTSTRAP_TARGET = "/run/sandboxer/state/home/runtime-bootstrap.json"
+
+
+def _admit_bootstrap(path: str | None, assignment: Assignment | None) -> tuple[Bootstrap, bytes] | None:
+    """The runtime bootstrap of a create, read once and checked before anything is made."""
+    if path is None:
+        return None
+    from sandboxer import bootstrap
+
+    document, data = bootstrap.load(path)
+    file = os.path.abspath(path)
+    if document.workspace != bootstrap.PUBLIC_WORKSPACE:
+        raise PolicyError(f"{file}: workspace: must be {bootstrap.PUBLIC_WORKSPACE}, where the sandbox serves it")
+    if assignment is not None:
+        from sandboxer import manifest
+
+        for lease in assignment.manifest.leases:
+            if lease.scope in (manifest.PROVIDER_ENVIRONMENT, manifest.PROVIDER_CREDENTIAL):
+                raise PolicyError(
+                    f"{file}: the bootstrap is the launch's only credential source, and the manifest's "
+                    f"{lease.field} ({lease.scope}) is another"
+                )
+    return document, data
+
+
+def _with_suspend_dir(grants: Grants | None) -> Grants:
+    """The grants plus the suspend control's directory (0700, the sandbox user's)."""
+    from dataclasses import replace
+
+    from sandboxer.bootstrap import SUSPEND_DIR
+    from sandboxer.plan import Grants, Mount, MountKind
+
+    base = grants or Grants()
+    return replace(base, mounts=(*base.mounts, Mount(kind=MountKind.DIR, target=SUSPEND_DIR, mode=0o700)))
+
+
+def _deliver_bootstrap(plan: Plan, record: dict[str, Any], data: bytes) -> None:
+    """Write the bootstrap into the sandbox user's home before anything else runs there."""
+    if plan.backend == "docker":
+        from sandboxer.backends import docker as docker_backend
+
+        docker_backend.deliver(str(record["container_id"]), plan, data, BOOTSTRAP_TARGET)
+        return
+    from sandboxer.backends import bwrap
+
+    live = bwrap.Live(
+        bwrap_pid=record["bwrap_pid"],
+        init_pid=record["init_pid"],
+        holder_pid=record["holder_pid"],
+        pid_namespace=record["pid_namespace"],
+    )
+    bwrap.deliver(live, plan, data, BOOTSTRAP_TARGET, procs_files=tuple(record["limits"]["procs_files"]))
 
 
 def _admit_manifest(dirs: Dirs, path: str | None, *, backend: str, repository: str) -> Assignment | None:
@@ -334,6 +418,8 @@ def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tupl
             residue.extend(left)
             if not left:
                 removed.append(f"container {str(container_id)[:12]}")
+    if isinstance(record.get("bootstrap"), dict) and not residue:
+        removed.append(f"bootstrap file {BOOTSTRAP_TARGET} (with the sandbox's private state)")
     if isinstance(record.get("manifest"), dict):
         from sandboxer import leases
 

@@ -1,0 +1,216 @@
+"""The runtime bootstrap: the one file a Sandbox Provider hands the Runtime it starts
+(docs/bootstrap.md). The broker plays the Provider: it validates the document and delivers it,
+byte for byte, into the sandbox user's home before anything runs there.
+
+Errors name the file, the field and the rule, never a submitted value: the document carries a
+credential.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
+
+from sandboxer.errors import UsageError
+
+VERSION = "1"
+MAX_BYTES = 16 * 1024
+TARGET = "/run/sandboxer/state/home/runtime-bootstrap.json"
+SUSPEND_DIR = "/run/sandboxer/state/suspend"
+PUBLIC_WORKSPACE = "/workspace"
+FIELDS = (
+    "version",
+    "core_url",
+    "device_id",
+    "credential",
+    "environment_id",
+    "session_id",
+    "workspace",
+    "suspend_control",
+)
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+class BootstrapError(UsageError):
+    """A bootstrap document or file breaks a rule (exit 2): `file: field: rule`."""
+
+    kind = "bootstrap"
+
+    def __init__(self, file: str, field: str, rule: str) -> None:
+        super().__init__(f"{file}: {field}: {rule}" if field else f"{file}: {rule}")
+        self.file = file
+        self.field = field
+        self.rule = rule
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bootstrap:
+    """A valid bootstrap document (the credential is kept out of repr)."""
+
+    version: str
+    core_url: str
+    device_id: str
+    environment_id: str
+    session_id: str
+    workspace: str
+    suspend_control: bool
+
+    def meaning(self) -> dict[str, Any]:
+        """What `bootstrap check --json` prints: every field but the credential."""
+        return {
+            "version": self.version,
+            "core_url": self.core_url,
+            "device_id": self.device_id,
+            "environment_id": self.environment_id,
+            "session_id": self.session_id,
+            "workspace": self.workspace,
+            "suspend_control": self.suspend_control,
+        }
+
+
+class _Object(dict[str, Any]):
+    duplicates: list[str]
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> _Object:
+    obj = _Object()
+    obj.duplicates = []
+    for key, value in pairs:
+        if key in obj:
+            obj.duplicates.append(key)
+        obj[key] = value
+    return obj
+
+
+def _refuse_constant(name: str) -> NoReturn:
+    raise ValueError("non-standard number")
+
+
+def parse(data: bytes, *, file: str) -> Bootstrap:
+    """The document `data` means, or BootstrapError naming the first rule it breaks."""
+
+    def fail(field: str, rule: str) -> NoReturn:
+        raise BootstrapError(file, field, rule)
+
+    document = _decode(data, fail)
+    if document["version"] != VERSION or not isinstance(document["version"], str):
+        fail("version", f'must be the JSON string "{VERSION}"')
+    core_url = _core_url(document["core_url"], fail)
+    ids = {}
+    for key in ("device_id", "environment_id", "session_id"):
+        value = document[key]
+        if not isinstance(value, str) or not _UUID.fullmatch(value) or value == _ZERO_UUID:
+            fail(key, "must be a canonical lowercase hyphenated UUID, not all zero")
+        ids[key] = value
+    credential = document["credential"]
+    if not isinstance(credential, str) or not credential:
+        fail("credential", "must be a non-empty string")
+    if "\0" in credential or any(c.isspace() for c in credential):
+        fail("credential", "must contain no whitespace and no NUL")
+    workspace = document["workspace"]
+    if not isinstance(workspace, str) or not clean_absolute(workspace):
+        fail("workspace", "must be a clean absolute path (no ., .., // or trailing /)")
+    if not isinstance(document["suspend_control"], bool):
+        fail("suspend_control", "must be a JSON boolean")
+    return Bootstrap(
+        version=VERSION,
+        core_url=core_url,
+        device_id=ids["device_id"],
+        environment_id=ids["environment_id"],
+        session_id=ids["session_id"],
+        workspace=workspace,
+        suspend_control=document["suspend_control"],
+    )
+
+
+def _decode(data: bytes, fail: Callable[[str, str], NoReturn]) -> _Object:
+    """One JSON object of at most MAX_BYTES (checked before parsing) with exactly the fields."""
+    if len(data) > MAX_BYTES:
+        fail("", f"larger than {MAX_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        fail("", "not UTF-8")
+    try:
+        document = json.loads(text, object_pairs_hook=_pairs, parse_constant=_refuse_constant)
+    except RecursionError:
+        fail("", "nested too deeply")
+    except ValueError as exc:
+        rule = "NaN and Infinity are not JSON" if "non-standard" in str(exc) else "not one valid JSON object"
+        where = f" (line {exc.lineno} column {exc.colno})" if isinstance(exc, json.JSONDecodeError) else ""
+        fail("", rule + where)
+    if not isinstance(document, _Object):
+        fail("", "the bootstrap must be one JSON object")
+    if document.duplicates:
+        fail(document.duplicates[0], "duplicate field")
+    for key in document:
+        if key not in FIELDS:
+            alias = any(key.lower() == name for name in FIELDS)
+            fail(key, f"a case alias of {key.lower()}" if alias else "unknown field")
+    for key in FIELDS:
+        if key not in document:
+            fail(key, "missing required field")
+    return document
+
+
+def _core_url(value: Any, fail: Callable[[str, str], NoReturn]) -> str:
+    rule = "must be an http(s) URL whose path ends in /api/v1, without credentials, query or fragment"
+    if not isinstance(value, str) or any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        fail("core_url", rule)
+    try:
+        parts = urlsplit(value)
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:
+        fail("core_url", rule)
+    if (
+        parts.scheme not in ("http", "https")
+        or not value.startswith(parts.scheme + "://")
+        or not parts.hostname
+        or "@" in parts.netloc
+        or "?" in value
+        or "#" in value
+        or not parts.path.endswith("/api/v1")
+        or not port_ok
+    ):
+        fail("core_url", rule)
+    return str(value)
+
+
+def clean_absolute(path: str) -> bool:
+    """Absolute, with no `.` or `..` segment, no `//` and no trailing slash (`/` itself is clean)."""
+    if path == "/":
+        return True
+    if not path.startswith("/") or path.endswith("/") or "//" in path or "\0" in path:
+        return False
+    return all(part not in (".", "..") for part in path.split("/")[1:])
+
+
+def load(path: str) -> tuple[Bootstrap, bytes]:
+    """Read the bootstrap file once (a regular, owner-only file, not a symlink) and parse it;
+    returns the document and its exact bytes."""
+    absolute = os.path.abspath(path)
+    try:
+        fd = os.open(absolute, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        rule = "is a symlink" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})"
+        raise BootstrapError(absolute, "", f"the bootstrap file {rule}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise BootstrapError(absolute, "", "the bootstrap file must be a regular file")
+        if info.st_mode & 0o077:
+            raise BootstrapError(absolute, "", "the bootstrap file must be owner-only (no group or other permissions)")
+        data = os.read(fd, MAX_BYTES + 1)
+        while len(data) <= MAX_BYTES and (more := os.read(fd, MAX_BYTES + 1 - len(data))):
+            data += more
+    finally:
+        os.close(fd)
+    return parse(data, file=absolute), data
