@@ -335,10 +335,18 @@ def test_network_allow_is_refused(sbx: SandboxBroker) -> None:
     refused(sb, "create", "--profile", "open", status=3, needles=["network.default"])
 
 
-def test_manifest_and_bootstrap_are_not_supported_yet(sbx: SandboxBroker) -> None:
+def test_a_manifest_or_bootstrap_that_cannot_be_read_is_bad_input(sbx: SandboxBroker) -> None:
     sb = sbx
-    refused(sb, "create", "--profile", sb.profile, "--manifest", "x", status=2)
-    refused(sb, "create", "--profile", sb.profile, "--bootstrap", "x", status=2)
+    missing = sb.root / "absent.json"
+    refused(sb, "create", "--profile", sb.profile, "--manifest", str(missing), status=2, needles=[str(missing)])
+    refused(sb, "create", "--profile", sb.profile, "--bootstrap", str(missing), status=2, needles=[str(missing)])
+    real, link = sb.root / "real.json", sb.root / "link.json"
+    real.write_text("{}")
+    real.chmod(0o600)
+    link.symlink_to(real)
+    own(sb, real)
+    os.lchown(link, *((UNPRIVILEGED_UID, UNPRIVILEGED_UID) if sb.as_user else (0, 0)))
+    refused(sb, "create", "--profile", sb.profile, "--bootstrap", str(link), status=2, needles=["symlink"])
 
 
 def test_missing_bwrap_is_a_backend_failure_with_install_hint(sb_root: SandboxBroker) -> None:
