@@ -13,7 +13,7 @@ import sys
 from typing import NoReturn
 
 from sandboxer.dirs import Dirs, resolve_dirs
-from sandboxer.errors import UsageError
+from sandboxer.errors import NotPendingError, UsageError
 from sandboxer.output import flatten, print_result, report_failure
 
 
@@ -38,6 +38,11 @@ def _parser() -> argparse.ArgumentParser:
     teardown = commands.add_parser("teardown", help="remove everything a sandbox owns; print the receipt")
     teardown.add_argument("id", metavar="ID")
     commands.add_parser("gc", help="finish sandboxes whose broker died mid-way")
+    relay = commands.add_parser("dispatch-tool", help="relay one tool request from a sandbox's spool to its endpoint")
+    relay.add_argument("id", metavar="ID")
+    relay.add_argument("--lease", required=True, help="the tool-request lease")
+    relay.add_argument("--request-id", required=True, help="the request id (requests/<id>.json)")
+    relay.add_argument("--wait-seconds", required=True, type=int, help="how long to wait for it (0-300)")
     for sub in commands.choices.values():
         sub.add_argument("--json", action="store_true", help="print one JSON document")
     return parser
@@ -69,6 +74,13 @@ def _run(args: argparse.Namespace, dirs: Dirs) -> None:
             lines += [f"RESIDUE {item}" for item in receipt["residue"]]
             print_result(receipt, "\n".join(lines) or f"{args.id}: nothing to remove", args.json)
             sandbox.receipt_or_raise(receipt)
+        case "dispatch-tool":
+            from sandboxer.dispatch import dispatch
+
+            result = dispatch(
+                dirs.state, args.id, lease_id=args.lease, request_id=args.request_id, wait_seconds=args.wait_seconds
+            )
+            print_result(result, f"dispatched {result['request_id']} ({result['response']})", args.json)
         case "gc":
             result = sandbox.gc(dirs)
             lines = [f"collected {r['id']}" + (" (RESIDUE)" if r["residue"] else "") for r in result["collected"]]
@@ -96,6 +108,11 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("sandboxer: interrupted\n")
         return 130
+    except NotPendingError as exc:  # the contract's retryable answer, not an error object
+        sys.stderr.write(f"sandboxer: {exc}\n")
+        if as_json:
+            print_result({"status": "not-pending", "retryable": True}, "", True)
+        return exc.exit_status
     except Exception as exc:
         return report_failure(exc, as_json=as_json, debug=debug)
     return 0

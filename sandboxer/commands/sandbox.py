@@ -447,6 +447,9 @@ def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tupl
             removed.append(f"workspace {clone_dir}")
         else:
             residue.append(f"workspace {clone_dir}")
+    ledger = os.path.join(directory, "ledger")
+    if os.path.isdir(ledger) and not mounted and workspace.remove_tree(ledger):
+        removed.append(f"replay ledger {ledger}")
     if not mounted and workspace.remove_tree(directory):
         removed.append(f"sandbox dir {directory}")
     elif os.path.lexists(directory):
