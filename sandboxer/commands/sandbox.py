@@ -438,9 +438,16 @@ def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tupl
     left = limits.remove(groups)
     removed.extend(f"cgroup {g}" for g in groups if g not in left)
     residue.extend(f"cgroup {g}" for g in left)
-    directory = registry.path(sandbox_id)
+    more_removed, more_residue = _remove_directory(registry.path(sandbox_id))
+    return removed + more_removed, residue + more_residue
+
+
+def _remove_directory(directory: str) -> tuple[list[str], list[str]]:
+    """The sandbox's own directory: its clone, replay ledger and the rest, unless something is
+    still mounted below it (then all of it is residue)."""
+    removed: list[str] = []
     mounted = _host_mounts_below(directory)
-    residue.extend(f"mount {m}" for m in mounted)
+    residue = [f"mount {m}" for m in mounted]
     clone_dir = os.path.join(directory, "workspace")
     if os.path.lexists(clone_dir):
         if workspace.remove_tree(clone_dir):
