@@ -3,12 +3,15 @@
 Builds a throwaway runtime with `/usr/bin/python3 -m venv --copies`, writes a temporary owner
 config from the shipped templates in extensions/, pins the runtime by its tree digest, approves
 the extension and the profile, and shows `ext list` and `runtime digest`; then, as a caller,
-creates a sandbox, runs commands in it, inspects it and tears it down. Everything lives in a temporary directory that is
+creates a sandbox, runs commands in it, inspects it and tears it down; then does the same with a
+lease manifest (a shared directory, a provider launch, a tool request relayed by dispatch-tool)
+and with a runtime bootstrap. Everything lives in a temporary directory that is
 removed at the end.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -17,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+SPOOL = "/run/branchbox/leases/tool-requests/tool"
 
 
 def step(title: str) -> None:
@@ -53,6 +57,132 @@ def caller_tour(sandboxer: list[str], env: dict[str, str]) -> None:
         f"{evidence['runtime']['read_only']}; limits {evidence['limits']['mechanism']}"
     )
     step("sandboxer teardown ID")
+    print(run([*sandboxer, "teardown", sandbox_id], env=env), end="")
+
+
+def _file(path: Path, data: bytes, mode: int) -> str:
+    path.write_bytes(data)
+    path.chmod(mode)
+    return hashlib.sha256(data).hexdigest()
+
+
+def _assignment(repo: Path, run_dir: Path, digests: dict[str, str], endpoint_socket: Path) -> dict[str, object]:
+    """The tour's lease manifest: a model identity with one provider value, a shared directory,
+    a socket endpoint and the tool-request lease linked to it."""
+    materials = run_dir / "materializations"
+    token, capability = digests["token"], digests["capability"]
+    revision = run(["git", "-C", str(repo), "rev-parse", "HEAD"]).strip()
+    expiry = "2099-01-01T00:00:00Z"
+    spool = SPOOL
+    document = {
+        "version": "2", "run_id": "run-1", "lease_id": "assignment-1", "outer_runtime_id": "demo",
+        "workspace": "/workspace", "repository": {"path": str(repo), "revision": revision},
+        "task_branch": "task/demo", "tunnel_placement": "outer",
+        "leases": [
+            {"lease_id": "model", "scope": "model-identity", "consumer": "agent", "executable": "env",
+             "inherited_environment": [], "expires_at": expiry, "materializations": []},
+            {"lease_id": "value", "scope": "provider-environment", "consumer": "agent", "expires_at": expiry,
+             "materializations": [{"source_path": str(materials / "token"), "environment_name": "DEMO_TOKEN",
+                                   "sha256": token}]},
+            {"lease_id": "exchange", "scope": "shared-directory", "consumer": "agent", "expires_at": expiry,
+             "materializations": [{"source_path": str(run_dir / "shared" / "exchange"),
+                                   "target_path": "/run/branchbox/leases/shared/exchange"}]},
+            {"lease_id": "endpoint", "scope": "tool-endpoint", "consumer": "agent", "expires_at": expiry,
+             "materializations": [{"source_path": str(endpoint_socket),
+                                   "target_path": "/run/branchbox/leases/tool-endpoints/tool.sock"}]},
+            {"lease_id": "requests", "scope": "tool-request", "consumer": "agent", "consumer_uid": 1000,
+             "endpoint_lease_id": "endpoint", "request_spool_target": spool, "expires_at": expiry,
+             "materializations": [{"source_path": str(materials / "capability"),
+                                   "target_path": f"{spool}/.capability", "sha256": capability}]},
+        ],
+    }  # fmt: skip
+    return document
+
+
+def lease_tour(sandboxer: list[str], env: dict[str, str], root: Path, repo: Path) -> None:
+    """A run an orchestrator signed off: manifest check, create --manifest, a shared directory,
+    a provider launch, a tool request relayed by dispatch-tool; then a runtime bootstrap."""
+    step("a lease manifest: a run directory with a shared directory, a provider value and a tool endpoint")
+    run_dir = root / "managed" / "run-1"
+    run_dir.mkdir(parents=True, mode=0o700)
+    (root / "managed").chmod(0o700)
+    materials = run_dir / "materializations"
+    materials.mkdir(mode=0o700)
+    token = _file(materials / "token", b"demo-provider-value", 0o600)
+    capability = _file(materials / "capability", b"demo-capability-" + b"x" * 24, 0o600)
+    (run_dir / "shared").mkdir(mode=0o700)
+    (run_dir / "shared" / "exchange").mkdir()
+    (run_dir / "shared" / "exchange").chmod(0o755)
+    (run_dir / "shared" / "exchange" / "evidence.txt").write_text("written outside, read inside\n")
+    (run_dir / "endpoints").mkdir(mode=0o700)
+    endpoint_socket = run_dir / "endpoints" / "tool.sock"
+    endpoint = subprocess.Popen(
+        [sys.executable, str(REPO / "examples" / "tool-endpoint" / "endpoint.py"), "--socket", str(endpoint_socket)],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        if endpoint.stdout is not None:
+            endpoint.stdout.readline()  # "ready": the socket exists
+        document = _assignment(repo, run_dir, {"token": token, "capability": capability}, endpoint_socket)
+        spool = SPOOL
+        assignment = run_dir / "assignment.json"
+        _file(assignment, json.dumps(document, indent=2).encode(), 0o600)
+        step("sandboxer manifest check FILE")
+        print(run([*sandboxer, "manifest", "check", str(assignment)], env=env), end="")
+        step("sandboxer create --profile bwrap-local --manifest FILE")
+        sandbox_id = run([*sandboxer, "create", "--profile", "bwrap-local", "--manifest", str(assignment)], env=env)
+        sandbox_id = sandbox_id.strip()
+        print(sandbox_id)
+        step("inside: the shared directory (read-only), the spool, the task branch")
+        script = (
+            "cat /run/branchbox/leases/shared/exchange/evidence.txt; "
+            "touch /run/branchbox/leases/shared/exchange/x 2>&1 | sed 's/^/write: /'; "
+            f"ls -la {spool}; git -C /workspace branch --show-current; echo DEMO_TOKEN=${{DEMO_TOKEN:-absent}}"
+        )
+        print(run([*sandboxer, "exec", sandbox_id, "--", "sh", "-c", script], env=env), end="")
+        step("a provider launch: exec --consumer agent --executable env (its value only here)")
+        print(run([*sandboxer, "exec", sandbox_id, "--consumer", "agent", "--executable", "env", "--", "env"], env=env))
+        step("the consumer spools a request; sandboxer dispatch-tool relays it to the endpoint")
+        request = (
+            f"cap=$(cat {spool}/.capability); cd {spool}/requests && umask 077 && "
+            'printf \'{"version":"1","run_id":"run-1","lease_id":"requests","consumer":"agent",'
+            '"request_id":"r1","capability":"%s","payload":{"hello":"endpoint"}}\' "$cap" '
+            "> .r1.tmp && mv .r1.tmp r1.json"
+        )
+        run([*sandboxer, "exec", sandbox_id, "--", "sh", "-c", request], env=env)
+        relay = ["dispatch-tool", sandbox_id, "--lease", "requests", "--request-id", "r1", "--wait-seconds", "5"]
+        print(run([*sandboxer, *relay], env=env), end="")
+        print(run([*sandboxer, "exec", sandbox_id, "--", "cat", f"{spool}/responses/r1.json"], env=env), end="")
+        step("sandboxer teardown ID (spool, ledger and the run's materializations go too)")
+        print(run([*sandboxer, "teardown", sandbox_id], env=env), end="")
+    finally:
+        endpoint.terminate()
+        endpoint.wait()
+    bootstrap_tour(sandboxer, env, root)
+
+
+def bootstrap_tour(sandboxer: list[str], env: dict[str, str], root: Path) -> None:
+    """Check a runtime bootstrap and deliver it into a sandbox."""
+    step("a runtime bootstrap: sandboxer bootstrap check, create --bootstrap")
+    document_bytes = json.dumps(
+        {
+            "version": "1",
+            "core_url": "https://core.example/api/v1",
+            "device_id": "0b6f9e0e-3c0a-4a57-9d3e-8a8f0b6f9e0e",
+            "credential": "demo-credential",
+            "environment_id": "1b6f9e0e-3c0a-4a57-9d3e-8a8f0b6f9e0e",
+            "session_id": "2b6f9e0e-3c0a-4a57-9d3e-8a8f0b6f9e0e",
+            "workspace": "/workspace",
+            "suspend_control": True,
+        }
+    ).encode()
+    bootstrap = root / "runtime-bootstrap.json"
+    _file(bootstrap, document_bytes, 0o600)
+    print(run([*sandboxer, "bootstrap", "check", str(bootstrap)], env=env), end="")
+    sandbox_id = run([*sandboxer, "create", "--profile", "bwrap-local", "--bootstrap", str(bootstrap)], env=env)
+    sandbox_id = sandbox_id.strip()
+    script = "stat -c '%a %U %n' $HOME/runtime-bootstrap.json /run/sandboxer/state/suspend"
+    print(run([*sandboxer, "exec", sandbox_id, "--", "sh", "-c", script], env=env), end="")
     print(run([*sandboxer, "teardown", sandbox_id], env=env), end="")
 
 
@@ -107,6 +237,7 @@ def main() -> int:
         print(run([*sandboxer, "runtime", "digest", "--full", str(runtime)], env=env), end="")
 
         caller_tour(sandboxer, env)
+        lease_tour(sandboxer, env, root, repo)
 
         step("a one-byte change to the profile voids its approval")
         path = config / "profiles" / "bwrap-local.yaml"
