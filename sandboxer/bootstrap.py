@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
+from sandboxer import strictjson
 from sandboxer.errors import UsageError
+from sandboxer.strictjson import JsonObject
 
 VERSION = "1"
 MAX_BYTES = 16 * 1024
@@ -76,24 +78,6 @@ class Bootstrap:
         }
 
 
-class _Object(dict[str, Any]):
-    duplicates: list[str]
-
-
-def _pairs(pairs: list[tuple[str, Any]]) -> _Object:
-    obj = _Object()
-    obj.duplicates = []
-    for key, value in pairs:
-        if key in obj:
-            obj.duplicates.append(key)
-        obj[key] = value
-    return obj
-
-
-def _refuse_constant(name: str) -> NoReturn:
-    raise ValueError("non-standard number")
-
-
 def parse(data: bytes, *, file: str) -> Bootstrap:
     """The document `data` means, or BootstrapError naming the first rule it breaks."""
 
@@ -131,7 +115,7 @@ def parse(data: bytes, *, file: str) -> Bootstrap:
     )
 
 
-def _decode(data: bytes, fail: Callable[[str, str], NoReturn]) -> _Object:
+def _decode(data: bytes, fail: Callable[[str, str], NoReturn]) -> JsonObject:
     """One JSON object of at most MAX_BYTES (checked before parsing) with exactly the fields."""
     if len(data) > MAX_BYTES:
         fail("", f"larger than {MAX_BYTES} bytes")
@@ -140,14 +124,14 @@ def _decode(data: bytes, fail: Callable[[str, str], NoReturn]) -> _Object:
     except UnicodeDecodeError:
         fail("", "not UTF-8")
     try:
-        document = json.loads(text, object_pairs_hook=_pairs, parse_constant=_refuse_constant)
+        document = strictjson.loads(text)
     except RecursionError:
         fail("", "nested too deeply")
     except ValueError as exc:
         rule = "NaN and Infinity are not JSON" if "non-standard" in str(exc) else "not one valid JSON object"
         where = f" (line {exc.lineno} column {exc.colno})" if isinstance(exc, json.JSONDecodeError) else ""
         fail("", rule + where)
-    if not isinstance(document, _Object):
+    if not isinstance(document, JsonObject):
         fail("", "the bootstrap must be one JSON object")
     if document.duplicates:
         fail(document.duplicates[0], "duplicate field")

@@ -30,10 +30,12 @@ import time
 from typing import Any, NoReturn
 
 from sandboxer import manifest as mf
+from sandboxer import strictjson
 from sandboxer.errors import BackendError, NotPendingError, PolicyError, UsageError
 from sandboxer.fsutil import atomic_write, open_beneath
 from sandboxer.leases import SPOOL_PENDING_FILES, SPOOL_REQUEST_BYTES, SPOOL_TOTAL_BYTES, spool_name
 from sandboxer.registry import Registry, check_id
+from sandboxer.strictjson import JsonObject
 
 MAX_WAIT = 300
 ENVELOPE = ("version", "run_id", "lease_id", "consumer", "request_id", "capability", "payload")
@@ -51,29 +53,12 @@ class Refused(PolicyError):
     kind = "refused"
 
 
-class _Object(dict[str, Any]):
-    duplicates: list[str]
-
-
-def _pairs(pairs: list[tuple[str, Any]]) -> _Object:
-    obj = _Object()
-    obj.duplicates = []
-    for key, value in pairs:
-        if key in obj:
-            obj.duplicates.append(key)
-        obj[key] = value
-    return obj
-
-
-def _strict_json(data: bytes, what: str) -> _Object:
-    def refuse(_: str) -> Any:
-        raise ValueError("non-standard number")
-
+def _strict_json(data: bytes, what: str) -> JsonObject:
     try:
-        document = json.loads(data.decode("utf-8"), object_pairs_hook=_pairs, parse_constant=refuse)
+        document = strictjson.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise Refused(f"{what}: not one valid JSON object") from None
-    if not isinstance(document, _Object) or document.duplicates:
+    if not isinstance(document, JsonObject) or document.duplicates:
         raise Refused(f"{what}: must be one JSON object without duplicate keys")
     return document
 

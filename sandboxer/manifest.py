@@ -20,8 +20,10 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, NoReturn
 
+from sandboxer import strictjson
 from sandboxer.errors import PolicyError, UsageError
 from sandboxer.fsutil import open_beneath
+from sandboxer.strictjson import JsonObject
 
 MAX_DOCUMENT = 1 << 20
 NAMESPACE = "/run/branchbox/leases"
@@ -254,26 +256,6 @@ class Manifest:
         return {lease.endpoint_lease_id for lease in self.by_scope(TOOL_REQUEST) if lease.endpoint_lease_id}
 
 
-class _Object(dict[str, Any]):
-    """A JSON object that remembers the keys it saw twice."""
-
-    duplicates: list[str]
-
-
-def _pairs(pairs: list[tuple[str, Any]]) -> _Object:
-    obj = _Object()
-    obj.duplicates = []
-    for key, value in pairs:
-        if key in obj:
-            obj.duplicates.append(key)
-        obj[key] = value
-    return obj
-
-
-def _refuse_constant(name: str) -> NoReturn:
-    raise ValueError(f"non-standard number {name}")
-
-
 class _Reader:
     """Walks the document, failing at the first rule broken, with its field path."""
 
@@ -283,8 +265,8 @@ class _Reader:
     def fail(self, field: str, rule: str) -> NoReturn:
         raise ManifestError(self.file, field, rule)
 
-    def obj(self, value: Any, path: str, *, required: Sequence[str], optional: Sequence[str] = ()) -> _Object:
-        if not isinstance(value, _Object):
+    def obj(self, value: Any, path: str, *, required: Sequence[str], optional: Sequence[str] = ()) -> JsonObject:
+        if not isinstance(value, JsonObject):
             self.fail(path, "must be a JSON object")
         if value.duplicates:
             self.fail(_join(path, value.duplicates[0]), "duplicate key")
@@ -333,7 +315,7 @@ def _decode(data: bytes, file: str) -> Any:
     except UnicodeDecodeError:
         raise ManifestError(file, "", "not UTF-8") from None
     try:
-        return json.loads(text, object_pairs_hook=_pairs, parse_constant=_refuse_constant)
+        return strictjson.loads(text)
     except RecursionError:
         raise ManifestError(file, "", "nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError included; the position only, never the text
@@ -367,7 +349,7 @@ def parse(data: bytes, *, file: str) -> Manifest:
     """The manifest `data` means, or ManifestError naming the first rule it breaks."""
     r = _Reader(file)
     document = _decode(data, file)
-    if not isinstance(document, _Object):
+    if not isinstance(document, JsonObject):
         r.fail("", "the manifest must be one JSON object")
     if document.duplicates:
         r.fail(document.duplicates[0], "duplicate key")
@@ -429,7 +411,7 @@ def parse(data: bytes, *, file: str) -> Manifest:
     return manifest
 
 
-def _version(r: _Reader, document: _Object) -> str:
+def _version(r: _Reader, document: JsonObject) -> str:
     if "version" not in document:
         r.fail("version", "missing required field")
     version = document["version"]
@@ -440,7 +422,7 @@ def _version(r: _Reader, document: _Object) -> str:
     return version
 
 
-def _version_gates(r: _Reader, document: _Object, version: str) -> None:
+def _version_gates(r: _Reader, document: JsonObject, version: str) -> None:
     for key in ("service_images", "port_proxy_image") if version == "1" else ():
         if key in document:
             r.fail(key, "version 1 allows no images")
@@ -504,7 +486,7 @@ def _image(r: _Reader, value: Any, path: str) -> str:
 
 
 def _images(r: _Reader, value: Any) -> tuple[tuple[str, str], ...]:
-    if not isinstance(value, _Object):
+    if not isinstance(value, JsonObject):
         r.fail("service_images", "must be a JSON object")
     if value.duplicates:
         r.fail(f"service_images.{value.duplicates[0]}", "duplicate key")
@@ -518,7 +500,7 @@ def _images(r: _Reader, value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(images)
 
 
-def _folder(r: _Reader, document: _Object, *, has_images: bool) -> tuple[str | None, tuple[str, ...]]:
+def _folder(r: _Reader, document: JsonObject, *, has_images: bool) -> tuple[str | None, tuple[str, ...]]:
     if "workspace_folder" not in document and "omitted_services" not in document:
         return None, ()
     for key, other in (("workspace_folder", "omitted_services"), ("omitted_services", "workspace_folder")):
@@ -604,7 +586,7 @@ def _lease(r: _Reader, value: Any, index: int, version: str) -> Lease:
 
 def _lease_keys(r: _Reader, value: Any, path: str, version: str) -> str:
     """A lease's keys are exactly its scope's (for its version); returns the scope."""
-    if not isinstance(value, _Object):
+    if not isinstance(value, JsonObject):
         r.fail(path, "must be a JSON object")
     if value.duplicates:
         r.fail(f"{path}.{value.duplicates[0]}", "duplicate key")
@@ -636,7 +618,7 @@ def _lease_keys(r: _Reader, value: Any, path: str, version: str) -> str:
     return scope
 
 
-def _model_identity(r: _Reader, value: _Object, lease: Lease) -> Lease:
+def _model_identity(r: _Reader, value: JsonObject, lease: Lease) -> Lease:
     path = lease.field
     executable = _label(r, value["executable"], f"{path}.executable")
     names = r.array(value.get("inherited_environment", []), f"{path}.inherited_environment", MAX_INHERITED)
@@ -650,7 +632,7 @@ def _model_identity(r: _Reader, value: _Object, lease: Lease) -> Lease:
     return replace(lease, executable=executable, inherited_environment=tuple(inherited))
 
 
-def _request_fields(r: _Reader, value: _Object, lease: Lease) -> Lease:
+def _request_fields(r: _Reader, value: JsonObject, lease: Lease) -> Lease:
     path = lease.field
     uid = r.integer(value["consumer_uid"], f"{path}.consumer_uid", 1, UID_MAX)
     endpoint = r.string(value["endpoint_lease_id"], f"{path}.endpoint_lease_id", _ID, "must be a lease id")
