@@ -8,11 +8,9 @@ credential.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -20,6 +18,7 @@ from urllib.parse import urlsplit
 
 from sandboxer import strictjson
 from sandboxer.errors import UsageError
+from sandboxer.fsutil import UnfitFile, read_owner_only
 from sandboxer.strictjson import JsonObject
 
 VERSION = "1"
@@ -182,19 +181,8 @@ def load(path: str) -> tuple[Bootstrap, bytes]:
     returns the document and its exact bytes."""
     absolute = os.path.abspath(path)
     try:
-        fd = os.open(absolute, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        rule = "is a symlink" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})"
-        raise BootstrapError(absolute, "", f"the bootstrap file {rule}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise BootstrapError(absolute, "", "the bootstrap file must be a regular file")
-        if info.st_mode & 0o077:
-            raise BootstrapError(absolute, "", "the bootstrap file must be owner-only (no group or other permissions)")
-        data = os.read(fd, MAX_BYTES + 1)
-        while len(data) <= MAX_BYTES and (more := os.read(fd, MAX_BYTES + 1 - len(data))):
-            data += more
-    finally:
-        os.close(fd)
+        # One more byte than allowed is read, so that parse names the size rule.
+        data, _ = read_owner_only(absolute, MAX_BYTES + 1)
+    except UnfitFile as exc:
+        raise BootstrapError(absolute, "", f"the bootstrap file {exc.reason}") from None
     return parse(data, file=absolute), data

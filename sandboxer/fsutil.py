@@ -105,3 +105,35 @@ def open_beneath(root: str, path: str, flags: int = os.O_PATH) -> int:
         return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
     finally:
         os.close(directory)
+
+
+class UnfitFile(Exception):
+    """A file handed to the broker is not what it must be; `reason` says why, without content."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def read_owner_only(path: str, limit: int) -> tuple[bytes, os.stat_result]:
+    """Read a file once: a regular file, not a symlink, with no group or other permission bits,
+    at most `limit` bytes. Raises UnfitFile."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UnfitFile("is a symlink" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnfitFile("must be a regular file")
+        if info.st_mode & 0o077:
+            raise UnfitFile("must be owner-only (no group or other permissions)")
+        chunks, size = [], 0
+        while chunk := os.read(fd, 65536):
+            size += len(chunk)
+            if size > limit:
+                raise UnfitFile(f"is larger than {limit} bytes")
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks), info

@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 from sandboxer import strictjson
 from sandboxer.errors import PolicyError, UsageError
-from sandboxer.fsutil import open_beneath
+from sandboxer.fsutil import UnfitFile, open_beneath, read_owner_only
 from sandboxer.strictjson import JsonObject
 
 MAX_DOCUMENT = 1 << 20
@@ -834,24 +834,9 @@ def read_assignment(path: str) -> tuple[bytes, os.stat_result]:
     if not path.startswith("/"):
         raise ManifestError(path, "", "the manifest must be given as an absolute path")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        rule = "is a symlink" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})"
-        raise ManifestError(path, "", f"the manifest {rule}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ManifestError(path, "", "the manifest must be a regular file")
-        if info.st_mode & 0o077:
-            raise ManifestError(path, "", "the manifest must be owner-only (no group or other permissions)")
-        if info.st_size > MAX_DOCUMENT:
-            raise ManifestError(path, "", f"larger than {MAX_DOCUMENT} bytes")
-        data = _read_bounded(fd, MAX_DOCUMENT)
-    finally:
-        os.close(fd)
-    if data is None:
-        raise ManifestError(path, "", f"larger than {MAX_DOCUMENT} bytes")
-    return data, info
+        return read_owner_only(path, MAX_DOCUMENT)
+    except UnfitFile as exc:
+        raise ManifestError(path, "", f"the manifest {exc.reason}") from None
 
 
 def _read_bounded(fd: int, limit: int) -> bytes | None:
