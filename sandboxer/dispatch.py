@@ -196,12 +196,13 @@ def _pick_up(target: _Target, deadline: float, *, required: bool) -> bytes | Non
     while True:
         if os.path.lexists(staged):
             break  # a dispatcher died after staging and before the claim: take it up again
-        _check_quota(target)
         try:
             os.rename(final, staged)
-            break
         except FileNotFoundError:
             pass
+        else:
+            _check_quota(target, staged)
+            break
         if not required:
             return None
         if time.monotonic() >= deadline:
@@ -210,20 +211,21 @@ def _pick_up(target: _Target, deadline: float, *, required: bool) -> bytes | Non
     return _read_staged(target, staged)
 
 
-def _check_quota(target: _Target) -> None:
+def _check_quota(target: _Target, staged: str) -> None:
+    """The spool's quotas, counting the request just staged: a violation refuses (and blocks) it."""
     requests = os.path.join(target.spool, "requests")
     try:
-        names = os.listdir(requests)
+        names = [os.path.join(requests, name) for name in os.listdir(requests)]
     except OSError as exc:
-        raise Refused(f"the spool's requests/ cannot be read ({exc.strerror})") from None
+        _reject(target, f"the spool's requests/ cannot be read ({exc.strerror})")
     total = 0
-    for name in names:
+    for path in [*names, staged]:
         with contextlib.suppress(OSError):
-            total += os.lstat(os.path.join(requests, name)).st_size
-    if len(names) > SPOOL_PENDING_FILES:
-        raise Refused(f"the spool holds {len(names)} pending files, more than {SPOOL_PENDING_FILES}")
+            total += os.lstat(path).st_size
+    if len(names) + 1 > SPOOL_PENDING_FILES:
+        _reject(target, f"the spool holds {len(names) + 1} pending files, more than {SPOOL_PENDING_FILES}")
     if total > SPOOL_TOTAL_BYTES:
-        raise Refused(f"the spool's pending files hold more than {SPOOL_TOTAL_BYTES} bytes")
+        _reject(target, f"the spool's pending files hold more than {SPOOL_TOTAL_BYTES} bytes")
 
 
 def _read_staged(target: _Target, staged: str) -> bytes:
