@@ -86,7 +86,10 @@ def main() -> int:
     print("smoke       " + "  ".join(f"{'ok' if c['passed'] else 'FAILED'}:{c['name']}" for c in evidence["checks"]))
     print(f"evidence    {evidence_path}")
     print(f"result      {'every check passed' if evidence['passed'] else 'FAILED: ' + ', '.join(evidence['failed'])}")
-    print("next        `make tour` walks through approval, create, exec, inspect and teardown step by step")
+    print(
+        "next        `make tour` walks through approval, create, exec, inspect and teardown, then a lease"
+        " manifest, dispatch-tool and a runtime bootstrap, step by step"
+    )
     return 0 if evidence["passed"] else 1
 
 
