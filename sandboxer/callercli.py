@@ -13,7 +13,7 @@ import sys
 from typing import NoReturn
 
 from sandboxer.dirs import Dirs, resolve_dirs
-from sandboxer.errors import NotPendingError, UsageError
+from sandboxer.errors import NotPendingError, ResidueError, UsageError
 from sandboxer.output import flatten, print_result, report_failure
 
 
@@ -108,6 +108,9 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("sandboxer: interrupted\n")
         return 130
+    except ResidueError as exc:  # the receipt (with its residue) is already the JSON document
+        sys.stderr.write(f"sandboxer: {exc}\n")
+        return exc.exit_status
     except NotPendingError as exc:  # the contract's retryable answer, not an error object
         sys.stderr.write(f"sandboxer: {exc}\n")
         if as_json:

@@ -24,6 +24,8 @@ import hashlib
 import hmac
 import json
 import os
+import secrets
+import shutil
 import socket
 import stat
 import time
@@ -92,6 +94,7 @@ class _Target:
             raise Refused(f"{lease.field}.endpoint_lease_id: names no lease")
         self.manifest, self.lease, self.request_id = checked, lease, request_id
         self.endpoint = endpoint.materializations[0].source_path
+        self.owner = int(assignment["owner_uid"])
         self.replay = lease.replay_policy == mf.REPLAY_POLICY
         self.consumer_uid = int(
             self.record["host_uid"] if self.record.get("backend") == "bwrap" else self.record["uid"]
@@ -186,6 +189,7 @@ def _dispatch_locked(target: _Target, deadline: float) -> dict[str, Any]:
 
 def _block(target: _Target, entry: dict[str, Any], reason: str) -> NoReturn:
     _write_ledger(target, {**entry, "state": "blocked", "reason": reason})
+    _unlink_staged(target)
     raise Refused(f"request {target.request_id}: {reason}; the id is now blocked")
 
 
@@ -270,8 +274,17 @@ def _reject(target: _Target, reason: str) -> NoReturn:
 
 
 def _unlink_staged(target: _Target) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(target.spool, ".processing", f"{target.request_id}.json"))
+    """Remove the staged entry, whatever the consumer made it (a directory too); what cannot be
+    removed now goes at teardown."""
+    staged = os.path.join(target.spool, ".processing", f"{target.request_id}.json")
+    try:
+        os.unlink(staged)
+    except FileNotFoundError:
+        pass
+    except (IsADirectoryError, PermissionError):
+        shutil.rmtree(staged, ignore_errors=True)  # never follows symlinks
+    except OSError:
+        pass
 
 
 def _check_request(target: _Target, data: bytes) -> dict[str, Any]:
@@ -350,10 +363,11 @@ def _relay(target: _Target, request: dict[str, Any]) -> dict[str, Any]:
     """One newline-terminated frame, write-side EOF, then the whole response; ConnectionError
     for transport failures, Refused for a response that is not the correlated one."""
     frame = canonical(request) + b"\n"
+    endpoint = _open_endpoint(target)
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
             sock.settimeout(CONNECT_SECONDS)
-            sock.connect(target.endpoint)
+            sock.connect(f"/proc/self/fd/{endpoint}")  # the very socket checked, not a path anew
             sock.settimeout(WRITE_SECONDS)
             sock.sendall(frame)
             sock.shutdown(socket.SHUT_WR)
@@ -368,6 +382,8 @@ def _relay(target: _Target, request: dict[str, Any]) -> dict[str, Any]:
         raise ConnectionError("timed out") from None
     except OSError as exc:
         raise ConnectionError(exc.strerror or type(exc).__name__) from None
+    finally:
+        os.close(endpoint)
     raw = b"".join(chunks)
     if not raw:
         raise ConnectionError("the endpoint closed without answering")
@@ -380,11 +396,26 @@ def _relay(target: _Target, request: dict[str, Any]) -> dict[str, Any]:
     return dict(response)
 
 
+def _open_endpoint(target: _Target) -> int:
+    """The endpoint socket, opened below the run directory without following any symlink on the
+    whole path, and still a socket of the assignment's owner."""
+    run_dir = mf.run_dir(target.manifest)
+    try:
+        fd = open_beneath(run_dir, target.endpoint, strict_root=True)
+    except OSError as exc:
+        raise ConnectionError(f"the endpoint cannot be opened ({exc.strerror})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISSOCK(info.st_mode) or info.st_uid != target.owner:
+        os.close(fd)
+        raise Refused("the endpoint is no longer the owner's socket")
+    return fd
+
+
 def _write_response(target: _Target, response: dict[str, Any]) -> None:
     """responses/<R>.json: the consumer's, 0400, written atomically (and again, identically)."""
     directory = os.path.join(target.spool, "responses")
     final = os.path.join(directory, f"{target.request_id}.json")
-    temporary = os.path.join(directory, f".{target.request_id}.{os.getpid()}.tmp")
+    temporary = os.path.join(directory, f".{target.request_id}.{secrets.token_hex(8)}.tmp")
     data = json.dumps(response, sort_keys=True, ensure_ascii=False).encode() + b"\n"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o400)
     try:

@@ -88,15 +88,37 @@ def locked(path: str) -> Iterator[None]:
         os.close(fd)
 
 
-def open_beneath(root: str, path: str, flags: int = os.O_PATH) -> int:
+def open_dir_nofollow(path: str) -> int:
+    """An O_PATH descriptor of the directory `path`, an absolute path walked from / one
+    component at a time without following any symlink. Raises OSError."""
+    parts = [part for part in path.split("/") if part]
+    if not path.startswith("/") or any(part in (".", "..") for part in parts):
+        raise OSError(errno.EINVAL, "not a clean absolute path", path)
+    directory = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts:
+            inner = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+            os.close(directory)
+            directory = inner
+    except BaseException:
+        os.close(directory)
+        raise
+    return directory
+
+
+def open_beneath(root: str, path: str, flags: int = os.O_PATH, *, strict_root: bool = False) -> int:
     """Open `path`, which lies strictly below the directory `root`, following no symlink on the
     way (each component is opened relative to its parent with O_NOFOLLOW). `flags` apply to the
-    last component; O_NOFOLLOW and O_CLOEXEC are always added. Raises OSError."""
+    last component; O_NOFOLLOW and O_CLOEXEC are always added. With `strict_root`, `root` itself
+    is walked from / without following symlinks too (a path someone else controls). Raises OSError."""
     relative = os.path.relpath(path, root)
     parts = relative.split("/")
     if relative.startswith("..") or relative == "." or any(p in ("", ".", "..") for p in parts):
         raise OSError(errno.EINVAL, "not below the directory", path)
-    directory = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if strict_root:
+        directory = open_dir_nofollow(root)
+    else:
+        directory = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         for part in parts[:-1]:
             inner = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
@@ -137,3 +159,31 @@ def read_owner_only(path: str, limit: int) -> tuple[bytes, os.stat_result]:
     finally:
         os.close(fd)
     return b"".join(chunks), info
+
+
+def mount_points() -> list[str]:
+    """Every mount point this process's mount namespace shows (mountinfo's octal escapes
+    such as \\040 for a space undone)."""
+    try:
+        with open("/proc/self/mountinfo", "rb") as stream:
+            lines = stream.read().splitlines()
+    except OSError:
+        return []
+    points = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 4:
+            points.append(_unescape(fields[4]).decode(errors="surrogateescape"))
+    return points
+
+
+def _unescape(field: bytes) -> bytes:
+    out, i = bytearray(), 0
+    while i < len(field):
+        if field[i : i + 1] == b"\\" and i + 3 < len(field) and field[i + 1 : i + 4].isdigit():
+            out.append(int(field[i + 1 : i + 4], 8))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return bytes(out)

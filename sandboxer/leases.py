@@ -77,7 +77,11 @@ class Assignment:
                 root = create_volume(str(mount.source), sandbox_id=plan.sandbox_id, state_dir=state_dir)
             else:
                 root = str(mount.source)
-                os.makedirs(os.path.dirname(root), mode=0o711, exist_ok=True)  # bwrap walks it as the sandbox uid
+                spools = os.path.dirname(root)
+                if not os.path.isdir(spools):  # bwrap walks it as the sandbox's uid and gid; nobody else
+                    os.mkdir(spools, 0o700)
+                    os.chown(spools, 0, consumer[1])
+                    os.chmod(spools, 0o710)  # noqa: S103 - root's, passable by the sandbox's own group only
                 os.mkdir(root, 0o755)
             lay_out_spool(
                 root,
@@ -243,10 +247,13 @@ def lay_out_spool(root: str, *, binding_doc: dict[str, Any], capability: bytes, 
 def record(manifest: mf.Manifest, plan_mounts: tuple[Mount, ...], *, owner: int) -> dict[str, Any]:
     """What the registry keeps of the manifest: ids, expiries, targets, paths and digests the
     broker checks again later; never a value or a capability."""
+    info = os.lstat(mf.run_dir(manifest))
     return {
         "file": manifest.file,
         "sha256": manifest.sha256,
         "owner_uid": owner,
+        "run_dir": mf.run_dir(manifest),
+        "run_dir_identity": [info.st_dev, info.st_ino],
         "version": manifest.version,
         "run_id": manifest.run_id,
         "task_branch": manifest.task_branch,
@@ -342,28 +349,71 @@ def remove(
             removed.append(f"spool {source}")
         else:
             residue.append(f"spool {source}")
-    for source in manifest_record.get("materializations", []) if materializations else []:
-        if not os.path.lexists(source):
-            continue
-        if _remove_source(str(source)):
-            removed.append(f"materialization {source}")
-        else:
-            residue.append(f"materialization {source}")
+    if materializations:
+        more_removed, more_residue = _remove_materializations(manifest_record)
+        removed += more_removed
+        residue += more_residue
     return removed, residue
 
 
-def _remove_source(path: str) -> bool:
-    from sandboxer import workspace
+def _remove_materializations(manifest_record: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Remove the run's recorded sources, relative to the run directory opened without following
+    symlinks and checked to be the very directory create saw: a run directory swapped (or a
+    parent made a symlink) since is left alone and reported."""
+    import shutil
 
-    if os.path.isdir(path) and not os.path.islink(path):
-        return workspace.remove_tree(path)
+    from sandboxer.fsutil import open_dir_nofollow
+
+    sources = [str(source) for source in manifest_record.get("materializations", [])]
+    directory = str(manifest_record.get("run_dir", ""))
+    identity = manifest_record.get("run_dir_identity")
     try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return True
+        run_fd = open_dir_nofollow(directory)
     except OSError:
-        return False
-    return True
+        return [], [f"materialization {source}: the run directory cannot be reached safely" for source in sources]
+    removed: list[str] = []
+    residue: list[str] = []
+    try:
+        info = os.fstat(run_fd)
+        if [info.st_dev, info.st_ino] != identity or info.st_uid != manifest_record.get("owner_uid"):
+            return [], [f"materialization {source}: the run directory changed since create" for source in sources]
+        for source in sources:
+            parent, name = os.path.split(os.path.relpath(source, directory))
+            try:
+                parent_fd = _walk(run_fd, parent)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                residue.append(f"materialization {source}")
+                continue
+            try:
+                seen = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+                if stat.S_ISDIR(seen.st_mode):
+                    shutil.rmtree(name, dir_fd=parent_fd)
+                else:
+                    os.unlink(name, dir_fd=parent_fd)
+                removed.append(f"materialization {source}")
+            except FileNotFoundError:
+                continue
+            except OSError:
+                residue.append(f"materialization {source}")
+            finally:
+                os.close(parent_fd)
+    finally:
+        os.close(run_fd)
+    return removed, residue
+
+
+def _walk(directory_fd: int, relative: str) -> int:
+    """A new descriptor of the directory `relative` below `directory_fd`, symlink-free."""
+    current = os.dup(directory_fd)
+    for part in [p for p in relative.split("/") if p]:
+        try:
+            inner = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=current)
+        finally:
+            os.close(current)
+        current = inner
+    return current
 
 
 def create_volume(name: str, *, sandbox_id: str, state_dir: str) -> str:
@@ -458,8 +508,12 @@ def _mount_call(source: str | None, target: str, flags: int) -> None:
         raise OSError(code, os.strerror(code), target)
 
 
-def stage(plan: Plan, sandbox_dir: str) -> Plan:
-    """The plan with each lease bind's source replaced by a read-only staged bind of it."""
+def stage(plan: Plan, sandbox_dir: str, *, owner: int) -> Plan:
+    """The plan with each lease bind's source replaced by a read-only staged bind of it.
+
+    The staging directory is root's and 0710 with the sandbox's own host group, so that only
+    bwrap (run as the sandbox's uid and gid) passes it, and it is a private mount of its own, so
+    nothing bound below it propagates to other mount namespaces."""
     from dataclasses import replace as replaced
 
     staging = os.path.join(sandbox_dir, "leases")
@@ -468,21 +522,28 @@ def stage(plan: Plan, sandbox_dir: str) -> Plan:
         if mount.kind is not MountKind.RO_BIND or mount.lease is None or mount.beneath is None:
             mounts.append(mount)
             continue
-        os.makedirs(staging, mode=0o711, exist_ok=True)
         point = os.path.join(staging, str(index))
         try:
+            if not os.path.isdir(staging):
+                os.mkdir(staging, 0o700)
+                os.chown(staging, 0, plan.host_gid)
+                os.chmod(staging, 0o710)  # noqa: S103 - root's, passable by the sandbox's own group only
+                _mount_call(staging, staging, _MS_BIND)
+                _mount_call(None, staging, _MS_PRIVATE)
             fd = open_beneath_checked(mount)
         except OSError as exc:
             raise PolicyError(
                 f"lease {mount.lease}: its source {mount.source} cannot be opened ({exc.strerror})"
             ) from None
         try:
-            if stat.S_ISDIR(os.fstat(fd).st_mode):
+            info = os.fstat(fd)
+            if info.st_uid != owner:
+                raise PolicyError(f"lease {mount.lease}: its source {mount.source} changed owner since it was checked")
+            if stat.S_ISDIR(info.st_mode):
                 os.mkdir(point, 0o755)
             else:
                 os.close(os.open(point, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
             _mount_call(f"/proc/self/fd/{fd}", point, _MS_BIND)
-            _mount_call(None, point, _MS_PRIVATE)
             _mount_call(None, point, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
         except OSError as exc:
             raise BackendError(f"lease {mount.lease}: staging its source failed ({exc.strerror})") from None
@@ -493,11 +554,11 @@ def stage(plan: Plan, sandbox_dir: str) -> Plan:
 
 
 def open_beneath_checked(mount: Mount) -> int:
-    """A lease source or spool opened below its directory without following symlinks, and still
-    of a kind the check allowed."""
+    """A lease source or spool opened below its directory without following symlinks on the
+    whole path from /, and still of a kind the check allowed."""
     from sandboxer.fsutil import open_beneath
 
-    fd = open_beneath(str(mount.beneath), str(mount.source))
+    fd = open_beneath(str(mount.beneath), str(mount.source), strict_root=True)
     try:
         check_lease_fd(fd, mount)
     except BaseException:
@@ -507,15 +568,14 @@ def open_beneath_checked(mount: Mount) -> int:
 
 
 def unstage(sandbox_dir: str) -> list[str]:
-    """Unmount every staged lease source of a sandbox; returns what could not be unmounted."""
+    """Unmount every staged lease source of a sandbox and the staging mount itself; returns what
+    could not be unmounted."""
+    from sandboxer.fsutil import mount_points
+
     staging = os.path.join(sandbox_dir, "leases")
-    try:
-        with open("/proc/self/mountinfo") as stream:
-            points = [line.split()[4] for line in stream if len(line.split()) > 4]
-    except OSError:
-        return []
     left = []
-    for point in sorted({p for p in points if p.startswith(staging + "/")}, key=len, reverse=True):
+    points = {p for p in mount_points() if p == staging or p.startswith(staging + "/")}
+    for point in sorted(points, key=len, reverse=True):
         if _libc().umount2(point.encode(), _MNT_DETACH) != 0:
             left.append(f"mount {point}")
     return left

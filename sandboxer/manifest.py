@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 from sandboxer import strictjson
 from sandboxer.errors import PolicyError, UsageError
-from sandboxer.fsutil import UnfitFile, open_beneath, read_owner_only
+from sandboxer.fsutil import UnfitFile, open_beneath, open_dir_nofollow, read_owner_only
 from sandboxer.strictjson import JsonObject
 
 MAX_DOCUMENT = 1 << 20
@@ -834,6 +834,12 @@ def read_assignment(path: str) -> tuple[bytes, os.stat_result]:
     if not path.startswith("/"):
         raise ManifestError(path, "", "the manifest must be given as an absolute path")
     try:
+        # No symlink anywhere on its path: every source is named below this directory, and the
+        # broker later removes them as root.
+        os.close(open_dir_nofollow(os.path.dirname(path)))
+    except OSError:
+        raise ManifestError(path, "", "the manifest's directory must be reached without symlinks") from None
+    try:
         return read_owner_only(path, MAX_DOCUMENT)
     except UnfitFile as exc:
         raise ManifestError(path, "", f"the manifest {exc.reason}") from None
@@ -940,7 +946,7 @@ def read_material(manifest: Manifest, lease: Lease, index: int, *, owner: int) -
         r.fail(where, "must be directly in the run's materializations/ directory")
     _private_dir(r, materials, owner, where, "the directory")
     try:
-        fd = open_beneath(run_dir(manifest), source, os.O_RDONLY | os.O_NONBLOCK)
+        fd = open_beneath(run_dir(manifest), source, os.O_RDONLY | os.O_NONBLOCK, strict_root=True)
     except OSError as exc:
         r.fail(where, "is a symlink" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})")
     try:

@@ -214,7 +214,7 @@ def _start_bwrap(plan: Plan, registry: Registry, record: dict[str, Any]) -> None
     if os.geteuid() == 0 and any(m.lease is not None and m.kind is MountKind.RO_BIND for m in plan.mounts):
         from sandboxer import leases
 
-        started = leases.stage(plan, registry.path(plan.sandbox_id))
+        started = leases.stage(plan, registry.path(plan.sandbox_id), owner=int(record["manifest"]["owner_uid"]))
     live = bwrap.start(started, log_path=registry.path(plan.sandbox_id, "bwrap.log"))
     record.update(live.as_record())
     record.update(_plan_record(plan, plan.host_uid, plan.host_gid))
@@ -282,9 +282,16 @@ def _admit_manifest(dirs: Dirs, path: str | None, *, backend: str, repository: s
         return None
     from sandboxer import leases
 
-    return leases.admit_assignment(
+    assignment = leases.admit_assignment(
         os.path.abspath(path), forbidden=(dirs.config, dirs.state), backend=backend, repository=repository
     )
+    registry = Registry(dirs.state)
+    for other in registry.ids():  # a run is one sandbox: its spools, ledger and materializations are one
+        record = registry.read_or_none(other)
+        held = record.get("manifest") if record else None
+        if isinstance(held, dict) and held.get("run_id") == assignment.manifest.run_id:
+            raise PolicyError(f"{assignment.file}: run_id: run {held.get('run_id')} already has sandbox {other}")
+    return assignment
 
 
 def _start_docker(plan: Plan, image: str, registry: Registry, record: dict[str, Any]) -> None:
@@ -465,17 +472,9 @@ def _remove_directory(directory: str) -> tuple[list[str], list[str]]:
 
 
 def _host_mounts_below(directory: str) -> list[str]:
-    try:
-        with open("/proc/self/mountinfo") as stream:
-            lines = stream.read().splitlines()
-    except OSError:
-        return []
-    found = []
-    for line in lines:
-        fields = line.split()
-        if len(fields) > 4 and (fields[4] == directory or fields[4].startswith(directory + "/")):
-            found.append(fields[4])
-    return found
+    from sandboxer.fsutil import mount_points
+
+    return [point for point in mount_points() if point == directory or point.startswith(directory + "/")]
 
 
 def teardown(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:

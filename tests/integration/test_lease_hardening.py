@@ -1,0 +1,97 @@
+"""What the review of the lease code asked for, proved on the real CLI: teardown never removes
+through a run directory someone swapped; staged lease sources are passable only by their sandbox;
+a request spooled as a directory is refused like any bad request; one run is one sandbox."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import SandboxBroker
+from tests.integration.test_dispatch_tool import SPOOL, Endpoints, assert_terminal, dispatch, setup
+from tests.integration.test_manifest_sandboxes import create, make_run, record_of
+from tests.manifest_samples import PROVIDER_ENV, SHARED
+
+
+@pytest.fixture
+def endpoint_manager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
+    manager = Endpoints(tmp_path_factory.mktemp("ep"))
+    try:
+        yield manager
+    finally:
+        manager.stop()
+
+
+@pytest.fixture
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A short path: the sample run holds a Unix socket (108-byte limit)."""
+    return tmp_path_factory.mktemp("lh")
+
+
+def test_teardown_leaves_the_run_alone_when_its_directory_was_swapped(sbx_root: SandboxBroker, base: Path) -> None:
+    broker = sbx_root
+    run = make_run(base, broker)
+    sandbox_id = create(broker, run)
+    token = run.source(PROVIDER_ENV)
+    # The run's parent is moved away and replaced by a symlink to a look-alike the broker must
+    # never delete from.
+    moved = base / "managed-moved"
+    os.rename(base / "managed", moved)
+    decoy = base / "decoy"
+    (decoy / run.run_dir.name / "materializations").mkdir(parents=True)
+    decoy_token = decoy / run.run_dir.name / "materializations" / token.name
+    decoy_token.write_bytes(b"must survive")
+    (base / "managed").symlink_to(decoy)
+    receipt = broker.run("teardown", sandbox_id, "--json")
+    assert receipt.status == 6, receipt.stderr
+    residue = receipt.json()["residue"]
+    assert any(item.startswith(f"materialization {token}") for item in residue), residue
+    assert decoy_token.read_bytes() == b"must survive"
+    assert (moved / run.run_dir.name / "materializations" / token.name).exists()
+    assert not broker.sandbox_dir(sandbox_id).exists()
+
+
+def test_staged_lease_sources_are_passable_only_by_their_sandbox(sb_root: SandboxBroker, base: Path) -> None:
+    broker = sb_root
+    run = make_run(base, broker)
+    sandbox_id = create(broker, run)
+    record = record_of(broker, sandbox_id)
+    staging = broker.sandbox_dir(sandbox_id) / "leases"
+    info = os.stat(staging)
+    assert stat.S_IMODE(info.st_mode) == 0o710
+    assert (info.st_uid, info.st_gid) == (0, record["host_gid"])
+    spools = os.stat(broker.sandbox_dir(sandbox_id) / "spools")
+    assert stat.S_IMODE(spools.st_mode) == 0o710
+    assert (spools.st_uid, spools.st_gid) == (0, record["host_gid"])
+    mounted = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    assert str(staging) in mounted  # a private mount of its own
+    seen = broker.exec(sandbox_id, "cat", f"{run.doc['leases'][SHARED]['materializations'][0]['target_path']}/note.txt")
+    assert seen.status == 0, seen.stderr
+    assert broker.run("teardown", sandbox_id).status == 0
+    after = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    assert not [point for point in after if point.startswith(str(staging))]
+
+
+def test_a_directory_spooled_as_a_request_is_refused(
+    sbx_root: SandboxBroker, base: Path, endpoint_manager: Endpoints
+) -> None:
+    broker = sbx_root
+    _, sandbox_id = setup(broker, base, endpoint_manager)
+    made = broker.sh(sandbox_id, f"cd {SPOOL}/requests && mkdir d.json && touch d.json/x")
+    assert made.status == 0, made.stderr
+    result = dispatch(broker, sandbox_id, "d")
+    assert_terminal(result)
+    assert "internal error" not in result.stderr
+
+
+def test_one_run_is_one_sandbox(sbx_root: SandboxBroker, base: Path) -> None:
+    broker = sbx_root
+    run = make_run(base, broker)
+    create(broker, run)
+    again = broker.run("create", "--profile", broker.profile, "--manifest", str(run.assignment))
+    assert again.status == 3, again.stderr
+    assert "already has sandbox" in again.stderr
