@@ -3,7 +3,9 @@ broker driven through the real CLI — as root, and as an unprivileged user (uid
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Result
+from tests.conftest import REPO, Result
 from tests.samples import profile_yaml
 
 UNPRIVILEGED_UID = 65534
@@ -276,3 +278,76 @@ def sbx_root(request: pytest.FixtureRequest, runtime_dir: Path) -> Iterator[Sand
 def backend_profile_text(broker: SandboxBroker, name: str, repo: Path, extra: str = "") -> str:
     """A profile for `repo` on the broker's backend (`ext.bwrap` or `ext.docker`)."""
     return profile_text(name, repo, extra).replace("ext.bwrap", f"ext.{broker.backend}")
+
+
+# --- lease manifests and tool requests -----------------------------------------------------------
+
+ENDPOINT_SCRIPT = REPO / "examples" / "tool-endpoint" / "endpoint.py"
+
+
+def log_lines(log: Path) -> list[str]:
+    return log.read_text().splitlines()
+
+
+class Endpoints:
+    """The reference endpoint on the run's delivery socket, started and stopped by the test;
+    each start logs to a file of its own."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.socket: Path | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.logs: list[Path] = []
+
+    def start(self, socket_path: Path, mode: str = "echo") -> Path:
+        """Unlink the socket path, start the endpoint on it, wait for "ready"; its log file."""
+        self.stop()
+        self.socket = socket_path
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(socket_path)
+        log = self.directory / f"endpoint-{len(self.logs)}-{mode}.log"
+        log.touch()
+        self.logs.append(log)
+        argv = [sys.executable, str(ENDPOINT_SCRIPT), "--socket", str(socket_path), "--log", str(log), "--mode", mode]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.proc = proc
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 15)
+        line = proc.stdout.readline() if ready else b""
+        assert line == b"ready\n", (line, proc.poll())
+        info = os.lstat(socket_path)
+        assert info.st_mode & 0o077 == 0, f"the endpoint socket is not owner-only: {oct(info.st_mode)}"
+        return log
+
+    def stop(self) -> None:
+        """Kill the running endpoint (by its pid); the socket file stays, stale."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait(timeout=15)
+            for stream in (self.proc.stdout, self.proc.stderr):
+                if stream is not None:
+                    stream.close()
+            self.proc = None
+
+    @property
+    def log(self) -> Path:
+        return self.logs[-1]
+
+    def total_lines(self) -> int:
+        return sum(len(log_lines(log)) for log in self.logs)
+
+
+@pytest.fixture
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A short directory for a run (a Unix socket path must stay under 108 bytes)."""
+    return tmp_path_factory.mktemp("run")
+
+
+@pytest.fixture
+def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
+    manager = Endpoints(tmp_path_factory.mktemp("ep"))
+    try:
+        yield manager
+    finally:
+        manager.stop()

@@ -6,30 +6,12 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from tests.integration.conftest import SandboxBroker
-from tests.integration.test_dispatch_tool import SPOOL, Endpoints, assert_terminal, dispatch, setup
+from tests.integration.conftest import Endpoints, SandboxBroker
+from tests.integration.test_dispatch_tool import SPOOL, assert_terminal, dispatch, setup
 from tests.integration.test_manifest_sandboxes import create, make_run, record_of
 from tests.manifest_samples import PROVIDER_ENV, SHARED
-
-
-@pytest.fixture
-def endpoint_manager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
-    manager = Endpoints(tmp_path_factory.mktemp("ep"))
-    try:
-        yield manager
-    finally:
-        manager.stop()
-
-
-@pytest.fixture
-def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A short path: the sample run holds a Unix socket (108-byte limit)."""
-    return tmp_path_factory.mktemp("lh")
 
 
 def test_teardown_leaves_the_run_alone_when_its_directory_was_swapped(sbx_root: SandboxBroker, base: Path) -> None:
@@ -76,11 +58,9 @@ def test_staged_lease_sources_are_passable_only_by_their_sandbox(sb_root: Sandbo
     assert not [point for point in after if point.startswith(str(staging))]
 
 
-def test_a_directory_spooled_as_a_request_is_refused(
-    sbx_root: SandboxBroker, base: Path, endpoint_manager: Endpoints
-) -> None:
+def test_a_directory_spooled_as_a_request_is_refused(sbx_root: SandboxBroker, base: Path, endpoints: Endpoints) -> None:
     broker = sbx_root
-    _, sandbox_id = setup(broker, base, endpoint_manager)
+    _, sandbox_id = setup(broker, base, endpoints)
     made = broker.sh(sandbox_id, f"cd {SPOOL}/requests && mkdir d.json && touch d.json/x")
     assert made.status == 0, made.stderr
     result = dispatch(broker, sandbox_id, "d")

@@ -13,8 +13,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.conftest import Result
 from tests.integration.conftest import SandboxBroker
 from tests.manifest_samples import (
@@ -177,12 +175,6 @@ def lease_mounts(broker: SandboxBroker, sandbox_id: str) -> dict[str, dict[str, 
 
 
 # ------------------------------------------------------------------------------------ tests
-
-
-@pytest.fixture
-def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A short directory of pytest's for the run (a socket path must stay under 108 bytes)."""
-    return tmp_path_factory.mktemp("mr")
 
 
 def test_shared_directory_is_a_read_only_bind(sbx_root: SandboxBroker, base: Path) -> None:
