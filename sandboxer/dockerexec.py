@@ -17,6 +17,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 SOCKET = "/var/run/docker.sock"
 API = "/v1.41"
@@ -74,14 +75,16 @@ def _dechunk(data: bytes) -> bytes:
 _LAUNCHER = """import os, signal, sys
 for s in (signal.SIGPIPE, signal.SIGXFSZ):
     signal.signal(s, signal.SIG_DFL)
-cwd, count = sys.argv[1], int(sys.argv[2])
-env = dict(item.split("=", 1) if "=" in item else (item, os.environ[item]) for item in sys.argv[3 : 3 + count])
-program, argv = sys.argv[3 + count], sys.argv[4 + count :]
+gate, cwd, count = sys.argv[1] == "gate", sys.argv[2], int(sys.argv[3])
+env = dict(item.split("=", 1) if "=" in item else (item, os.environ[item]) for item in sys.argv[4 : 4 + count])
+program, argv = sys.argv[4 + count], sys.argv[5 + count :]
 try:
     os.chdir(cwd)
 except OSError as exc:
     sys.stderr.write(f"sandboxer: exec: --cwd {cwd}: not a directory inside the sandbox ({exc.strerror})\\n")
     os._exit(125)
+if gate:
+    os.kill(os.getpid(), signal.SIGSTOP)
 try:
     os.execvpe(program, argv, env)
 except OSError as exc:
@@ -101,23 +104,41 @@ def create_exec(
     cwd: str,
     executable: str | None = None,
     values_apart: bool = False,
+    gate: bool = False,
 ) -> str:
     """Create an exec of `argv` (of `executable` with `argv` when given) under exactly `env`;
     returns its id. With `values_apart` (a provider launch) the command line names the variables
-    and their values travel in the exec's own environment, which the Engine does not show."""
+    and their values travel in the exec's own environment, which the Engine does not show. With
+    `gate` the exec stops itself (SIGSTOP) before it runs the command, so that the broker can put
+    it in a cgroup of its own before anything forks; SIGCONT lets it go on."""
     pairs = [f"{k}={v}" for k, v in env.items()]
     extra: dict[str, object] = {}
     if executable is not None:
         items = list(env) if values_apart else pairs
         if values_apart:
             extra["Env"] = pairs
-        command = ["/usr/bin/python3", "-I", "-S", "-c", _LAUNCHER, cwd, str(len(items)), *items, executable, *argv]
+        mode = "gate" if gate else "go"
+        command = [
+            "/usr/bin/python3",
+            "-I",
+            "-S",
+            "-c",
+            _LAUNCHER,
+            mode,
+            cwd,
+            str(len(items)),
+            *items,
+            executable,
+            *argv,
+        ]
     else:
         if "=" in argv[0]:
             raise EngineError("a program name with '=' cannot be run through env -i")
         # env -C: a cwd that does not exist is env's own failure (status 125, like the bwrap
         # path), not an OCI error text on stdout.
         command = ["/usr/bin/env", "-i", "-C", cwd, "--", *pairs, *argv]
+        if gate:  # dash exports PWD to what it runs: unset it, stop, then become the command
+            command[-len(argv) :] = ["/bin/sh", "-c", 'unset PWD; kill -STOP $$; exec "$@"', "sh", *argv]
     body = {
         "AttachStdin": True,
         "AttachStdout": True,
@@ -193,10 +214,21 @@ def _frames(buffer: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
     return frames, buffer
 
 
-def run(exec_id: str, *, stdin: int, stdout: int, stderr: int, timeout: float | None) -> bool:
-    """Start the exec and stream until it ends; False if `timeout` expired first."""
+def run(
+    exec_id: str,
+    *,
+    stdin: int,
+    stdout: int,
+    stderr: int,
+    timeout: float | None,
+    started: Callable[[], None] | None = None,
+) -> bool:
+    """Start the exec and stream until it ends; False if `timeout` expired first. `started` is
+    called once the exec runs, before any of its output is read."""
     sock, buffer = _hijack(f"/exec/{exec_id}/start", json.dumps({"Detach": False, "Tty": False}).encode())
     try:
+        if started is not None:
+            started()
         threading.Thread(target=_pump_stdin, args=(sock, stdin), daemon=True).start()
         deadline = None if timeout is None else time.monotonic() + timeout
         targets = {1: stdout, 2: stderr}

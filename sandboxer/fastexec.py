@@ -278,6 +278,7 @@ def _run_docker(
             executable=options.get("executable"),
             # A provider's values travel in the exec's environment, never on a command line.
             values_apart="consumer" in options and "executable" in options,
+            gate=timeout is not None,
         )
     except (OSError, dockerexec.EngineError) as exc:
         raise ExecUsage(f"exec: the Docker Engine failed ({exc})") from None
@@ -287,18 +288,76 @@ def _run_docker(
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, interrupted)
+    groups: list[str] = []
+
+    def started() -> None:
+        group = _docker_exec_group(exec_id)
+        if group is not None:
+            groups.append(group)
+
     try:
-        finished = dockerexec.run(exec_id, stdin=0, stdout=1, stderr=2, timeout=timeout)
+        finished = dockerexec.run(
+            exec_id, stdin=0, stdout=1, stderr=2, timeout=timeout, started=started if timeout is not None else None
+        )
         if not finished:
-            _kill_docker_exec(exec_id)
+            _kill_docker_exec(exec_id, groups)
             return TIMED_OUT
         return dockerexec.exit_code(exec_id)
     except _Interrupted as stop:
-        _kill_docker_exec(exec_id)  # the caller gave up: nothing of this exec outlives it
+        _kill_docker_exec(exec_id, groups)  # the caller gave up: nothing of this exec outlives it
         return 128 + stop.signum
     except (OSError, dockerexec.EngineError) as exc:
-        _kill_docker_exec(exec_id)
+        _kill_docker_exec(exec_id, groups)
         raise ExecUsage(f"exec: the Docker Engine failed or the caller went away ({exc})") from None
+    finally:
+        for group in groups:
+            with contextlib.suppress(OSError):
+                os.rmdir(group)  # kept while a background process of this exec still runs
+
+
+def _docker_exec_group(exec_id: str) -> str | None:
+    """Move a gated exec (stopped before its command runs) into a pids cgroup of its own below
+    the container's, then let it go on: --timeout then finds every process it makes, even one
+    that made its own session and was re-parented. None (and the exec let go) where that cannot
+    be done; the timeout then kills the exec's session and its command's descendants."""
+    from sandboxer import dockerexec
+
+    pid = 0
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            state = dockerexec.inspect_exec(exec_id)
+            pid = state.get("Pid") if isinstance(state.get("Pid"), int) else 0  # type: ignore[assignment]
+            if pid and procs.state(pid) == "T":
+                break
+            time.sleep(0.001)
+        else:
+            return None
+        return _own_pids_group(pid)
+    except (OSError, dockerexec.EngineError):
+        return None
+    finally:
+        if pid:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def _own_pids_group(pid: int) -> str | None:
+    """A new pids cgroup (v1) below the one `pid` is in, holding `pid`; None if there is none."""
+    with open(f"/proc/{pid}/cgroup") as stream:
+        lines = stream.read().splitlines()
+    parent = next((line.split(":", 2)[2] for line in lines if line.split(":", 2)[1:2] == ["pids"]), None)
+    if parent is None:
+        return None
+    group = os.path.join("/sys/fs/cgroup/pids" + parent, f"sandboxer-exec-{os.urandom(6).hex()}")
+    os.mkdir(group, 0o755)
+    try:
+        with open(os.path.join(group, "cgroup.procs"), "w") as procs_file:
+            procs_file.write(str(pid))
+    except OSError:
+        os.rmdir(group)
+        raise
+    return group
 
 
 class _Interrupted(Exception):
@@ -307,10 +366,13 @@ class _Interrupted(Exception):
         self.signum = signum
 
 
-def _kill_docker_exec(exec_id: str) -> None:
-    """Kill what a Docker exec started: its session and its command's descendants, by host pid."""
+def _kill_docker_exec(exec_id: str, groups: list[str] | None = None) -> None:
+    """Kill what a Docker exec started: everything in its own cgroup when it has one, and its
+    session and its command's descendants, by host pid."""
     from sandboxer import dockerexec
 
+    for group in groups or []:
+        _kill_group(group)
     try:
         state = dockerexec.inspect_exec(exec_id)
     except (OSError, dockerexec.EngineError):

@@ -29,12 +29,17 @@ def alive(pid: int, started: int | None) -> bool:
 
 
 def _is_zombie(pid: int) -> bool:
+    return state(pid) in ("Z", "X", None)
+
+
+def state(pid: int) -> str | None:
+    """The one-letter state of a process (R, S, T for stopped, Z, ...), None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stream:
             data = stream.read()
     except OSError:
-        return True
-    return data[data.rindex(b")") + 2 : data.rindex(b")") + 3] in (b"Z", b"X")
+        return None
+    return data[data.rindex(b")") + 2 : data.rindex(b")") + 3].decode()
 
 
 def session_of(pid: int) -> int | None:

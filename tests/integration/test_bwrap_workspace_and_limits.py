@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 from tests.integration.conftest import SandboxBroker, backend_profile_text
+from tests.integration.test_bwrap_isolation import live_processes
 
 
 def test_clone_shares_no_inode_with_the_owners_repository(sbx_root: SandboxBroker) -> None:
@@ -101,3 +102,19 @@ def test_executable_option_runs_that_program_with_the_given_argv(sbx: SandboxBro
     result = sb.exec(sandbox_id, "custom-name", "-c", 'echo "$0"', options=("--executable", "/bin/sh"))
     assert result.status == 0, result.stderr
     assert result.stdout.strip() == "custom-name"
+
+
+def test_timeout_also_kills_a_process_that_left_the_session(sbx_root: SandboxBroker) -> None:
+    """A process that made its own session and was re-parented is still the exec's: with
+    --timeout each exec runs in a cgroup of its own (bwrap: below the sandbox's; Docker: below
+    the container's), and all of it is killed."""
+    sb = sbx_root
+    sandbox_id = sb.create()
+    seconds = "58.771"  # a duration no other process on the host sleeps for
+    script = f'setsid sh -c "sleep {seconds}" & sleep {seconds}'
+    result = sb.exec(sandbox_id, "/bin/sh", "-c", script, options=("--timeout", "1"))
+    assert result.status == 124, result.stderr
+    survivors = live_processes(lambda argv: argv == ["sleep", seconds])
+    assert survivors == [], [(p.pid, p.info) for p in survivors]
+    after = sb.exec(sandbox_id, "/bin/sh", "-c", "echo usable")
+    assert (after.status, after.stdout) == (0, "usable\n")
