@@ -37,15 +37,22 @@ SANDBOXER = [sys.executable, "-m", "sandboxer"]  # replaced by install_as_users_
 
 def install_as_users_do(root: Path) -> list[str]:
     """The CLI as `pip install .` leaves it, not the development venv's editable install (whose
-    import hook costs ~8 ms at every start): a venv with the package copied in and a path entry
-    for this venv's dependencies."""
+    import hook costs ~8 ms at every start): a venv with the package copied in, its `sandboxer`
+    console script, and a path entry for this venv's dependencies."""
     venv = root / "installed"
     run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)])
     site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(REPO)])
     dependencies = next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
     (site / "dependencies.pth").write_text(dependencies + "\n")
-    return [str(venv / "bin" / "python"), "-m", "sandboxer"]
+    # pip --target wrote the console script for the interpreter that ran pip: point it at this
+    # venv's, exactly as `pip install .` inside the venv would have written it.
+    script = site / "bin" / "sandboxer"
+    lines = script.read_text().splitlines(keepends=True)
+    launcher = venv / "bin" / "sandboxer"
+    launcher.write_text(f"#!{venv / 'bin' / 'python'}\n" + "".join(lines[1:]))
+    launcher.chmod(0o755)
+    return [str(launcher)]
 
 
 def timed(fn: Callable[[], object], rounds: int) -> float:

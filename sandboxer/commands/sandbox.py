@@ -10,13 +10,14 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from sandboxer import limits, procs, workspace
+from sandboxer import procs, workspace
 from sandboxer.errors import BackendError, PolicyError, ResidueError, SandboxerError
 from sandboxer.registry import Registry, check_id
 
 # teardown, list and gc run often and need little; what only create and inspect use is
 # imported inside them, so a teardown does not pay for YAML, netlink or the plan checker.
 if TYPE_CHECKING:
+    from sandboxer import limits
     from sandboxer.approvals import Ledger
     from sandboxer.backends import bwrap
     from sandboxer.bootstrap import Bootstrap
@@ -205,6 +206,7 @@ def _make(request: _Request, registry: Registry, record: dict[str, Any]) -> None
 
 def _start_bwrap(plan: Plan, registry: Registry, record: dict[str, Any]) -> None:
     """Set up the limits, start the namespace, record it, and refuse it unless it is the plan."""
+    from sandboxer import limits
     from sandboxer.backends import bwrap
     from sandboxer.plan import MountKind
 
@@ -417,14 +419,19 @@ def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tupl
 
         leases.unstage(registry.path(sandbox_id))  # what stays mounted is residue, found below
     if record.get("backend") == "docker":
-        from sandboxer.backends import docker as docker_backend
+        container_id = record.get("container_id")
+        if not container_id:  # a create that died before recording it: find it by its label
+            from sandboxer.backends import docker as docker_backend
 
-        container_id = record.get("container_id") or docker_backend.labelled(registry.state_dir).get(sandbox_id)
+            container_id = docker_backend.labelled(registry.state_dir).get(sandbox_id)
         if container_id:
-            left = docker_backend.remove(str(container_id))
-            residue.extend(left)
-            if not left:
+            from sandboxer.dockerexec import remove_container  # no SDK, no plan code: teardown stays lean
+
+            problem = remove_container(str(container_id))
+            if problem is None or problem == "gone":
                 removed.append(f"container {str(container_id)[:12]}")
+            else:
+                residue.append(f"container {str(container_id)[:12]}: {problem}")
     if isinstance(record.get("bootstrap"), dict) and not residue:
         removed.append(f"bootstrap file {BOOTSTRAP_TARGET} (with the sandbox's private state)")
     if isinstance(record.get("manifest"), dict):
@@ -439,12 +446,15 @@ def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tupl
         )
         removed.extend(lease_removed)
         residue.extend(lease_residue)
-    groups = tuple(record.get("limits", {}).get("groups", ()))
-    if not groups:
-        groups = limits.leftover_groups(sandbox_id)
-    left = limits.remove(groups)
-    removed.extend(f"cgroup {g}" for g in groups if g not in left)
-    residue.extend(f"cgroup {g}" for g in left)
+    if record.get("backend") != "docker":  # Docker's cgroups are the Engine's
+        from sandboxer import limits
+
+        groups = tuple(record.get("limits", {}).get("groups", ()))
+        if not groups:
+            groups = limits.leftover_groups(sandbox_id)
+        left = limits.remove(groups)
+        removed.extend(f"cgroup {g}" for g in groups if g not in left)
+        residue.extend(f"cgroup {g}" for g in left)
     more_removed, more_residue = _remove_directory(registry.path(sandbox_id))
     return removed + more_removed, residue + more_residue
 
