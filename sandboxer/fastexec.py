@@ -330,6 +330,8 @@ def _docker_exec_group(exec_id: str) -> str | None:
             pid = state.get("Pid") if isinstance(state.get("Pid"), int) else 0  # type: ignore[assignment]
             if pid and procs.state(pid) == "T":
                 break
+            if not state.get("Running") and isinstance(state.get("ExitCode"), int):
+                return None  # it ended before its gate (a bad --cwd): nothing to move
             time.sleep(0.001)
         else:
             return None
