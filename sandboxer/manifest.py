@@ -837,8 +837,10 @@ def read_assignment(path: str) -> tuple[bytes, os.stat_result]:
         # No symlink anywhere on its path: every source is named below this directory, and the
         # broker later removes them as root.
         os.close(open_dir_nofollow(os.path.dirname(path)))
-    except OSError:
-        raise ManifestError(path, "", "the manifest's directory must be reached without symlinks") from None
+    except OSError as exc:
+        symlink = exc.errno in (errno.ELOOP, errno.ENOTDIR)
+        rule = "must be reached without symlinks" if symlink else f"cannot be reached ({exc.strerror})"
+        raise ManifestError(path, "", f"the manifest's directory {rule}") from None
     try:
         return read_owner_only(path, MAX_DOCUMENT)
     except UnfitFile as exc:

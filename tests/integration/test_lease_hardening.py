@@ -5,13 +5,18 @@ a request spooled as a directory is refused like any bad request; one run is one
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
+import tempfile
 from pathlib import Path
 
-from tests.integration.conftest import Endpoints, SandboxBroker
+import pytest
+
+from tests.integration.conftest import UNPRIVILEGED_UID, Endpoints, SandboxBroker, _cleanup, make_broker
 from tests.integration.test_dispatch_tool import SPOOL, assert_terminal, dispatch, setup
-from tests.integration.test_manifest_sandboxes import create, make_run, record_of
-from tests.manifest_samples import PROVIDER_ENV, SHARED
+from tests.integration.test_manifest_sandboxes import SHARED_NOTE, create, make_run, prepare, record_of
+from tests.manifest_samples import PROVIDER_ENV, REQUEST, SHARED, build_run, write_file
 
 
 def test_teardown_leaves_the_run_alone_when_its_directory_was_swapped(sbx_root: SandboxBroker, base: Path) -> None:
@@ -75,3 +80,36 @@ def test_one_run_is_one_sandbox(sbx_root: SandboxBroker, base: Path) -> None:
     again = broker.run("create", "--profile", broker.profile, "--manifest", str(run.assignment))
     assert again.status == 3, again.stderr
     assert "already has sandbox" in again.stderr
+
+
+def test_an_unprivileged_broker_grants_leases_but_no_request_spool(runtime_dir: Path) -> None:
+    """An ordinary user's broker binds the leases of a run it owns; a tool-request lease it
+    refuses (3), since only root can make spool files that are not the consumer's."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root to run the broker as another user (setpriv)")
+    broker = make_broker(runtime_dir, as_user=True)
+    base = Path(tempfile.mkdtemp(prefix="lh-user-", dir="/tmp"))  # reachable by that user
+    try:
+        base.chmod(0o755)
+        run = build_run(base, "2")
+        prepare(run, broker)
+        write_file(run.source(SHARED) / "note.txt", SHARED_NOTE, 0o644)
+        run.save()
+        subprocess.run(["chown", "-R", f"{UNPRIVILEGED_UID}:{UNPRIVILEGED_UID}", str(base / "managed")], check=True)
+        refused = broker.run("create", "--profile", broker.profile, "--manifest", str(run.assignment))
+        assert refused.status == 3, refused.stderr
+        assert "root broker" in refused.stderr
+        del run.doc["leases"][REQUEST]
+        run.save()
+        sandbox_id = create(broker, run)
+        shared = run.doc["leases"][SHARED]["materializations"][0]["target_path"]
+        seen = broker.exec(sandbox_id, "/bin/sh", "-c", f"cat {shared}/note.txt; touch {shared}/x")
+        assert seen.stdout.encode() == SHARED_NOTE
+        assert seen.status != 0  # read-only
+        receipt = broker.run("teardown", sandbox_id, "--json")
+        assert receipt.status == 0, receipt.stderr
+        assert receipt.json()["residue"] == []
+        assert not run.source(SHARED).exists()
+    finally:
+        _cleanup(broker)
+        shutil.rmtree(base, ignore_errors=True)
