@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 from sandboxer import strictjson
-from sandboxer.errors import UsageError
+from sandboxer.errors import DocumentError
 from sandboxer.fsutil import UnfitFile, read_owner_only
 from sandboxer.strictjson import JsonObject
 
@@ -40,16 +40,10 @@ _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12
 _ZERO_UUID = "00000000-0000-0000-0000-000000000000"
 
 
-class BootstrapError(UsageError):
+class BootstrapError(DocumentError):
     """A bootstrap document or file breaks a rule (exit 2): `file: field: rule`."""
 
     kind = "bootstrap"
-
-    def __init__(self, file: str, field: str, rule: str) -> None:
-        super().__init__(f"{file}: {field}: {rule}" if field else f"{file}: {rule}")
-        self.file = file
-        self.field = field
-        self.rule = rule
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

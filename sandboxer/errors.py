@@ -2,7 +2,8 @@
 
     SandboxerError                 (1, never raised directly)
     ├── UsageError                 2  bad usage or invalid input
-    │   └── ConfigError            2  an owner YAML file breaks a rule (file:line:col: key.path: rule)
+    │   ├── ConfigError            2  an owner YAML file breaks a rule (file:line:col: key.path: rule)
+    │   └── DocumentError          2  a manifest or bootstrap file breaks a rule (file: field: rule)
     ├── PolicyError                3  refused: unapproved, digest mismatch, forbidden setting
     ├── NotFoundError              4  no such sandbox
     ├── BackendError               5  bwrap or Docker failed, or the live state differs from the plan
@@ -50,6 +51,17 @@ class ConfigError(UsageError):
         self.line = line
         self.column = column
         self.key_path = key_path
+        self.rule = rule
+
+
+class DocumentError(UsageError):
+    """A document from outside (a lease manifest, a bootstrap file) breaks a rule: the message is
+    `file: field.path: rule`, or `file: rule` for the whole document; never a value from it."""
+
+    def __init__(self, file: str, field: str, rule: str) -> None:
+        super().__init__(f"{file}: {field}: {rule}" if field else f"{file}: {rule}")
+        self.file = file
+        self.field = field
         self.rule = rule
 
 

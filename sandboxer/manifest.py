@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, NoReturn
 
 from sandboxer import strictjson
-from sandboxer.errors import PolicyError, UsageError
+from sandboxer.errors import DocumentError, PolicyError
 from sandboxer.fsutil import UnfitFile, open_beneath, open_dir_nofollow, read_owner_only
 from sandboxer.strictjson import JsonObject
 
@@ -172,16 +172,10 @@ MAX_PROVIDER_VALUES = 16
 MAX_INHERITED = 16
 
 
-class ManifestError(UsageError):
+class ManifestError(DocumentError):
     """A manifest breaks a rule (exit 2): `file: field.path: rule`."""
 
     kind = "manifest"
-
-    def __init__(self, file: str, field: str, rule: str) -> None:
-        super().__init__(f"{file}: {field}: {rule}" if field else f"{file}: {rule}")
-        self.file = file
-        self.field = field
-        self.rule = rule
 
 
 class LeaseExpiredError(PolicyError):

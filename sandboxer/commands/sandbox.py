@@ -200,8 +200,10 @@ def _make(request: _Request, registry: Registry, record: dict[str, Any]) -> None
     else:
         _start_bwrap(plan, registry, record)
     if delivery is not None:
+        from sandboxer.bootstrap import TARGET
+
         _deliver_bootstrap(plan, record, delivery[1])
-        record["bootstrap"] = {"target": BOOTSTRAP_TARGET, "suspend_control": delivery[0].suspend_control}
+        record["bootstrap"] = {"target": TARGET, "suspend_control": delivery[0].suspend_control}
 
 
 def _start_bwrap(plan: Plan, registry: Registry, record: dict[str, Any]) -> None:
@@ -222,9 +224,6 @@ def _start_bwrap(plan: Plan, registry: Registry, record: dict[str, Any]) -> None
     record.update(_plan_record(plan, plan.host_uid, plan.host_gid))
     registry.write(plan.sandbox_id, record)
     _verify(plan, live, limit_setup)
-
-
-BOOTSTRAP_TARGET = "/run/sandboxer/state/home/runtime-bootstrap.json"
 
 
 def _admit_bootstrap(path: str | None, assignment: Assignment | None) -> tuple[Bootstrap, bytes] | None:
@@ -262,10 +261,12 @@ def _with_suspend_dir(grants: Grants | None) -> Grants:
 
 def _deliver_bootstrap(plan: Plan, record: dict[str, Any], data: bytes) -> None:
     """Write the bootstrap into the sandbox user's home before anything else runs there."""
+    from sandboxer.bootstrap import TARGET
+
     if plan.backend == "docker":
         from sandboxer.backends import docker as docker_backend
 
-        docker_backend.deliver(str(record["container_id"]), plan, data, BOOTSTRAP_TARGET)
+        docker_backend.deliver(str(record["container_id"]), plan, data, TARGET)
         return
     from sandboxer.backends import bwrap
 
@@ -275,7 +276,7 @@ def _deliver_bootstrap(plan: Plan, record: dict[str, Any], data: bytes) -> None:
         holder_pid=record["holder_pid"],
         pid_namespace=record["pid_namespace"],
     )
-    bwrap.deliver(live, plan, data, BOOTSTRAP_TARGET, procs_files=tuple(record["limits"]["procs_files"]))
+    bwrap.deliver(live, plan, data, TARGET, procs_files=tuple(record["limits"]["procs_files"]))
 
 
 def _admit_manifest(dirs: Dirs, path: str | None, *, backend: str, repository: str) -> Assignment | None:
@@ -433,7 +434,7 @@ def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tupl
             else:
                 residue.append(f"container {str(container_id)[:12]}: {problem}")
     if isinstance(record.get("bootstrap"), dict) and not residue:
-        removed.append(f"bootstrap file {BOOTSTRAP_TARGET} (with the sandbox's private state)")
+        removed.append(f"bootstrap file {record['bootstrap'].get('target')} (with the sandbox's private state)")
     if isinstance(record.get("manifest"), dict):
         from sandboxer import leases
 
