@@ -25,6 +25,7 @@ from sandboxer.observe import ProbeSeen, parse_probe
 from sandboxer.plan import Mount, MountKind, Plan
 
 START_TIMEOUT = 20.0
+_PROBE_SETTLE_SECONDS = 5.0  # how long a probe may take to finish its execve under load
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -287,12 +288,11 @@ def probe(live: Live, plan: Plan, *, procs_files: tuple[str, ...], rlimits: tupl
         os.close(devnull)
     try:
         base = f"/proc/{started.command_pid}"
+        env_bytes = _settled_environ(base)
         texts = {}
         for name in ("status", "cgroup", "uid_map", "gid_map"):
             with open(f"{base}/{name}") as stream:
                 texts[name] = stream.read()
-        with open(f"{base}/environ", "rb") as environ:
-            env_bytes = environ.read()
         seen = parse_probe(
             texts["status"], env_bytes, texts["cgroup"], uid_map=texts["uid_map"], gid_map=texts["gid_map"]
         )
@@ -302,3 +302,20 @@ def probe(live: Live, plan: Plan, *, procs_files: tuple[str, ...], rlimits: tupl
         procs.signal_all([started.command_pid], signal.SIGKILL)
         os.waitpid(started.relay_pid, 0)
     return seen
+
+
+def _settled_environ(base: str) -> bytes:
+    """The probe's environment once its execve has finished.
+
+    The report pipe closes (close-on-exec) while the kernel is still inside execve, before it
+    has laid out the new environment: a read then sees none. The plan's environment is never
+    empty (PATH is fixed), so wait, briefly and boundedly, for the kernel to finish; its
+    credentials are committed before the environment, so status read afterwards is final too.
+    """
+    deadline = time.monotonic() + _PROBE_SETTLE_SECONDS
+    while True:
+        with open(f"{base}/environ", "rb") as environ:
+            env_bytes = environ.read()
+        if env_bytes or time.monotonic() > deadline:
+            return env_bytes
+        time.sleep(0.001)
