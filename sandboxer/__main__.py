@@ -32,7 +32,7 @@ def main() -> None:
         from sandboxer.fastexec import main as run_exec
 
         sys.exit(run_exec(argv))
-    if command in ("create", "inspect", "list", "teardown", "gc", "dispatch-tool"):
+    if command in ("create", "inspect", "list", "teardown", "gc", "dispatch-tool", "warm"):
         from sandboxer.callercli import main as run_caller
 
         sys.exit(run_caller(argv))

@@ -1,4 +1,4 @@
-"""The caller commands — create, inspect, list, teardown, gc — on a lean argparse parser.
+"""The caller commands — create, inspect, list, teardown, gc (and the owner's warm) — on a lean argparse parser.
 
 Callers run these many times per task; typer's start-up alone (about 70 ms here, with pydantic)
 would be most of a create/teardown cycle. The owner commands stay on the typer CLI
@@ -43,6 +43,10 @@ def _parser() -> argparse.ArgumentParser:
     relay.add_argument("--lease", required=True, help="the tool-request lease")
     relay.add_argument("--request-id", required=True, help="the request id (requests/<id>.json)")
     relay.add_argument("--wait-seconds", required=True, type=int, help="how long to wait for it (0-300)")
+    warm = commands.add_parser(
+        "warm", help="start the warm containers a Docker profile keeps (ext.docker config.warm); remove stale ones"
+    )
+    warm.add_argument("profile", metavar="PROFILE")
     for sub in commands.choices.values():
         sub.add_argument("--json", action="store_true", help="print one JSON document")
     return parser
@@ -81,6 +85,16 @@ def _run(args: argparse.Namespace, dirs: Dirs) -> None:
                 dirs.state, args.id, lease_id=args.lease, request_id=args.request_id, wait_seconds=args.wait_seconds
             )
             print_result(result, f"dispatched {result['request_id']} ({result['response']})", args.json)
+        case "warm":
+            from sandboxer.commands.warm import fill
+
+            result = fill(dirs, args.profile)
+            text = f"{result['profile']}: " + (
+                "another fill is running"
+                if result["busy"]
+                else f"{result['warm']} warm (started {len(result['started'])}, removed {len(result['removed'])})"
+            )
+            print_result(result, text, args.json)
         case "gc":
             result = sandbox.gc(dirs)
             lines = [f"collected {r['id']}" + (" (RESIDUE)" if r["residue"] else "") for r in result["collected"]]

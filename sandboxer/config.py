@@ -36,6 +36,7 @@ DEFAULT_MEMORY_MIB = 2048
 DEFAULT_PIDS = 512
 MEMORY_MIB_RANGE = (64, 1024 * 1024)
 PIDS_RANGE = (16, 65536)
+WARM_RANGE = (0, 8)  # containers started ahead for each Docker profile (docs/docker.md, "Warm containers")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +55,7 @@ class ExtensionConfig:
     runtime: RuntimePin
     image: str | None
     file_sha256: str
+    warm: int = 0  # ext.docker only: containers kept started ahead for each of its profiles
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -204,7 +206,10 @@ def _parse_extension(doc: _Doc, root: YNode, digest: str) -> ExtensionConfig:
     extension = doc.extension_name(top["extension"], "extension")
     doc.own_name(top["extension"], "extension", extension)
     needs_image = extension == "ext.docker"
-    body = doc.mapping(top["config"], "config", ("runtime", "image") if needs_image else ("runtime",))
+    if needs_image:
+        body = doc.mapping(top["config"], "config", ("runtime", "image"), ("warm",))
+    else:
+        body = doc.mapping(top["config"], "config", ("runtime",))
     runtime = doc.mapping(body["runtime"], "config.runtime", ("path", "sha256"))
     image = None
     if needs_image:
@@ -223,7 +228,8 @@ def _parse_extension(doc: _Doc, root: YNode, digest: str) -> ExtensionConfig:
             "must be 64 lowercase hex digits",
         ),
     )
-    return ExtensionConfig(extension=extension, runtime=pin, image=image, file_sha256=digest)
+    warm = doc.integer(body["warm"], "config.warm", WARM_RANGE) if "warm" in body else 0
+    return ExtensionConfig(extension=extension, runtime=pin, image=image, file_sha256=digest, warm=warm)
 
 
 def _opaque_string(doc: _Doc, node: YNode, path: str) -> str:
@@ -341,6 +347,7 @@ def meaning(item: OwnerFile) -> dict[str, Any]:
     config: dict[str, Any] = {"runtime": {"path": item.runtime.path, "sha256": item.runtime.sha256}}
     if item.image is not None:
         config["image"] = item.image
+        config["warm"] = item.warm
     return {"kind": "extension", "extension": item.extension, "config": config}
 
 
@@ -368,6 +375,7 @@ def from_meaning(document: dict[str, Any], file_sha256: str) -> OwnerFile:
         runtime=RuntimePin(path=str(config["runtime"]["path"]), sha256=str(config["runtime"]["sha256"])),
         image=str(config["image"]) if "image" in config else None,
         file_sha256=file_sha256,
+        warm=int(config.get("warm", 0)),
     )
 
 

@@ -75,7 +75,7 @@ class _Target:
 
     def __init__(self, state_dir: str, sandbox_id: str, lease_id: str, request_id: str) -> None:
         registry = Registry(state_dir)
-        self.record = registry.read(check_id(sandbox_id))
+        self.record = registry.read_caller(check_id(sandbox_id))
         if self.record.get("state") != "ready":
             raise BackendError(f"sandbox {sandbox_id} is not ready (state {self.record.get('state')})")
         assignment = self.record.get("manifest")

@@ -139,6 +139,8 @@ def _load(state_dir: str, sandbox_id: str) -> dict[str, object]:
         raise ExecUsage(f"exec: no such sandbox: {sandbox_id}") from None
     except (OSError, ValueError):
         raise ExecUsage(f"exec: sandbox {sandbox_id}: its record cannot be read") from None
+    if record.get("state") in ("warming", "warm"):  # registry.HIDDEN_STATES: nobody's sandbox yet
+        raise ExecUsage(f"exec: no such sandbox: {sandbox_id}")
     if record.get("state") != "ready":
         raise ExecUsage(f"exec: sandbox {sandbox_id} is not ready (state {record.get('state')})")
     if record.get("backend") == "docker":

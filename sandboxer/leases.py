@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -437,8 +437,12 @@ def create_volume(name: str, *, sandbox_id: str, state_dir: str) -> str:
     return mountpoint
 
 
-def orphan_volumes(state_dir: str, present: set[str]) -> list[tuple[str, str]]:
-    """(volume, sandbox id) of spool volumes this state dir made whose sandbox directory is gone."""
+def orphan_volumes(state_dir: str, present: Callable[[], set[str]]) -> list[tuple[str, str]]:
+    """(volume, sandbox id) of spool volumes this state dir made whose sandbox directory is gone.
+
+    `present` lists the sandbox directories; it is asked only after the volumes are listed: a
+    create makes its directory before its volumes, so one in progress is never taken for gone.
+    """
     from urllib.parse import quote
 
     from sandboxer import dockerexec
@@ -451,11 +455,12 @@ def orphan_volumes(state_dir: str, present: set[str]) -> list[tuple[str, str]]:
     except (OSError, ValueError, dockerexec.EngineError):
         return []
     orphans = []
+    present_ids = present()
     for volume in found:
         owner = (volume.get("Labels") or {}).get(LABEL)
         if (
             isinstance(owner, str)
-            and owner not in present
+            and owner not in present_ids
             and str(volume.get("Name", "")).startswith(SPOOL_VOLUME_PREFIX)
         ):
             orphans.append((str(volume["Name"]), owner))

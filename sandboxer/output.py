@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import traceback
 from typing import Any
 
 
@@ -37,6 +36,8 @@ def report_failure(exc: Exception, *, as_json: bool, debug: bool) -> int:
     from sandboxer.errors import SandboxerError
 
     if debug:
+        import traceback  # only with --debug: start-up time on every other run
+
         traceback.print_exception(exc)
     if isinstance(exc, SandboxerError):
         emit_error(kind=exc.kind, message=str(exc), as_json=as_json)

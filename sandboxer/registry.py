@@ -8,7 +8,9 @@
         workspace/                the Git clone bound at /workspace
         bwrap.log                 bwrap's own messages
 
-Record states: `creating` → `ready` → `tearing-down` (then the directory is gone), or `failed`.
+Record states: `creating` → `ready` → `tearing-down` (then the directory is gone), or `failed`;
+a warm container (sandboxer.commands.warm) is `warming` → `warm` until a create takes it, and is
+no caller's sandbox until then.
 Whatever a crash leaves — no record, a `creating` record, a dead holder — `gc` can finish, and it
 never touches a directory whose lock is held by a live process.
 """
@@ -20,7 +22,6 @@ import fcntl
 import json
 import os
 import re
-import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,11 +30,12 @@ from sandboxer.fsutil import atomic_write, ensure_private_dir
 
 ID_PATTERN = re.compile(r"[0-9a-f]{24}")
 RECORD_FORMAT = 1
+HIDDEN_STATES = ("warming", "warm")  # started ahead, not yet any caller's sandbox
 
 
 def new_id() -> str:
     """An unguessable sandbox id that is a safe path component (96 random bits, hex)."""
-    return secrets.token_hex(12)
+    return os.urandom(12).hex()  # the kernel's CSPRNG, as secrets.token_hex uses (without its imports)
 
 
 def check_id(sandbox_id: str) -> str:
@@ -137,6 +139,13 @@ class Registry:
             raise BackendError(f"sandbox {sandbox_id}: its record is not valid JSON") from None
         if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
             raise BackendError(f"sandbox {sandbox_id}: its record has an unknown format")
+        return record
+
+    def read_caller(self, sandbox_id: str) -> dict[str, Any]:
+        """The record of a sandbox a caller may name: a warm container is nobody's yet."""
+        record = self.read(sandbox_id)
+        if record.get("state") in HIDDEN_STATES:
+            raise NotFoundError(f"no such sandbox: {sandbox_id}")
         return record
 
     def read_or_none(self, sandbox_id: str) -> dict[str, Any] | None:

@@ -11,15 +11,19 @@ import contextlib
 import os
 import shutil
 import stat
-import subprocess
-import tempfile
+from typing import TYPE_CHECKING
 
 from sandboxer.errors import BackendError, PolicyError, UsageError
+
+if TYPE_CHECKING:
+    import subprocess
 
 
 def _git(
     args: list[str], *, home: str, cwd: str | None = None, repo: str | None = None
 ) -> subprocess.CompletedProcess[bytes]:
+    import subprocess  # here, not at import: teardown uses this module without running git
+
     git = shutil.which("git", path="/usr/bin:/bin:/usr/local/bin")
     if git is None:
         raise BackendError("git is not installed", hint="apt-get install -y git")
@@ -46,11 +50,16 @@ def clone(
     branch: str | None = None,
     ref_field: str = "workspace.ref",
 ) -> None:
-    """Clone `repository` at `ref` into the new directory `destination`, owned by `owner` if given.
+    """Clone `repository` at `ref` into `destination`, owned by `owner` if given.
 
-    With `branch` (a manifest's task branch), that branch is created at `ref` and checked out;
-    a `ref` the repository lacks is then a refusal of the manifest (PolicyError, exit 3).
+    `destination` is new, or an empty directory that must stay the same directory (a warm
+    container already has it bound at /workspace). With `branch` (a manifest's task branch),
+    that branch is created at `ref` and checked out; a `ref` the repository lacks is then a
+    refusal of the manifest (PolicyError, exit 3).
     """
+    bound = os.path.isdir(destination)
+    import tempfile
+
     with tempfile.TemporaryDirectory(prefix="sandboxer-git-home-") as home:
         # Our own "global" config, read by every git process of the clone (upload-pack too):
         # the owner's repository may belong to another user, and hooks never run.
@@ -64,7 +73,7 @@ def clone(
             fast = _git([*clone_args, "--branch", ref, "--", repository, destination], home=home)
             if fast.returncode == 0:
                 return _finish(destination, owner)
-            shutil.rmtree(destination, ignore_errors=True)
+            _discard(destination, keep_directory=bound)
         if not _is_repository_root(repository, home):
             raise UsageError(f"{profile_file}: workspace.repository: not a Git repository")
         if _git([*clone_args, "--no-checkout", "--", repository, destination], home=home).returncode != 0:
@@ -78,6 +87,19 @@ def clone(
             what = "task_branch: cannot be created" if branch else f"{ref_field}: checkout failed"
             raise BackendError(f"{profile_file}: {what}")
     _finish(destination, owner)
+
+
+def _discard(destination: str, *, keep_directory: bool) -> None:
+    """Remove what a failed clone left; a bound directory itself stays (emptied)."""
+    if not keep_directory:
+        shutil.rmtree(destination, ignore_errors=True)
+        return
+    with os.scandir(destination) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
 
 
 def _is_repository_root(repository: str, home: str) -> bool:

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from sandboxer import procs, workspace
-from sandboxer.errors import BackendError, PolicyError, ResidueError, SandboxerError
-from sandboxer.registry import Registry, check_id
+from sandboxer.errors import BackendError, NotFoundError, PolicyError, ResidueError, SandboxerError
+from sandboxer.registry import HIDDEN_STATES, Registry, check_id
 
 # teardown, list and gc run often and need little; what only create and inspect use is
 # imported inside them, so a teardown does not pay for YAML, netlink or the plan checker.
@@ -98,19 +98,35 @@ def create(
 
     request = _Request(dirs, profile_name, manifest_path, bootstrap_path)
     registry = Registry(dirs.state)
-    sandbox_id, lock = registry.allocate()
-    record: dict[str, Any] = {
-        "id": sandbox_id,
-        "profile": request.profile.name,
-        "backend": request.backend,
-        "state": "creating",
-        "created_at": _now(),
-        "owner_pid": os.getpid(),
-        "owner_start": procs.start_time(os.getpid()),
-    }
+    warm_count, taken = 0, None
+    if request.backend == "docker":
+        from sandboxer.commands import warm
+
+        warm_count = warm.wanted(request)
+        taken = warm.claim(request, registry) if warm_count else None
+    if taken is None:
+        sandbox_id, lock = registry.allocate()
+        record: dict[str, Any] = {}
+    else:
+        sandbox_id, lock, record, plan = taken
+    record.update(
+        {
+            "id": sandbox_id,
+            "profile": request.profile.name,
+            "backend": request.backend,
+            "state": "creating",
+            "created_at": _now(),
+            "owner_pid": os.getpid(),
+            "owner_start": procs.start_time(os.getpid()),
+            "warm_profile": bool(warm_count),  # its teardown tops the profile's warm containers up
+        }
+    )
     try:
         registry.write(sandbox_id, record)
-        _make(request, registry, record)
+        if taken is None:
+            _make(request, registry, record)
+        else:
+            warm.finish(request, registry, record, plan)
         record["state"] = "ready"
         registry.write(sandbox_id, record)
     except BaseException as exc:
@@ -123,6 +139,10 @@ def create(
         raise
     finally:
         os.close(lock)
+    if warm_count and taken is None:
+        # None was warm (the first create of the profile, or a burst took them all): fill now.
+        # A taken one is replaced when its sandbox is torn down, not while the caller uses it.
+        warm.spawn_fill(dirs, request.profile.name)
     result = {
         "id": sandbox_id,
         "profile": request.profile.name,
@@ -157,11 +177,29 @@ class _Request:
 def _make(request: _Request, registry: Registry, record: dict[str, Any]) -> None:
     """Plan, clone, spools, start and verify, deliver: the body of a create."""
     from sandboxer.backends import bwrap
-    from sandboxer.plan import SANDBOX_GID, SANDBOX_UID, build_plan
 
     sandbox_id = str(record["id"])
+    assignment = request.assignment
+    plan = plan_for(request, registry, sandbox_id)
+    _clone(request, plan)
+    if assignment is not None:
+        host_uid, host_gid = bwrap.host_ids(plan)
+        record["manifest"] = assignment.record(plan)
+        registry.write(sandbox_id, record)
+        assignment.make_spools(plan, request.state_dir, consumer=(host_uid, host_gid))
+    if plan.backend == "docker":
+        start_docker(plan, request.image, registry, record)
+    else:
+        _start_bwrap(plan, registry, record)
+    deliver_requested(request, plan, record)
+
+
+def plan_for(request: _Request, registry: Registry, sandbox_id: str) -> Plan:
+    """The plan of the sandbox `sandbox_id` for this request."""
+    from sandboxer.backends import bwrap
+    from sandboxer.plan import SANDBOX_GID, SANDBOX_UID, build_plan
+
     assignment, delivery = request.assignment, request.delivery
-    clone_dir = registry.path(sandbox_id, "workspace")
     links, etc = _host_layout()
     grants = None if assignment is None else assignment.grants(request.backend, registry.path(sandbox_id))
     if delivery is not None and delivery[0].suspend_control:
@@ -171,39 +209,42 @@ def _make(request: _Request, registry: Registry, record: dict[str, Any]) -> None
         ids = bwrap.allocate_host_ids()
     else:
         ids = (grants.uid or SANDBOX_UID, grants.gid or SANDBOX_GID) if grants else (SANDBOX_UID, SANDBOX_GID)
-    plan = build_plan(
+    return build_plan(
         sandbox_id=sandbox_id,
         profile=request.profile,
         extension=request.extension,
-        workspace_source=clone_dir,
+        workspace_source=registry.path(sandbox_id, "workspace"),
         host_ids=ids,
         host_links=links,
         host_etc=etc,
         grants=grants,
     )
+
+
+def _clone(request: _Request, plan: Plan) -> None:
+    """The workspace: the profile's repository (or the manifest's revision) cloned for this plan."""
+    from sandboxer.backends import bwrap
+
+    assignment = request.assignment
     host_uid, host_gid = bwrap.host_ids(plan)
     workspace.clone(
         repository=request.profile.workspace.repository,
         ref=assignment.revision if assignment else request.profile.workspace.ref,
-        destination=clone_dir,
+        destination=str(plan.workspace_source),
         profile_file=assignment.file if assignment else request.profile_file,
         owner=(host_uid, host_gid) if os.geteuid() == 0 else None,
         branch=assignment.branch if assignment else None,
         ref_field="repository.revision" if assignment else "workspace.ref",
     )
-    if assignment is not None:
-        record["manifest"] = assignment.record(plan)
-        registry.write(sandbox_id, record)
-        assignment.make_spools(plan, request.state_dir, consumer=(host_uid, host_gid))
-    if plan.backend == "docker":
-        _start_docker(plan, request.image, registry, record)
-    else:
-        _start_bwrap(plan, registry, record)
-    if delivery is not None:
+
+
+def deliver_requested(request: _Request, plan: Plan, record: dict[str, Any]) -> None:
+    """Deliver the runtime bootstrap of the request, if it has one, into the started sandbox."""
+    if request.delivery is not None:
         from sandboxer.bootstrap import TARGET
 
-        _deliver_bootstrap(plan, record, delivery[1])
-        record["bootstrap"] = {"target": TARGET, "suspend_control": delivery[0].suspend_control}
+        _deliver_bootstrap(plan, record, request.delivery[1])
+        record["bootstrap"] = {"target": TARGET, "suspend_control": request.delivery[0].suspend_control}
 
 
 def _start_bwrap(plan: Plan, registry: Registry, record: dict[str, Any]) -> None:
@@ -297,9 +338,9 @@ def _admit_manifest(dirs: Dirs, path: str | None, *, backend: str, repository: s
     return assignment
 
 
-def _start_docker(plan: Plan, image: str, registry: Registry, record: dict[str, Any]) -> None:
+def start_docker(plan: Plan, image: str, registry: Registry, record: dict[str, Any]) -> tuple[ProbeSeen, list[str]]:
     """Start the container, record it, and refuse it unless Docker and the container itself
-    show exactly the plan."""
+    show exactly the plan; returns what its pid 1 saw (the probe and the interfaces)."""
     from sandboxer.backends import docker as docker_backend
     from sandboxer.observe import process_differences
 
@@ -324,6 +365,7 @@ def _start_docker(plan: Plan, image: str, registry: Registry, record: dict[str, 
     problems += process_differences(plan, interfaces, probe)
     if problems:
         raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))
+    return probe, interfaces
 
 
 def _docker_probe(container_id: str, plan: Plan) -> tuple[ProbeSeen, list[str], list[MountSeen], list[dict[str, str]]]:
@@ -497,6 +539,8 @@ def teardown(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
         raise BackendError(f"sandbox {sandbox_id}: its lock could not be taken")
     try:
         record = registry.read_or_none(sandbox_id) or {"id": sandbox_id}
+        if record.get("state") in HIDDEN_STATES:
+            raise NotFoundError(f"no such sandbox: {sandbox_id}")
         if "state" in record:
             if record["state"] == "ready":
                 record["consumed"] = True  # the assignment was used: its materializations go too
@@ -506,6 +550,10 @@ def teardown(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
         removed, residue = destroy(registry, sandbox_id, record)
     finally:
         os.close(lock)
+    if record.get("warm_profile") and isinstance(record.get("profile"), str):
+        from sandboxer.commands.warm import spawn_fill
+
+        spawn_fill(dirs, record["profile"])
     return {"id": sandbox_id, "removed": removed, "residue": residue}
 
 
@@ -548,6 +596,8 @@ def list_sandboxes(dirs: Dirs) -> dict[str, Any]:
             )
             continue
         status = record.get("state", "unknown")
+        if status in HIDDEN_STATES:
+            continue
         if status == "ready":
             running = _running(record)
             status = "unknown" if running is None else "running" if running else "dead"
@@ -566,7 +616,7 @@ def list_sandboxes(dirs: Dirs) -> dict[str, Any]:
 def gc(dirs: Dirs) -> dict[str, Any]:
     """Finish what crashed creates and teardowns left; never touch a healthy or busy sandbox."""
     registry = Registry(dirs.state)
-    collected, healthy, busy = [], [], []
+    collected, healthy, busy, warm = [], [], [], []
     collected += _collect_orphan_containers(registry)
     for sandbox_id in registry.ids():
         lock = registry.try_lock_for_gc(sandbox_id)
@@ -575,18 +625,25 @@ def gc(dirs: Dirs) -> dict[str, Any]:
             continue
         try:
             record = registry.read_or_none(sandbox_id)
-            running = _running(record) if record is not None and record.get("state") == "ready" else False
+            state = record.get("state") if record is not None else None
+            running = _running(record) if record is not None and state in ("ready", "warm") else False
             if running is None:  # the Engine does not answer: never destroy what may be healthy
                 busy.append(sandbox_id)
                 continue
-            if running:
+            if running and state == "warm":
+                from sandboxer.commands.warm import is_current
+
+                if is_current(dirs, record or {}):
+                    warm.append(sandbox_id)
+                    continue
+            elif running:
                 healthy.append(sandbox_id)
                 continue
             removed, residue = destroy(registry, sandbox_id, record or {"id": sandbox_id})
             collected.append({"id": sandbox_id, "removed": removed, "residue": residue})
         finally:
             os.close(lock)
-    return {"collected": collected, "healthy": healthy, "busy": busy}
+    return {"collected": collected, "healthy": healthy, "busy": busy, "warm": warm}
 
 
 def _collect_orphan_containers(registry: Registry) -> list[dict[str, Any]]:
@@ -598,8 +655,11 @@ def _collect_orphan_containers(registry: Registry) -> list[dict[str, Any]]:
     from sandboxer.backends import docker as docker_backend
 
     receipts = []
+    # Containers first, then directories: a create (or a warm fill) makes its directory before its
+    # container, so a container whose directory is absent after this order is really an orphan.
+    labelled = docker_backend.labelled(registry.state_dir)
     present = set(registry.ids())
-    for sandbox_id, container_id in docker_backend.labelled(registry.state_dir).items():
+    for sandbox_id, container_id in labelled.items():
         if sandbox_id in present:
             continue
         residue = docker_backend.remove(container_id)
@@ -607,7 +667,7 @@ def _collect_orphan_containers(registry: Registry) -> list[dict[str, Any]]:
         receipts.append({"id": sandbox_id, "removed": removed, "residue": residue})
     from sandboxer import leases
 
-    for volume, sandbox_id in leases.orphan_volumes(registry.state_dir, present):
+    for volume, sandbox_id in leases.orphan_volumes(registry.state_dir, lambda: set(registry.ids())):
         problem = leases.remove_volume(volume, sandbox_id=sandbox_id)
         if problem != "gone":
             item = f"spool volume {volume}"
@@ -628,7 +688,7 @@ def inspect(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
     from sandboxer.observe import differences, read_mountinfo
 
     registry = Registry(dirs.state)
-    record = registry.read(check_id(sandbox_id))
+    record = registry.read_caller(check_id(sandbox_id))
     if record.get("state") != "ready" or not _running(record):
         raise BackendError(f"sandbox {sandbox_id} is not running (state {record.get('state')})", hint="sandboxer gc")
     if record.get("backend") == "docker":

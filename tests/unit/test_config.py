@@ -318,3 +318,39 @@ def test_names_map_to_their_files() -> None:
     for bad in ("../x", "ext.other", "A", "", "a/b"):
         with pytest.raises(UsageError):
             validate_name(bad)
+
+
+def test_a_docker_config_keeps_no_warm_containers_unless_it_says_so() -> None:
+    item = parse(DOCKER, "ext.docker")
+    assert isinstance(item, ExtensionConfig)
+    assert item.warm == 0
+    warm = parse(DOCKER + "  warm: 3\n", "ext.docker")
+    assert isinstance(warm, ExtensionConfig)
+    assert warm.warm == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (DOCKER + "  warm: 9\n", r"f\.yaml:7:9: config\.warm: must be between 0 and 8"),
+        (DOCKER + "  warm: -1\n", r"f\.yaml:7:9: config\.warm: must be between 0 and 8"),
+        (DOCKER + "  warm: true\n", r"f\.yaml:7:9: config\.warm: must be an integer"),
+        (DOCKER + '  warm: "2"\n', r"f\.yaml:7:9: config\.warm: must be an integer"),
+        (EXT + "  warm: 1\n", r"f\.yaml:6:3: config\.warm: unknown key"),
+    ],
+    ids=["too-many", "negative", "boolean", "string", "bwrap-has-none"],
+)
+def test_bad_warm_counts_are_refused(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse(text)
+
+
+@pytest.mark.parametrize("path", ["extensions/ext.bwrap.yaml", "extensions/ext.docker.yaml"])
+def test_the_shipped_extension_templates_parse(path: str) -> None:
+    from pathlib import Path
+
+    name = Path(path).stem
+    item = parse((Path(__file__).resolve().parents[2] / path).read_text(), name)
+    assert isinstance(item, ExtensionConfig)
+    assert item.extension == name
+    assert item.warm == 0

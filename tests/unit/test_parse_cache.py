@@ -24,7 +24,7 @@ EXT = (
 
 
 def test_meaning_round_trips_for_profiles_and_extensions() -> None:
-    for data in (PROFILE, EXT):
+    for data in (PROFILE, EXT, EXT + b"  warm: 2\n"):
         item = parse_owner_file(data, "f.yaml")
         assert from_meaning(json.loads(json.dumps(meaning(item))), item.file_sha256) == item
 
