@@ -47,7 +47,7 @@ def _require_approved(ledger: Ledger, name: str, file_sha256: str) -> None:
         raise PolicyError(f"{name} changed since it was approved", hint=f"review it, then sandboxer ext approve {name}")
 
 
-def _now() -> str:
+def now_text() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -96,7 +96,7 @@ def create(
     nothing is left behind if any step fails."""
     from sandboxer.plan import WORKSPACE_TARGET
 
-    request = _Request(dirs, profile_name, manifest_path, bootstrap_path)
+    request = CreateRequest(dirs, profile_name, manifest_path, bootstrap_path)
     registry = Registry(dirs.state)
     warm_count, taken = 0, None
     if request.backend == "docker":
@@ -115,7 +115,7 @@ def create(
             "profile": request.profile.name,
             "backend": request.backend,
             "state": "creating",
-            "created_at": _now(),
+            "created_at": now_text(),
             "owner_pid": os.getpid(),
             "owner_start": procs.start_time(os.getpid()),
             "warm_profile": bool(warm_count),  # its teardown tops the profile's warm containers up
@@ -159,7 +159,7 @@ def create(
     return result
 
 
-class _Request:
+class CreateRequest:
     """Everything a create checks before anything is made: the approved profile and extension,
     the lease manifest and the runtime bootstrap."""
 
@@ -174,14 +174,14 @@ class _Request:
         self.image = image or str(self.extension.image)
 
 
-def _make(request: _Request, registry: Registry, record: dict[str, Any]) -> None:
+def _make(request: CreateRequest, registry: Registry, record: dict[str, Any]) -> None:
     """Plan, clone, spools, start and verify, deliver: the body of a create."""
     from sandboxer.backends import bwrap
 
     sandbox_id = str(record["id"])
     assignment = request.assignment
     plan = plan_for(request, registry, sandbox_id)
-    _clone(request, plan)
+    clone_workspace(request, plan)
     if assignment is not None:
         host_uid, host_gid = bwrap.host_ids(plan)
         record["manifest"] = assignment.record(plan)
@@ -194,7 +194,7 @@ def _make(request: _Request, registry: Registry, record: dict[str, Any]) -> None
     deliver_requested(request, plan, record)
 
 
-def plan_for(request: _Request, registry: Registry, sandbox_id: str) -> Plan:
+def plan_for(request: CreateRequest, registry: Registry, sandbox_id: str) -> Plan:
     """The plan of the sandbox `sandbox_id` for this request."""
     from sandboxer.backends import bwrap
     from sandboxer.plan import SANDBOX_GID, SANDBOX_UID, build_plan
@@ -221,7 +221,7 @@ def plan_for(request: _Request, registry: Registry, sandbox_id: str) -> Plan:
     )
 
 
-def _clone(request: _Request, plan: Plan) -> None:
+def clone_workspace(request: CreateRequest, plan: Plan) -> None:
     """The workspace: the profile's repository (or the manifest's revision) cloned for this plan."""
     from sandboxer.backends import bwrap
 
@@ -238,7 +238,7 @@ def _clone(request: _Request, plan: Plan) -> None:
     )
 
 
-def deliver_requested(request: _Request, plan: Plan, record: dict[str, Any]) -> None:
+def deliver_requested(request: CreateRequest, plan: Plan, record: dict[str, Any]) -> None:
     """Deliver the runtime bootstrap of the request, if it has one, into the started sandbox."""
     if request.delivery is not None:
         from sandboxer.bootstrap import TARGET

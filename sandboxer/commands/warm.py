@@ -33,14 +33,14 @@ from sandboxer.errors import BackendError, NotFoundError, SandboxerError, UsageE
 from sandboxer.registry import HIDDEN_STATES, Registry
 
 if TYPE_CHECKING:
-    from sandboxer.commands.sandbox import _Request
+    from sandboxer.commands.sandbox import CreateRequest
     from sandboxer.dirs import Dirs
     from sandboxer.plan import Plan
 
 WARMING, WARM = HIDDEN_STATES
 
 
-def wanted(request: _Request) -> int:
+def wanted(request: CreateRequest) -> int:
     """How many warm containers the request's profile keeps; 0 when this create cannot take one.
 
     A lease manifest, or a bootstrap with suspend control, adds mounts and variables of its own to
@@ -53,7 +53,7 @@ def wanted(request: _Request) -> int:
     return request.extension.warm
 
 
-def claim(request: _Request, registry: Registry) -> tuple[str, int, dict[str, Any], Plan] | None:
+def claim(request: CreateRequest, registry: Registry) -> tuple[str, int, dict[str, Any], Plan] | None:
     """Take a warm container of the request's profile: (id, its held lock, its record, its plan).
 
     Stale ones met on the way are removed; None when there is none to take.
@@ -78,11 +78,11 @@ def claim(request: _Request, registry: Registry) -> tuple[str, int, dict[str, An
     return None
 
 
-def finish(request: _Request, registry: Registry, record: dict[str, Any], plan: Plan) -> None:
+def finish(request: CreateRequest, registry: Registry, record: dict[str, Any], plan: Plan) -> None:
     """The rest of a create that took a warm container: clone, inspect again, deliver."""
-    from sandboxer.commands.sandbox import _clone, deliver_requested
+    from sandboxer.commands.sandbox import clone_workspace, deliver_requested
 
-    _clone(request, plan)
+    clone_workspace(request, plan)
     problems = _container_problems(registry, record, plan)
     if problems:
         raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))
@@ -92,7 +92,7 @@ def finish(request: _Request, registry: Registry, record: dict[str, Any], plan: 
 def fill(dirs: Dirs, profile_name: str) -> dict[str, Any]:
     """Bring the profile's warm containers to the extension's `warm` count: remove the stale
     and the surplus, start the missing. One fill per profile runs at a time."""
-    from sandboxer.commands.sandbox import _Request, destroy, plan_for
+    from sandboxer.commands.sandbox import CreateRequest, destroy, plan_for
     from sandboxer.config import PROFILE_NAME
 
     if not PROFILE_NAME.fullmatch(profile_name):
@@ -106,7 +106,7 @@ def fill(dirs: Dirs, profile_name: str) -> dict[str, Any]:
         return result
     try:
         try:
-            request = _Request(dirs, profile_name, None, None)
+            request = CreateRequest(dirs, profile_name, None, None)
         except SandboxerError:
             result["removed"] = _drain(registry, profile_name)  # unapproved or invalid: none may stay warm
             raise
@@ -195,9 +195,9 @@ def is_current(dirs: Dirs, record: dict[str, Any]) -> bool:
     )
 
 
-def _start_one(request: _Request, registry: Registry) -> str:
+def _start_one(request: CreateRequest, registry: Registry) -> str:
     """Start, verify and record one warm container; nothing is left of it if any step fails."""
-    from sandboxer.commands.sandbox import _now, destroy, plan_for, start_docker
+    from sandboxer.commands.sandbox import destroy, now_text, plan_for, start_docker
 
     sandbox_id, lock = registry.allocate()
     record: dict[str, Any] = {
@@ -205,7 +205,7 @@ def _start_one(request: _Request, registry: Registry) -> str:
         "profile": request.profile.name,
         "backend": "docker",
         "state": WARMING,
-        "created_at": _now(),
+        "created_at": now_text(),
         "owner_pid": os.getpid(),
         "owner_start": procs.start_time(os.getpid()),
     }
@@ -249,7 +249,7 @@ def _start_one(request: _Request, registry: Registry) -> str:
     return sandbox_id
 
 
-def _stamp(request: _Request, registry: Registry, plan: Plan) -> dict[str, str]:
+def _stamp(request: CreateRequest, registry: Registry, plan: Plan) -> dict[str, str]:
     """What a warm container was made from, to compare with what a create would make."""
     from sandboxer.backends.docker_render import create_body
 
@@ -264,7 +264,7 @@ def _stamp(request: _Request, registry: Registry, plan: Plan) -> dict[str, str]:
     }
 
 
-def _problems(request: _Request, registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
+def _problems(request: CreateRequest, registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
     """Every reason the warm container may not become this request's sandbox."""
     from sandboxer.observe import ProbeSeen, process_differences
 
