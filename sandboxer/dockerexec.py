@@ -108,6 +108,16 @@ except OSError as exc:
 """
 
 
+# $0 is the cwd; the rest is the command to become there. chdir's reason, as the bwrap path
+# reports it, is told from what the path is.
+_ENTER_CWD = (
+    'cd -- "$0" 2>/dev/null || { if [ ! -e "$0" ]; then r="No such file or directory"; '
+    'elif [ ! -d "$0" ]; then r="Not a directory"; else r="Permission denied"; fi; '
+    'printf \'sandboxer: exec: --cwd %s: not a directory inside the sandbox (%s)\\n\' "$0" "$r" >&2; exit 125; }; '
+    'exec "$@"'
+)
+
+
 def create_exec(
     container: str,
     argv: list[str],
@@ -147,9 +157,9 @@ def create_exec(
     else:
         if "=" in argv[0]:
             raise EngineError("a program name with '=' cannot be run through env -i")
-        # env -C: a cwd that does not exist is env's own failure (status 125, like the bwrap
-        # path), not an OCI error text on stdout.
-        command = ["/usr/bin/env", "-i", "-C", cwd, "--", *pairs, *argv]
+        # The shell enters the cwd (or says why not, as the bwrap path does: 125), then env -i
+        # builds the environment from nothing and executes the command.
+        command = ["/bin/sh", "-c", _ENTER_CWD, cwd, "/usr/bin/env", "-i", "--", *pairs, *argv]
         if gate:  # dash exports PWD to what it runs: unset it, stop, then become the command
             command[-len(argv) :] = ["/bin/sh", "-c", 'unset PWD; kill -STOP $$; exec "$@"', "sh", *argv]
     body = {

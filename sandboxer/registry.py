@@ -110,17 +110,10 @@ class Registry:
     def try_lock_for_gc(self, sandbox_id: str) -> int | None:
         """The lock of a sandbox directory for gc, or None when a live process holds it."""
         with self._registry_lock():
-            path = self.path(sandbox_id, "lock")
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+                return try_lock_file(self.path(sandbox_id, "lock"))
             except FileNotFoundError:
                 return None  # the directory is already gone
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                return None
-            return fd
 
     def write(self, sandbox_id: str, record: dict[str, Any]) -> None:
         """Replace the record atomically."""
@@ -162,6 +155,18 @@ class Registry:
         except FileNotFoundError:
             return []
         return sorted(name for name in names if ID_PATTERN.fullmatch(name))
+
+
+def try_lock_file(path: str) -> int | None:
+    """An exclusive lock on `path` (made 0600 if missing, never through a symlink), or None when
+    another process holds it; the fd to close releases it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def parse_id_argument(value: str) -> str:

@@ -21,7 +21,6 @@ Anything else is stale: the create that meets it, the next fill, or `gc` removes
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandboxer import procs
 from sandboxer.errors import BackendError, NotFoundError, SandboxerError, UsageError
-from sandboxer.registry import HIDDEN_STATES, Registry
+from sandboxer.registry import HIDDEN_STATES, Registry, try_lock_file
 
 if TYPE_CHECKING:
     from sandboxer.commands.sandbox import CreateRequest
@@ -100,7 +99,7 @@ def fill(dirs: Dirs, profile_name: str) -> dict[str, Any]:
     registry = Registry(dirs.state)
     registry.ensure()
     result: dict[str, Any] = {"profile": profile_name, "warm": 0, "started": [], "removed": [], "busy": False}
-    fill_lock = _fill_lock(registry, profile_name)
+    fill_lock = try_lock_file(os.path.join(registry.root, f".warm-{profile_name}.lock"))
     if fill_lock is None:
         result["busy"] = True
         return result
@@ -353,20 +352,6 @@ def _try_lock(registry: Registry, sandbox_id: str) -> int | None:
         return registry.lock(sandbox_id, wait=False)
     except NotFoundError:
         return None
-
-
-def _fill_lock(registry: Registry, profile_name: str) -> int | None:
-    fd = os.open(
-        os.path.join(registry.root, f".warm-{profile_name}.lock"),
-        os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
-        0o600,
-    )
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
 
 
 def _drain(registry: Registry, profile_name: str) -> list[str]:
