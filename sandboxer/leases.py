@@ -17,11 +17,14 @@ import os
 import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandboxer import manifest as mf
 from sandboxer.errors import BackendError, PolicyError
 from sandboxer.plan import SAFE_PATH, SANDBOX_GID, SANDBOX_UID, STATE_DIRS, STATE_ROOT, Grants, Mount, MountKind, Plan
+
+if TYPE_CHECKING:
+    from sandboxer.observe import MountSeen
 
 SPOOL_PENDING_FILES = 16
 SPOOL_REQUEST_BYTES = 256 * 1024
@@ -556,6 +559,28 @@ def stage(plan: Plan, sandbox_dir: str, *, owner: int) -> Plan:
             os.close(fd)
         mounts.append(replaced(mount, source=point, beneath=staging))
     return replaced(plan, mounts=tuple(mounts))
+
+
+def staged_mismatches(staged: Plan, inside: list[MountSeen]) -> list[str]:
+    """Lease binds of a staged plan that the sandbox does not see as their staged mount.
+
+    The staged mounts exist in the broker's mount namespace. A Docker daemon in another one would
+    bind the empty point beneath them instead, and the sandbox would see an empty lease: the
+    mount at each lease target inside must show the filesystem and root the staged mount has."""
+    from sandboxer.observe import parse_mountinfo
+
+    with open("/proc/self/mountinfo") as stream:
+        host = {m.target: m for m in parse_mountinfo(stream.read())}  # the last at a point is on top
+    seen = {m.target: m for m in inside}
+    problems = []
+    for mount in staged.mounts:
+        staged_bind = mount.lease is not None and mount.kind is MountKind.RO_BIND
+        if not staged_bind or os.path.basename(str(mount.beneath)) != "leases":
+            continue
+        ours, theirs = host.get(str(mount.source)), seen.get(mount.target)
+        if ours is None or theirs is None or (ours.device, ours.root) != (theirs.device, theirs.root):
+            problems.append(f"lease {mount.lease}: {mount.target} is not its staged source inside the sandbox")
+    return problems
 
 
 def open_beneath_checked(mount: Mount) -> int:

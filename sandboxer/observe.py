@@ -20,6 +20,8 @@ class MountSeen:
     target: str
     read_only: bool
     fstype: str
+    device: str = ""  # major:minor of the filesystem
+    root: str = ""  # the path within that filesystem the mount shows at `target`
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,7 +56,15 @@ def parse_mountinfo(text: str) -> list[MountSeen]:
         if len(fields) < 6:
             continue
         options = fields[5].split(",")
-        mounts.append(MountSeen(target=_unescape(fields[4]), read_only="ro" in options, fstype=right.split(" ", 1)[0]))
+        mounts.append(
+            MountSeen(
+                target=_unescape(fields[4]),
+                read_only="ro" in options,
+                fstype=right.split(" ", 1)[0],
+                device=fields[2],
+                root=_unescape(fields[3]),
+            )
+        )
     return mounts
 
 

@@ -355,17 +355,35 @@ def start_docker(plan: Plan, image: str, registry: Registry, record: dict[str, A
         "pids": plan.limits.pids,
     }
     record["image"] = image
-    record.update(_plan_record(plan, plan.uid, plan.gid))
+    staged = _staged(plan, registry, record)
+    record.update(_plan_record(staged, plan.uid, plan.gid))  # what the Engine is asked for, and shows
     registry.write(sandbox_id, record)
-    container_id, output = docker_backend.start(plan, image=image, etc_dir=etc_dir, state_dir=registry.state_dir)
+    container_id, output = docker_backend.start(staged, image=image, etc_dir=etc_dir, state_dir=registry.state_dir)
     record["container_id"] = container_id
     registry.write(sandbox_id, record)
-    problems = docker_backend.check(container_id, plan, etc_dir=etc_dir)
-    probe, interfaces, _, _ = _parse_docker_probe(output)
+    problems = docker_backend.check(container_id, staged, etc_dir=etc_dir)
+    probe, interfaces, mounts, _ = _parse_docker_probe(output)
     problems += process_differences(plan, interfaces, probe)
+    if staged is not plan:
+        from sandboxer import leases
+
+        problems += leases.staged_mismatches(staged, mounts)
     if problems:
         raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))
     return probe, interfaces
+
+
+def _staged(plan: Plan, registry: Registry, record: dict[str, Any]) -> Plan:
+    """As root, lease binds come from read-only mounts the broker makes of each source it opened
+    and checked (as for bwrap): Docker resolves a bind source by path, so it is never given one
+    in the run directory, which its owner could swap for a symlink after the check."""
+    from sandboxer.plan import MountKind
+
+    if not any(m.lease is not None and m.kind is MountKind.RO_BIND for m in plan.mounts):
+        return plan
+    from sandboxer import leases
+
+    return leases.stage(plan, registry.path(plan.sandbox_id), owner=int(record["manifest"]["owner_uid"]))
 
 
 def _docker_probe(container_id: str, plan: Plan) -> tuple[ProbeSeen, list[str], list[MountSeen], list[dict[str, str]]]:
@@ -457,10 +475,6 @@ def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tupl
 
     record = {**record, "id": sandbox_id}
     removed, residue = stop(record)
-    if os.path.isdir(registry.path(sandbox_id, "leases")):
-        from sandboxer import leases
-
-        leases.unstage(registry.path(sandbox_id))  # what stays mounted is residue, found below
     if record.get("backend") == "docker":
         container_id = record.get("container_id")
         if not container_id:  # a create that died before recording it: find it by its label
@@ -475,6 +489,10 @@ def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tupl
                 removed.append(f"container {str(container_id)[:12]}")
             else:
                 residue.append(f"container {str(container_id)[:12]}: {problem}")
+    if os.path.isdir(registry.path(sandbox_id, "leases")):  # no process or container uses them now
+        from sandboxer import leases
+
+        leases.unstage(registry.path(sandbox_id))  # what stays mounted is residue, found below
     if isinstance(record.get("bootstrap"), dict) and not residue:
         removed.append(f"bootstrap file {record['bootstrap'].get('target')} (with the sandbox's private state)")
     if isinstance(record.get("manifest"), dict):

@@ -1,21 +1,31 @@
 """What the review of the lease code asked for, proved on the real CLI: teardown never removes
 through a run directory someone swapped; staged lease sources are passable only by their sandbox;
-a request spooled as a directory is refused like any bad request; one run is one sandbox."""
+Docker binds the staged mounts, never a path in the run directory; a request spooled as a
+directory is refused like any bad request; one run is one sandbox."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import UNPRIVILEGED_UID, Endpoints, SandboxBroker, _cleanup, make_broker
+from tests.integration.conftest import (
+    UNPRIVILEGED_UID,
+    Endpoints,
+    SandboxBroker,
+    _cleanup,
+    add_docker,
+    make_broker,
+)
 from tests.integration.test_dispatch_tool import SPOOL, assert_terminal, dispatch, setup
-from tests.integration.test_manifest_sandboxes import SHARED_NOTE, create, make_run, prepare, record_of
+from tests.integration.test_manifest_sandboxes import SHARED_NOTE, create, docker, make_run, prepare, record_of
 from tests.manifest_samples import PROVIDER_ENV, REQUEST, SHARED, build_run, write_file
 
 
@@ -61,6 +71,52 @@ def test_staged_lease_sources_are_passable_only_by_their_sandbox(sb_root: Sandbo
     assert broker.run("teardown", sandbox_id).status == 0
     after = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
     assert not [point for point in after if point.startswith(str(staging))]
+
+
+@pytest.fixture
+def docker_root(runtime_dir: Path, base_image: str) -> Iterator[SandboxBroker]:
+    broker = make_broker(runtime_dir, as_user=False)
+    add_docker(broker, base_image)
+    try:
+        yield broker
+    finally:
+        _cleanup(broker)
+
+
+def _mount_points() -> list[str]:
+    return [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+
+
+def test_docker_binds_the_staged_lease_mounts_never_a_path_in_the_run(docker_root: SandboxBroker, base: Path) -> None:
+    broker = docker_root
+    run = make_run(base, broker)
+    sandbox_id = create(broker, run)
+    record = record_of(broker, sandbox_id)
+    staging = broker.sandbox_dir(sandbox_id) / "leases"
+    target = run.doc["leases"][SHARED]["materializations"][0]["target_path"]
+    attrs = json.loads(docker("inspect", record["container_id"]))[0]
+    (bound,) = [m for m in attrs["Mounts"] if m["Destination"] == target]
+    assert Path(bound["Source"]).parent == staging  # the broker's own mount of the checked source
+    assert bound["RW"] is False
+    assert bound["Source"] in _mount_points()
+    assert not any(str(run.run_dir) in str(m["Source"]) for m in attrs["Mounts"])
+    # Swapping the source in the run directory afterwards changes nothing the sandbox sees.
+    source = run.source(SHARED)
+    os.rename(source, source.with_name("moved-away"))
+    decoy = base / "decoy"
+    decoy.mkdir()
+    (decoy / "note.txt").write_text("decoy\n")
+    source.symlink_to(decoy)
+    seen = broker.exec(sandbox_id, "cat", f"{target}/note.txt")
+    assert seen.status == 0, seen.stderr
+    assert seen.stdout.encode() == SHARED_NOTE
+    evidence = broker.run("inspect", sandbox_id, "--json")
+    assert evidence.status == 0, evidence.stderr
+    assert evidence.json()["matches_plan"] is True, evidence.json()["differences"]
+    torn = broker.run("teardown", sandbox_id, "--json")
+    assert torn.status == 0, torn.stderr
+    assert (decoy / "note.txt").read_text() == "decoy\n"  # the symlink went, never what it points at
+    assert not [point for point in _mount_points() if point.startswith(str(staging))]
 
 
 def test_a_directory_spooled_as_a_request_is_refused(sbx_root: SandboxBroker, base: Path, endpoints: Endpoints) -> None:

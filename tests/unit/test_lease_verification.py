@@ -4,6 +4,8 @@ them as the manifest says (fds for bwrap, a named volume for a spool on Docker).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sandboxer.backends.bwrap_argv import needs_fd, render_lines
@@ -176,3 +178,26 @@ def test_docker_lease_mount_deviations_are_differences(case: str) -> None:
         shared = next(m for m in mounts if m["Destination"] == SHARED)
         shared["RW"] = True
     assert mount_problems(plan, mounts), case
+
+
+def test_a_staged_lease_must_be_the_staged_mount_inside() -> None:
+    from types import SimpleNamespace
+
+    from sandboxer.leases import staged_mismatches
+    from sandboxer.observe import parse_mountinfo
+    from sandboxer.plan import Mount, MountKind
+
+    # /proc stands in for a staged point: a mount the broker's namespace really has.
+    host = {m.target: m for m in parse_mountinfo(Path("/proc/self/mountinfo").read_text())}["/proc"]
+    staged = SimpleNamespace(
+        mounts=[
+            Mount(kind=MountKind.RO_BIND, target="/run/x", source="/proc", lease="shared", beneath="/s/ab/leases"),
+            Mount(kind=MountKind.RO_BIND, target="/opt/sandboxer/runtime", source="/srv/rt"),  # not a lease
+        ]
+    )
+    same = MountSeen(target="/run/x", read_only=True, fstype=host.fstype, device=host.device, root=host.root)
+    assert staged_mismatches(staged, [same]) == []  # type: ignore[arg-type]
+    empty_point = MountSeen(target="/run/x", read_only=True, fstype="ext4", device="8:1", root="/s/ab/leases/0")
+    problem = ["lease shared: /run/x is not its staged source inside the sandbox"]
+    assert staged_mismatches(staged, [empty_point]) == problem  # type: ignore[arg-type]
+    assert staged_mismatches(staged, []) == problem  # type: ignore[arg-type]

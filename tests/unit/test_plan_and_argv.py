@@ -412,6 +412,13 @@ def test_parse_mountinfo_unescapes_and_reads_per_mount_options() -> None:
     # Per-mount options decide: the superblock's options (here "rw", "errors=remount-ro") do not.
     assert [m.read_only for m in mounts] == [True, True, False, False, False]
     assert [m.fstype for m in mounts] == ["tmpfs", "ext4", "ext4", "ext4", "proc"]
+    assert [(m.device, m.root) for m in mounts] == [
+        ("0:50", "/"),
+        ("8:1", "/srv/my runtime"),
+        ("8:1", "/tmp/ws"),
+        ("8:1", "/x"),
+        ("0:51", "/"),
+    ]
 
 
 def test_parse_mountinfo_skips_short_lines() -> None:
