@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 SPOOL_PENDING_FILES = 16
 SPOOL_REQUEST_BYTES = 256 * 1024
 SPOOL_TOTAL_BYTES = 1024 * 1024
+# A bwrap spool is a tmpfs of its own (root brokers): room for the pending quota and the
+# responses, and nothing a consumer could use to fill the state dir's filesystem.
+SPOOL_FS_OPTIONS = "size=64m,nr_inodes=4096,mode=0755"
 SPOOL_VOLUME_PREFIX = "sandboxer-spool-"
 
 
@@ -86,6 +89,7 @@ class Assignment:
                     os.chown(spools, 0, consumer[1])
                     os.chmod(spools, 0o710)  # noqa: S103 - root's, passable by the sandbox's own group only
                 os.mkdir(root, 0o755)
+                _mount_spool_tmpfs(root)
             lay_out_spool(
                 root,
                 binding_doc=binding(self.manifest, lease),
@@ -348,7 +352,7 @@ def remove(
             if problem == "gone":
                 continue
             (residue if problem else removed).append(f"spool volume {source}" + (f": {problem}" if problem else ""))
-        elif workspace.remove_tree(source):
+        elif not unmount_below(source) and workspace.remove_tree(source):
             removed.append(f"spool {source}")
         else:
             residue.append(f"spool {source}")
@@ -497,7 +501,7 @@ def remove_volume(name: str, *, sandbox_id: str) -> str | None:
 # mount point in the sandbox's own directory (0711) first; bwrap binds from there. teardown and
 # gc unmount them before anything else (`unstage`).
 
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_PRIVATE = 1, 2, 4, 32, 4096, 1 << 18
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND, _MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 1 << 18
 _MNT_DETACH = 2
 
 
@@ -600,12 +604,27 @@ def open_beneath_checked(mount: Mount) -> int:
 def unstage(sandbox_dir: str) -> list[str]:
     """Unmount every staged lease source of a sandbox and the staging mount itself; returns what
     could not be unmounted."""
+    return unmount_below(os.path.join(sandbox_dir, "leases"))
+
+
+def unmount_below(directory: str) -> list[str]:
+    """Unmount (lazily) every mount at or below `directory`, deepest first; what could not be."""
     from sandboxer.fsutil import mount_points
 
-    staging = os.path.join(sandbox_dir, "leases")
     left = []
-    points = {p for p in mount_points() if p == staging or p.startswith(staging + "/")}
+    points = {p for p in mount_points() if p == directory or p.startswith(directory + "/")}
     for point in sorted(points, key=len, reverse=True):
         if _libc().umount2(point.encode(), _MNT_DETACH) != 0:
             left.append(f"mount {point}")
     return left
+
+
+def _mount_spool_tmpfs(root: str) -> None:
+    """A private tmpfs of SPOOL_FS_OPTIONS at the spool's directory: no exec, setuid or devices."""
+    import ctypes
+
+    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    if _libc().mount(b"tmpfs", root.encode(), b"tmpfs", flags, SPOOL_FS_OPTIONS.encode()) != 0:
+        code = ctypes.get_errno()
+        raise BackendError(f"spool {os.path.basename(root)}: its tmpfs cannot be mounted ({os.strerror(code)})")
+    _mount_call(None, root, _MS_PRIVATE)

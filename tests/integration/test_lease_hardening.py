@@ -119,6 +119,30 @@ def test_docker_binds_the_staged_lease_mounts_never_a_path_in_the_run(docker_roo
     assert not [point for point in _mount_points() if point.startswith(str(staging))]
 
 
+def test_a_bwrap_spool_is_a_bounded_tmpfs_of_its_own(sb_root: SandboxBroker, base: Path) -> None:
+    broker = sb_root
+    run = make_run(base, broker)
+    sandbox_id = create(broker, run)
+    (spool,) = record_of(broker, sandbox_id)["manifest"]["spools"]
+    host_view = [
+        line for line in Path("/proc/self/mountinfo").read_text().splitlines() if line.split()[4] == spool["source"]
+    ]
+    assert len(host_view) == 1, host_view
+    assert " - tmpfs " in host_view[0]
+    assert all(flag in host_view[0].split()[5].split(",") for flag in ("nosuid", "nodev", "noexec"))
+    # The consumer cannot write more than the spool's 64 MiB, however it tries.
+    filled = broker.sh(sandbox_id, f"head -c 80M /dev/zero > {SPOOL}/requests/big; echo $?; df -k {SPOOL} | tail -1")
+    lines = filled.stdout.splitlines()
+    assert lines[0] != "0", filled.stdout
+    assert "No space left on device" in filled.stderr
+    assert int(lines[1].split()[1]) == 64 * 1024  # the tmpfs's size, in KiB
+    assert (Path(spool["source"]) / "requests" / "big").stat().st_size <= 64 * 1024 * 1024
+    torn = broker.run("teardown", sandbox_id, "--json")
+    assert torn.status == 0, torn.stderr
+    assert f"spool {spool['source']}" in torn.json()["removed"]
+    assert not [point for point in _mount_points() if point.startswith(str(broker.sandbox_dir(sandbox_id)))]
+
+
 def test_a_directory_spooled_as_a_request_is_refused(sbx_root: SandboxBroker, base: Path, endpoints: Endpoints) -> None:
     broker = sbx_root
     _, sandbox_id = setup(broker, base, endpoints)
