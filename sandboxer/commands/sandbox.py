@@ -859,6 +859,10 @@ def _inspect_docker(dirs: Dirs, record: dict[str, Any]) -> dict[str, Any]:
     attrs = docker_backend.inspect(container_id)
     problems = docker_backend.check(container_id, plan, etc_dir=registry.path(sandbox_id, "etc"))
     problems += process_differences(plan, interfaces, probe)
+    if os.path.isdir(registry.path(sandbox_id, "leases")):
+        from sandboxer import leases
+
+        problems += leases.staged_mismatches(plan, mounts)
     host = attrs.get("HostConfig") or {}
     evidence = _evidence(record, state_dir=dirs.state, mounts=mounts, probe=probe, problems=problems)
     evidence["network"] = {"interfaces": interfaces, "routes": routes, "mode": host.get("NetworkMode")}
@@ -870,5 +874,23 @@ def _inspect_docker(dirs: Dirs, record: dict[str, Any]) -> dict[str, Any]:
         "cap_drop": host.get("CapDrop"),
         "security_opt": host.get("SecurityOpt"),
         "user": (attrs.get("Config") or {}).get("User"),
+        # The uid the container's pid 1 has on the host: the sandbox uid itself unless the daemon
+        # remaps user namespaces (docs/docker.md).
+        "host_uid": _host_uid((attrs.get("State") or {}).get("Pid")),
+        "userns_mode": host.get("UsernsMode") or None,
     }
     return evidence
+
+
+def _host_uid(pid: object) -> int | None:
+    """The real uid of host process `pid` (None when it cannot be read)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/status") as stream:
+            for line in stream:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -139,6 +139,12 @@ def test_engine_inspect_shows_the_policy(db: SandboxBroker) -> None:
     assert evidence["user"]["uid"] == 1000
     assert evidence["capabilities"]["effective"] == "0" * 16
     assert evidence["runtime"]["read_only"] is True
+    remapped = any("userns" in option for option in _engine().info().get("SecurityOptions", []))
+    host_uid = evidence["docker"]["host_uid"]
+    if remapped:  # the daemon maps the container's 1000 to a subordinate uid of its own
+        assert host_uid not in (None, 0, 1000)
+    else:
+        assert host_uid == 1000  # the sandbox uid itself on the host (docs/docker.md says so)
 
 
 def test_a_container_altered_outside_the_broker_fails_verification(db: SandboxBroker, tmp_path: Path) -> None:
