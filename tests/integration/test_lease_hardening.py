@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ from tests.integration.conftest import (
 )
 from tests.integration.test_dispatch_tool import SPOOL, assert_terminal, dispatch, setup
 from tests.integration.test_manifest_sandboxes import SHARED_NOTE, create, docker, make_run, prepare, record_of
-from tests.manifest_samples import PROVIDER_ENV, REQUEST, SHARED, build_run, write_file
+from tests.manifest_samples import PROVIDER_ENV, REQUEST, SHARED, Run, build_run, write_file
 
 
 def test_teardown_leaves_the_run_alone_when_its_directory_was_swapped(sbx_root: SandboxBroker, base: Path) -> None:
@@ -52,25 +53,31 @@ def test_teardown_leaves_the_run_alone_when_its_directory_was_swapped(sbx_root: 
     assert not broker.sandbox_dir(sandbox_id).exists()
 
 
-def test_staged_lease_sources_are_passable_only_by_their_sandbox(sb_root: SandboxBroker, base: Path) -> None:
-    broker = sb_root
+def _leased(broker: SandboxBroker, base: Path) -> tuple[Run, str, dict[str, Any], Path]:
+    """A sandbox of a complete run: the run, the sandbox's id, its record, its staging dir."""
     run = make_run(base, broker)
     sandbox_id = create(broker, run)
-    record = record_of(broker, sandbox_id)
-    staging = broker.sandbox_dir(sandbox_id) / "leases"
+    return run, sandbox_id, record_of(broker, sandbox_id), broker.sandbox_dir(sandbox_id) / "leases"
+
+
+def _mount_points() -> list[str]:
+    return [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+
+
+def test_staged_lease_sources_are_passable_only_by_their_sandbox(sb_root: SandboxBroker, base: Path) -> None:
+    broker = sb_root
+    run, sandbox_id, record, staging = _leased(broker, base)
     info = os.stat(staging)
     assert stat.S_IMODE(info.st_mode) == 0o710
     assert (info.st_uid, info.st_gid) == (0, record["host_gid"])
     spools = os.stat(broker.sandbox_dir(sandbox_id) / "spools")
     assert stat.S_IMODE(spools.st_mode) == 0o710
     assert (spools.st_uid, spools.st_gid) == (0, record["host_gid"])
-    mounted = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
-    assert str(staging) in mounted  # a private mount of its own
+    assert str(staging) in _mount_points()  # a private mount of its own
     seen = broker.exec(sandbox_id, "cat", f"{run.doc['leases'][SHARED]['materializations'][0]['target_path']}/note.txt")
     assert seen.status == 0, seen.stderr
     assert broker.run("teardown", sandbox_id).status == 0
-    after = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
-    assert not [point for point in after if point.startswith(str(staging))]
+    assert not [point for point in _mount_points() if point.startswith(str(staging))]
 
 
 @pytest.fixture
@@ -83,16 +90,9 @@ def docker_root(runtime_dir: Path, base_image: str) -> Iterator[SandboxBroker]:
         _cleanup(broker)
 
 
-def _mount_points() -> list[str]:
-    return [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
-
-
 def test_docker_binds_the_staged_lease_mounts_never_a_path_in_the_run(docker_root: SandboxBroker, base: Path) -> None:
     broker = docker_root
-    run = make_run(base, broker)
-    sandbox_id = create(broker, run)
-    record = record_of(broker, sandbox_id)
-    staging = broker.sandbox_dir(sandbox_id) / "leases"
+    run, sandbox_id, record, staging = _leased(broker, base)
     target = run.doc["leases"][SHARED]["materializations"][0]["target_path"]
     attrs = json.loads(docker("inspect", record["container_id"]))[0]
     (bound,) = [m for m in attrs["Mounts"] if m["Destination"] == target]
