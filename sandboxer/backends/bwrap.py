@@ -231,20 +231,36 @@ def start(plan: Plan, *, log_path: str) -> Live:
     return Live(bwrap_pid=process.pid, init_pid=init_pid, holder_pid=holder, pid_namespace=int(info["pid-namespace"]))
 
 
-def deliver(live: Live, plan: Plan, data: bytes, target: str, *, procs_files: tuple[str, ...]) -> None:
-    """Write `data` to `target` inside the sandbox as the sandbox user (mode 0600, a new file),
-    through the stdin of a command started like an exec: never argv, environment or host disk."""
+def _broker_entry(
+    live: Live,
+    plan: Plan,
+    argv: tuple[str, ...],
+    *,
+    executable: str,
+    procs_files: tuple[str, ...],
+    rlimits: tuple[tuple[int, int], ...] = (),
+) -> joiner.Entry:
+    """A command of the broker's own, entered exactly as an exec is: the sandbox user, cwd /,
+    the plan's environment."""
     uid, gid = host_ids(plan)
-    entry = joiner.Entry(
+    return joiner.Entry(
         holder_pid=live.holder_pid,
         host_uid=uid,
         host_gid=gid,
         cwd="/",
-        argv=("sh", "-c", 'umask 077 && set -C && exec cat > "$0"', target),
-        executable="/bin/sh",
+        argv=argv,
+        executable=executable,
         env=dict(plan.env),
         cgroup_procs=procs_files,
+        rlimits=rlimits,
     )
+
+
+def deliver(live: Live, plan: Plan, data: bytes, target: str, *, procs_files: tuple[str, ...]) -> None:
+    """Write `data` to `target` inside the sandbox as the sandbox user (mode 0600, a new file),
+    through the stdin of a command started like an exec: never argv, environment or host disk."""
+    argv = ("sh", "-c", 'umask 077 && set -C && exec cat > "$0"', target)
+    entry = _broker_entry(live, plan, argv, executable="/bin/sh", procs_files=procs_files)
     source = os.memfd_create("sandboxer-delivery", os.MFD_CLOEXEC)
     devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
@@ -267,17 +283,8 @@ def probe(live: Live, plan: Plan, *, procs_files: tuple[str, ...], rlimits: tupl
     The probe is `sleep`; once it has executed, its status, environment and cgroups are read
     from the host's /proc (one start instead of three), then it is killed.
     """
-    uid, gid = host_ids(plan)
-    entry = joiner.Entry(
-        holder_pid=live.holder_pid,
-        host_uid=uid,
-        host_gid=gid,
-        cwd="/",
-        argv=("sleep", "30"),
-        executable="/usr/bin/sleep",
-        env=dict(plan.env),
-        cgroup_procs=procs_files,
-        rlimits=rlimits,
+    entry = _broker_entry(
+        live, plan, ("sleep", "30"), executable="/usr/bin/sleep", procs_files=procs_files, rlimits=rlimits
     )
     devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
