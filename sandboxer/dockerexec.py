@@ -108,14 +108,29 @@ except OSError as exc:
 """
 
 
-# $0 is the cwd; the rest is the command to become there. chdir's reason, as the bwrap path
-# reports it, is told from what the path is.
-_ENTER_CWD = (
-    'cd -- "$0" 2>/dev/null || { if [ ! -e "$0" ]; then r="No such file or directory"; '
-    'elif [ ! -d "$0" ]; then r="Not a directory"; else r="Permission denied"; fi; '
-    'printf \'sandboxer: exec: --cwd %s: not a directory inside the sandbox (%s)\\n\' "$0" "$r" >&2; exit 125; }; '
-    'exec "$@"'
-)
+# The shell in front of `env -i` on the plain exec path: $0 is the cwd, $1 the program, $2 the
+# plan's PATH, the rest the command to become. It enters the cwd and looks the program up as
+# execvp will, so that the failures the bwrap path reports itself are the same `sandboxer:` lines
+# and statuses here: 125 a cwd it cannot enter (the reason told from what the path is), 127 a
+# program found nowhere, 126 one found but not executable. What it cannot foresee (a file that
+# changes meanwhile, an exec format error) env(1) still reports, with the same status.
+_ENTER = """cd -- "$0" 2>/dev/null || {
+  if [ ! -e "$0" ]; then r="No such file or directory"; elif [ ! -d "$0" ]; then r="Not a directory"
+  else r="Permission denied"; fi
+  printf 'sandboxer: exec: --cwd %s: not a directory inside the sandbox (%s)\\n' "$0" "$r" >&2; exit 125; }
+p=$1 search=$2 s=; shift 2
+case $p in
+*/*) [ -e "$p" ] && s=1; [ -f "$p" ] && [ -x "$p" ] && s=2 ;;
+*) set -f; IFS=:
+   for d in $search; do f=${d:-.}/$p; [ -e "$f" ] && s=${s:-1}; if [ -f "$f" ] && [ -x "$f" ]; then s=2; break; fi; done
+   unset IFS; set +f ;;
+esac
+case $s in
+'') printf 'sandboxer: exec: %s: not found\\n' "$p" >&2; exit 127 ;;
+1) printf 'sandboxer: exec: %s: not executable (Permission denied)\\n' "$p" >&2; exit 126 ;;
+esac
+exec "$@"
+"""
 
 
 def create_exec(
@@ -157,9 +172,10 @@ def create_exec(
     else:
         if "=" in argv[0]:
             raise EngineError("a program name with '=' cannot be run through env -i")
-        # The shell enters the cwd (or says why not, as the bwrap path does: 125), then env -i
-        # builds the environment from nothing and executes the command.
-        command = ["/bin/sh", "-c", _ENTER_CWD, cwd, "/usr/bin/env", "-i", "--", *pairs, *argv]
+        # The shell enters the cwd and finds the program (or says why not, as the bwrap path
+        # does), then env -i builds the environment from nothing and executes the command.
+        search = env.get("PATH", "")
+        command = ["/bin/sh", "-c", _ENTER, cwd, argv[0], search, "/usr/bin/env", "-i", "--", *pairs, *argv]
         if gate:  # dash exports PWD to what it runs: unset it, stop, then become the command
             command[-len(argv) :] = ["/bin/sh", "-c", 'unset PWD; kill -STOP $$; exec "$@"', "sh", *argv]
     body = {
