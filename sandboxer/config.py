@@ -34,7 +34,9 @@ _GIT_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")
 
 DEFAULT_MEMORY_MIB = 2048
 DEFAULT_PIDS = 512
+DEFAULT_WORKSPACE_MIB = 4096
 MEMORY_MIB_RANGE = (64, 1024 * 1024)
+WORKSPACE_MIB_RANGE = (16, 1024 * 1024)
 PIDS_RANGE = (16, 65536)
 WARM_RANGE = (0, 8)  # containers started ahead for each Docker profile (docs/docker.md, "Warm containers")
 
@@ -72,7 +74,15 @@ class Limits:
 
     memory_mib: int = DEFAULT_MEMORY_MIB
     pids: int = DEFAULT_PIDS
+    workspace_mib: int = DEFAULT_WORKSPACE_MIB  # the workspace's own filesystem: ENOSPC past it
     best_effort: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Security:
+    """What a profile may relax of the sandbox's syscall policy (docs/seccomp.md)."""
+
+    allow_ptrace: bool = False  # debuggers inside: ptrace within one exec's own processes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,6 +97,7 @@ class Profile:
     secrets: tuple[()]
     limits: Limits
     file_sha256: str
+    security: Security = Security()
 
 
 OwnerFile = ExtensionConfig | Profile
@@ -237,7 +248,7 @@ def _opaque_string(doc: _Doc, node: YNode, path: str) -> str:
 
 
 def _parse_profile(doc: _Doc, root: YNode, digest: str) -> Profile:
-    top = doc.mapping(root, "", ("profile", "extension", "workspace", "network", "setup"), ("limits",))
+    top = doc.mapping(root, "", ("profile", "extension", "workspace", "network", "setup"), ("limits", "security"))
     name = doc.string(
         top["profile"],
         "profile",
@@ -259,14 +270,22 @@ def _parse_profile(doc: _Doc, root: YNode, digest: str) -> Profile:
 
     limits = Limits()
     if "limits" in top:
-        raw = doc.mapping(top["limits"], "limits", (), ("memory_mib", "pids", "best_effort"))
+        raw = doc.mapping(top["limits"], "limits", (), ("memory_mib", "pids", "workspace_mib", "best_effort"))
         limits = Limits(
             memory_mib=doc.integer(raw["memory_mib"], "limits.memory_mib", MEMORY_MIB_RANGE)
             if "memory_mib" in raw
             else DEFAULT_MEMORY_MIB,
             pids=doc.integer(raw["pids"], "limits.pids", PIDS_RANGE) if "pids" in raw else DEFAULT_PIDS,
+            workspace_mib=doc.integer(raw["workspace_mib"], "limits.workspace_mib", WORKSPACE_MIB_RANGE)
+            if "workspace_mib" in raw
+            else DEFAULT_WORKSPACE_MIB,
             best_effort=doc.boolean(raw["best_effort"], "limits.best_effort") if "best_effort" in raw else False,
         )
+    security = Security()
+    if "security" in top:
+        raw_security = doc.mapping(top["security"], "security", (), ("allow_ptrace",))
+        if "allow_ptrace" in raw_security:
+            security = Security(allow_ptrace=doc.boolean(raw_security["allow_ptrace"], "security.allow_ptrace"))
     repository = doc.absolute_path(workspace["repository"], "workspace.repository")
     ref = _git_ref(doc, workspace["ref"], "workspace.ref")
 
@@ -301,6 +320,7 @@ def _parse_profile(doc: _Doc, root: YNode, digest: str) -> Profile:
         secrets=(),
         limits=limits,
         file_sha256=digest,
+        security=security,
     )
 
 
@@ -341,8 +361,10 @@ def meaning(item: OwnerFile) -> dict[str, Any]:
             "limits": {
                 "memory_mib": item.limits.memory_mib,
                 "pids": item.limits.pids,
+                "workspace_mib": item.limits.workspace_mib,
                 "best_effort": item.limits.best_effort,
             },
+            "security": {"allow_ptrace": item.security.allow_ptrace},
         }
     config: dict[str, Any] = {"runtime": {"path": item.runtime.path, "sha256": item.runtime.sha256}}
     if item.image is not None:
@@ -365,9 +387,13 @@ def from_meaning(document: dict[str, Any], file_sha256: str) -> OwnerFile:
             egress=(),
             secrets=(),
             limits=Limits(
-                memory_mib=int(limits["memory_mib"]), pids=int(limits["pids"]), best_effort=bool(limits["best_effort"])
+                memory_mib=int(limits["memory_mib"]),
+                pids=int(limits["pids"]),
+                workspace_mib=int(limits["workspace_mib"]),
+                best_effort=bool(limits["best_effort"]),
             ),
             file_sha256=file_sha256,
+            security=Security(allow_ptrace=bool(document["security"]["allow_ptrace"])),
         )
     config = document["config"]
     return ExtensionConfig(

@@ -77,8 +77,11 @@ def load_owner_file(raw: OwnerFileBytes, *, cache_dir: str | None = None) -> Own
     digest = hashlib.sha256(raw.data).hexdigest()
     if cache_dir is not None:
         cached = _cached_meaning(cache_dir, digest)
+        item: OwnerFile | None = None
         if cached is not None:
-            item = from_meaning(cached, digest)
+            with contextlib.suppress(KeyError, TypeError, ValueError):  # written by an older broker
+                item = from_meaning(cached, digest)
+        if item is not None:
             if (item.name if isinstance(item, Profile) else item.extension) == raw.name:
                 return item
     item = parse_owner_file(raw.data, raw.path, expected_name=raw.name)
