@@ -231,6 +231,7 @@ def clone_workspace(request: CreateRequest, plan: Plan) -> None:
         repository=request.profile.workspace.repository,
         ref=assignment.revision if assignment else request.profile.workspace.ref,
         destination=str(plan.workspace_source),
+        git_home=Registry(request.state_dir).path(plan.sandbox_id, workspace.GIT_HOME),  # gc finds what it leaves
         profile_file=assignment.file if assignment else request.profile_file,
         owner=(host_uid, host_gid) if os.geteuid() == 0 else None,
         branch=assignment.branch if assignment else None,
@@ -632,63 +633,91 @@ def list_sandboxes(dirs: Dirs) -> dict[str, Any]:
 
 
 def gc(dirs: Dirs) -> dict[str, Any]:
-    """Finish what crashed creates and teardowns left; never touch a healthy or busy sandbox."""
+    """Finish what crashed creates and teardowns left; never touch a healthy or busy sandbox.
+
+    Each sandbox is collected on its own: whatever goes wrong with one (a tree it made hostile, a
+    broken record) is that sandbox's residue in its receipt, and the others are still collected.
+    """
     registry = Registry(dirs.state)
     collected, healthy, busy, warm = [], [], [], []
     collected += _collect_orphan_containers(registry)
     for sandbox_id in registry.ids():
-        lock = registry.try_lock_for_gc(sandbox_id)
-        if lock is None:
-            busy.append(sandbox_id)
-            continue
         try:
-            record = registry.read_or_none(sandbox_id)
-            state = record.get("state") if record is not None else None
-            running = _running(record) if record is not None and state in ("ready", "warm") else False
-            if running is None:  # the Engine does not answer: never destroy what may be healthy
+            lock = registry.try_lock_for_gc(sandbox_id)
+            if lock is None:
                 busy.append(sandbox_id)
                 continue
-            if running and state == "warm":
-                from sandboxer.commands.warm import is_current
-
-                if is_current(dirs, record or {}):
-                    warm.append(sandbox_id)
+            try:
+                record = registry.read_or_none(sandbox_id)
+                state = record.get("state") if record is not None else None
+                running = _running(record) if record is not None and state in ("ready", "warm") else False
+                if running is None:  # the Engine does not answer: never destroy what may be healthy
+                    busy.append(sandbox_id)
                     continue
-            elif running:
-                healthy.append(sandbox_id)
-                continue
-            removed, residue = destroy(registry, sandbox_id, record or {"id": sandbox_id})
-            collected.append({"id": sandbox_id, "removed": removed, "residue": residue})
-        finally:
-            os.close(lock)
+                if running and state == "warm":
+                    from sandboxer.commands.warm import is_current
+
+                    if is_current(dirs, record or {}):
+                        warm.append(sandbox_id)
+                        continue
+                elif running:
+                    healthy.append(sandbox_id)
+                    continue
+                # A create killed mid-clone: git died with it, a helper of git may still write.
+                stray = workspace.stop_git(registry.path(sandbox_id, workspace.GIT_HOME))
+                removed, residue = destroy(registry, sandbox_id, record or {"id": sandbox_id})
+                residue = [*(f"host git process {pid}" for pid in stray), *residue]
+                collected.append({"id": sandbox_id, "removed": removed, "residue": residue})
+            finally:
+                os.close(lock)
+        except Exception as exc:  # one sandbox's failure is its own residue, never gc's end
+            problem = " ".join(f"{type(exc).__name__}: {exc}".split())
+            collected.append({"id": sandbox_id, "removed": [], "residue": [f"gc failed ({problem})"]})
     return {"collected": collected, "healthy": healthy, "busy": busy, "warm": warm}
 
 
 def _collect_orphan_containers(registry: Registry) -> list[dict[str, Any]]:
-    """Containers labelled with this state dir whose sandbox directory is gone (found by label)."""
+    """Containers labelled with this state dir whose sandbox directory is gone (found by label).
+
+    A container or volume that cannot be removed is residue of its sandbox id; when the Engine
+    cannot even list them, nothing is collected this time (as when no Engine answers at all).
+    """
     import importlib.util
 
     if importlib.util.find_spec("docker") is None or not os.path.exists("/var/run/docker.sock"):
         return []
     from sandboxer.backends import docker as docker_backend
 
-    receipts = []
+    receipts: list[dict[str, Any]] = []
     # Containers first, then directories: a create (or a warm fill) makes its directory before its
     # container, so a container whose directory is absent after this order is really an orphan.
-    labelled = docker_backend.labelled(registry.state_dir)
+    try:
+        labelled = docker_backend.labelled(registry.state_dir)
+    except Exception:  # the Engine stopped answering: like no Engine, nothing to collect
+        labelled = {}
     present = set(registry.ids())
     for sandbox_id, container_id in labelled.items():
         if sandbox_id in present:
             continue
-        residue = docker_backend.remove(container_id)
+        try:
+            residue = docker_backend.remove(container_id)
+        except Exception as exc:  # residue of this sandbox, not the end of gc
+            residue = [f"container {container_id[:12]}: {type(exc).__name__}: {exc}"]
         removed = [] if residue else [f"container {container_id[:12]}"]
         receipts.append({"id": sandbox_id, "removed": removed, "residue": residue})
     from sandboxer import leases
 
-    for volume, sandbox_id in leases.orphan_volumes(registry.state_dir, lambda: set(registry.ids())):
-        problem = leases.remove_volume(volume, sandbox_id=sandbox_id)
+    try:
+        volumes = leases.orphan_volumes(registry.state_dir, lambda: set(registry.ids()))
+    except Exception:  # as above
+        volumes = []
+    for volume, sandbox_id in volumes:
+        item = f"spool volume {volume}"
+        try:
+            problem = leases.remove_volume(volume, sandbox_id=sandbox_id)
+        except Exception as exc:  # residue of this sandbox, not the end of gc
+            problem = f"{type(exc).__name__}: {exc}"
         if problem != "gone":
-            item = f"spool volume {volume}"
             receipts.append(
                 {
                     "id": sandbox_id,
