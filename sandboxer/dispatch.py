@@ -96,9 +96,7 @@ class _Target:
         self.endpoint = endpoint.materializations[0].source_path
         self.owner = int(assignment["owner_uid"])
         self.replay = lease.replay_policy == mf.REPLAY_POLICY
-        self.consumer_uid = int(
-            self.record["host_uid"] if self.record.get("backend") == "bwrap" else self.record["uid"]
-        )
+        self.consumer_uid = int(self.record["host_uid"])  # who the consumer is on the host (Docker: remapped)
         if int(self.record["uid"]) != lease.consumer_uid or int(self.record["uid"]) == 0:
             raise Refused(f"{lease.field}.consumer_uid: is not the sandbox user's uid")
         self.spool = self._spool_root(registry, sandbox_id)

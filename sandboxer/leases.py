@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 SPOOL_PENDING_FILES = 16
 SPOOL_REQUEST_BYTES = 256 * 1024
 SPOOL_TOTAL_BYTES = 1024 * 1024
-# A bwrap spool is a tmpfs of its own (root brokers): room for the pending quota and the
-# responses, and nothing a consumer could use to fill the state dir's filesystem.
+# A spool is a tmpfs of its own (root brokers; on Docker mounted over its volume's directory):
+# room for the pending quota and the responses, and nothing a consumer could use to fill the
+# state dir's or the Engine's filesystem.
 SPOOL_FS_OPTIONS = "size=64m,nr_inodes=4096,mode=0755"
 SPOOL_VOLUME_PREFIX = "sandboxer-spool-"
 
@@ -80,7 +81,10 @@ class Assignment:
                 continue
             lease = next(item for item in self.manifest.leases if item.lease_id == mount.lease)
             if plan.backend == "docker":
+                # The volume's own directory gets the same bounded tmpfs as a bwrap spool: the
+                # container binds it from there, and dispatch-tool reads it there.
                 root = create_volume(str(mount.source), sandbox_id=plan.sandbox_id, state_dir=state_dir)
+                _mount_spool_tmpfs(root)
             else:
                 root = str(mount.source)
                 spools = os.path.dirname(root)
@@ -484,13 +488,47 @@ def remove_volume(name: str, *, sandbox_id: str) -> str | None:
         status, content = dockerexec.engine_request("GET", f"/volumes/{name}")
         if status == 404:
             return "gone"
-        labels = (json.loads(content).get("Labels") or {}) if status == 200 else {}
-        if status == 200 and labels.get(LABEL) != sandbox_id:
+        document = json.loads(content) if status == 200 else {}
+        if status == 200 and (document.get("Labels") or {}).get(LABEL) != sandbox_id:
             return "gone"
+        mountpoint = document.get("Mountpoint")
+        # Its tmpfs goes first: the Engine removes a volume's directory, not what is mounted on it.
+        if isinstance(mountpoint, str) and mountpoint.startswith("/") and unmount_below(mountpoint):
+            return f"its tmpfs at {mountpoint} cannot be unmounted"
         status, _ = dockerexec.engine_request("DELETE", f"/volumes/{name}")
     except (OSError, ValueError, dockerexec.EngineError) as exc:
         return f"the Engine cannot be reached ({exc})"
     return None if status in (204, 404) else f"the Engine answered HTTP {status}"
+
+
+def spool_mismatches(plan: Plan, inside: list[MountSeen]) -> list[str]:
+    """Docker spools the sandbox does not see as the broker's tmpfs on their volume: the mount at
+    each spool target inside must be that tmpfs (same filesystem and root)."""
+    spools = [m for m in plan.mounts if m.kind is MountKind.SPOOL]
+    if plan.backend != "docker" or not spools:
+        return []
+    from sandboxer import dockerexec
+    from sandboxer.observe import parse_mountinfo
+
+    with open("/proc/self/mountinfo") as stream:
+        host = {m.target: m for m in parse_mountinfo(stream.read())}  # the last at a point is on top
+    seen = {m.target: m for m in inside}
+    problems = []
+    for mount in spools:
+        try:
+            status, content = dockerexec.engine_request("GET", f"/volumes/{mount.source}")
+            mountpoint = json.loads(content).get("Mountpoint") if status == 200 else None
+        except (OSError, ValueError, dockerexec.EngineError):
+            mountpoint = None
+        ours, theirs = host.get(str(mountpoint)), seen.get(mount.target)
+        if (
+            ours is None
+            or theirs is None
+            or ours.fstype != "tmpfs"
+            or (ours.device, ours.root, ours.fstype) != (theirs.device, theirs.root, theirs.fstype)
+        ):
+            problems.append(f"lease {mount.lease}: {mount.target} is not its spool's bounded tmpfs inside the sandbox")
+    return problems
 
 
 # ------------------------------------------------------------- bwrap as root: staged lease sources

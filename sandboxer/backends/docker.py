@@ -2,18 +2,180 @@
 
 The Docker SDK is an optional extra (`pip install 'sandboxer[docker]'`); without it, Docker
 profiles fail with that hint. Images are inspected locally and never pulled.
+
+The daemon must remap user namespaces (`dockerd --userns-remap=default`): a container's uid
+1000 is then the subordinate uid 100000+1000 on the host, no account's, and everything the
+broker prepares for a container is owned by the remapped ids (docs/docker.md).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 from sandboxer.backends.docker_render import LABEL, PROBE_END, STATE_LABEL, create_body, verify
 from sandboxer.errors import BackendError
 from sandboxer.plan import MountKind, Plan
+
+# The user `--userns-remap=default` makes: its /etc/subuid and /etc/subgid ranges are the host
+# ids a container's ids become.
+REMAP_USER = "dockremap"
+# Below this, a host id may be anybody's (system and login accounts); a sandbox never runs there.
+FIRST_UNSHARED_ID = 65536
+REMAP_HINT = "start dockerd with --userns-remap=default (scripts/start-dockerd does); see docs/docker.md"
+
+IdMap = tuple[tuple[int, int, int], ...]  # (container id, host id, count), as /proc/PID/uid_map shows it
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Remap:
+    """The daemon's user-namespace remapping: which host ids a container's ids are."""
+
+    uids: IdMap
+    gids: IdMap
+
+    def host_ids(self, uid: int, gid: int) -> tuple[int, int]:
+        """The host uid and gid of the container's `uid` and `gid`; BackendError if unmapped."""
+        return _mapped(self.uids, uid, "uid"), _mapped(self.gids, gid, "gid")
+
+    @property
+    def root(self) -> tuple[int, int]:
+        """The host ids of the container's root: the owner of what the container's root owns."""
+        return self.host_ids(0, 0)
+
+
+def _mapped(id_map: IdMap, inside: int, what: str) -> int:
+    for start, host, count in id_map:
+        if start <= inside < start + count:
+            return host + inside - start
+    raise BackendError(f"the Docker daemon's user-namespace remapping has no host {what} for container {what} {inside}")
+
+
+def id_map(text: str, *, names: tuple[str, ...]) -> IdMap:
+    """The map dockerd builds from an /etc/subuid (or subgid) text for the user known by `names`
+    (its name, its uid): the user's ranges in file order, one after another from container id 0."""
+    mapped: list[tuple[int, int, int]] = []
+    inside = 0
+    for line in text.splitlines():
+        fields = line.strip().split(":")
+        if len(fields) != 3 or fields[0] not in names or not fields[1].isdigit() or not fields[2].isdigit():
+            continue
+        mapped.append((inside, int(fields[1]), int(fields[2])))
+        inside += int(fields[2])
+    return tuple(mapped)
+
+
+_REMAP: list[Remap] = []  # what the daemon said, once per process (a create asks for it more than once)
+
+
+def remap() -> Remap:
+    """The Engine's user-namespace remapping, learnt from the daemon (`/info`: its security
+    options and storage root) and dockremap's subordinate ranges; BackendError (5) when the
+    daemon does not remap, which is refused: its containers' users would be host accounts."""
+    if _REMAP:
+        return _REMAP[0]
+    status, info = _engine("GET", "/info")
+    if status != 200 or not isinstance(info, dict):
+        raise BackendError(f"docker: the Engine's /info answered HTTP {status}")
+    if "name=userns" not in (info.get("SecurityOptions") or []):
+        raise BackendError(
+            "the Docker daemon does not remap user namespaces: a container's uid 1000 would be the host's "
+            "uid 1000, a real account",
+            hint=REMAP_HINT,
+        )
+    # dockerd keeps a remapping daemon's storage in <root>/<uid>.<gid> of the container's root.
+    root = re.fullmatch(r"(\d+)\.(\d+)", os.path.basename(str(info.get("DockerRootDir") or "")))
+    names: tuple[str, ...] = (REMAP_USER,)
+    try:
+        import pwd
+
+        names += (str(pwd.getpwnam(REMAP_USER).pw_uid),)
+    except KeyError:
+        pass
+    try:
+        with open("/etc/subuid") as uids, open("/etc/subgid") as gids:
+            found = Remap(uids=id_map(uids.read(), names=names), gids=id_map(gids.read(), names=names))
+    except OSError as exc:
+        raise BackendError(f"the subordinate id ranges cannot be read ({exc.strerror})", hint=REMAP_HINT) from None
+    if not found.uids or not found.gids:
+        raise BackendError(f"{REMAP_USER} has no subordinate ranges in /etc/subuid and /etc/subgid", hint=REMAP_HINT)
+    if root is None or found.root != (int(root[1]), int(root[2])):
+        raise BackendError(
+            f"the Docker daemon remaps user namespaces, but not to {REMAP_USER}'s subordinate ranges", hint=REMAP_HINT
+        )
+    _REMAP.append(found)
+    return found
+
+
+def _known_ids(path: str) -> set[int]:
+    """The ids an /etc/passwd or /etc/group file gives to accounts (field 3)."""
+    known = set()
+    try:
+        with open(path) as stream:
+            for line in stream:
+                fields = line.split(":")
+                if len(fields) > 2 and fields[2].isdigit():
+                    known.add(int(fields[2]))
+    except OSError:
+        pass
+    return known
+
+
+def account_problems(uid: int, gid: int) -> list[str]:
+    """Why host `uid`/`gid` must not run a sandbox: below FIRST_UNSHARED_ID or an account's."""
+    problems = []
+    if uid < FIRST_UNSHARED_ID or uid in _known_ids("/etc/passwd"):
+        problems.append(f"host uid {uid} is an account's or below {FIRST_UNSHARED_ID} (the daemon must remap it)")
+    if gid < FIRST_UNSHARED_ID or gid in _known_ids("/etc/group"):
+        problems.append(f"host gid {gid} is a group's or below {FIRST_UNSHARED_ID} (the daemon must remap it)")
+    return problems
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostView:
+    """What the host's /proc shows of one process: real ids and seccomp mode."""
+
+    uid: int
+    gid: int
+    seccomp: int
+
+
+def host_view(pid: object) -> HostView | None:
+    """The host's view of process `pid` (a container's pid 1), or None when it cannot be read."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    fields: dict[str, str] = {}
+    try:
+        with open(f"/proc/{pid}/status") as stream:
+            for line in stream:
+                key, _, value = line.partition(":")
+                fields[key] = value.strip()
+        return HostView(
+            uid=int(fields["Uid"].split()[0]), gid=int(fields["Gid"].split()[0]), seccomp=int(fields["Seccomp"])
+        )
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
+def host_problems(attrs: dict[str, Any], plan: Plan) -> list[str]:
+    """The container's pid 1 as the host sees it: the plan's remapped host ids, no account's, and
+    under a seccomp filter (mode 2)."""
+    view = host_view((attrs.get("State") or {}).get("Pid"))
+    if view is None:
+        return ["the container's pid 1 cannot be read on the host"]
+    problems = []
+    if (view.uid, view.gid) != (plan.host_uid, plan.host_gid):
+        problems.append(
+            f"the container's pid 1 is host uid {view.uid} gid {view.gid}, planned {plan.host_uid}:{plan.host_gid}"
+        )
+    problems += account_problems(view.uid, view.gid)
+    if view.seccomp != 2:
+        problems.append(f"the container's pid 1 has seccomp mode {view.seccomp}, planned 2 (a filter)")
+    return problems
 
 
 def client() -> Any:
@@ -31,15 +193,22 @@ def client() -> Any:
     return engine
 
 
-def write_etc(plan: Plan, etc_dir: str) -> None:
-    """The generated /etc files, bound read-only into the container."""
+def write_etc(plan: Plan, etc_dir: str, *, owner: tuple[int, int]) -> None:
+    """The generated /etc files, bound read-only into the container, owned by `owner` (the
+    container's root as the host knows it)."""
     os.makedirs(etc_dir, mode=0o755, exist_ok=True)
     for mount in plan.mounts:
         if mount.kind is MountKind.FILE:
             path = os.path.join(etc_dir, os.path.basename(mount.target))
-            with open(path, "wb") as stream:
-                stream.write(mount.content or b"")
-            os.chmod(path, mount.mode or 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                view = memoryview(mount.content or b"")
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fchown(fd, *owner)
+                os.fchmod(fd, mount.mode or 0o644)
+            finally:
+                os.close(fd)
 
 
 def require_sdk() -> None:
@@ -82,7 +251,7 @@ def start(plan: Plan, *, image: str, etc_dir: str, state_dir: str) -> tuple[str,
         raise BackendError(f"image {image}: not present locally (images are never pulled)")
     if status != 200:
         raise BackendError(f"image {image}: the Engine answered HTTP {status} ({_message(document)})")
-    write_etc(plan, etc_dir)
+    write_etc(plan, etc_dir, owner=remap().root)
     body = create_body(plan, image=image, etc_dir=etc_dir, state_dir=state_dir)
     status, document = _engine("POST", "/containers/create", body)
     if status != 201 or not isinstance(document, dict) or not isinstance(document.get("Id"), str):
@@ -147,7 +316,7 @@ def inspect(container_id: str) -> dict[str, Any]:
 def check(container_id: str, plan: Plan, *, etc_dir: str) -> list[str]:
     """Final inspection: every way the running container differs from its plan."""
     attrs = inspect(container_id)
-    problems = verify(attrs, plan, etc_dir=etc_dir)
+    problems = verify(attrs, plan, etc_dir=etc_dir) + host_problems(attrs, plan)
     if not (attrs.get("State") or {}).get("Running"):
         problems.append("the container is not running")
     return problems

@@ -204,11 +204,18 @@ def plan_for(request: CreateRequest, registry: Registry, sandbox_id: str) -> Pla
     grants = None if assignment is None else assignment.grants(request.backend, registry.path(sandbox_id))
     if delivery is not None and delivery[0].suspend_control:
         grants = _with_suspend_dir(grants)
-    # Docker runs the container user as its own host uid (no user-namespace remapping yet).
     if request.backend == "bwrap":
         ids = bwrap.allocate_host_ids()
     else:
-        ids = (grants.uid or SANDBOX_UID, grants.gid or SANDBOX_GID) if grants else (SANDBOX_UID, SANDBOX_GID)
+        # The daemon remaps user namespaces: the container's user is a subordinate host id of the
+        # daemon's remapping, no account's (checked again on the running container's pid 1).
+        from sandboxer.backends import docker as docker_backend
+
+        inside = (grants.uid or SANDBOX_UID, grants.gid or SANDBOX_GID) if grants else (SANDBOX_UID, SANDBOX_GID)
+        ids = docker_backend.remap().host_ids(*inside)
+        refused = docker_backend.account_problems(*ids)
+        if refused:
+            raise BackendError("docker: " + "; ".join(refused), hint=docker_backend.REMAP_HINT)
     return build_plan(
         sandbox_id=sandbox_id,
         profile=request.profile,
@@ -357,7 +364,7 @@ def start_docker(plan: Plan, image: str, registry: Registry, record: dict[str, A
     }
     record["image"] = image
     staged = _staged(plan, registry, record)
-    record.update(_plan_record(staged, plan.uid, plan.gid))  # what the Engine is asked for, and shows
+    record.update(_plan_record(staged, plan.host_uid, plan.host_gid))  # what the Engine is asked for, and shows
     registry.write(sandbox_id, record)
     container_id, output = docker_backend.start(staged, image=image, etc_dir=etc_dir, state_dir=registry.state_dir)
     record["container_id"] = container_id
@@ -365,10 +372,11 @@ def start_docker(plan: Plan, image: str, registry: Registry, record: dict[str, A
     problems = docker_backend.check(container_id, staged, etc_dir=etc_dir)
     probe, interfaces, mounts, _ = _parse_docker_probe(output)
     problems += process_differences(plan, interfaces, probe)
-    if staged is not plan:
-        from sandboxer import leases
+    from sandboxer import leases
 
+    if staged is not plan:
         problems += leases.staged_mismatches(staged, mounts)
+    problems += leases.spool_mismatches(plan, mounts)
     if problems:
         raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))
     return probe, interfaces
@@ -888,11 +896,13 @@ def _inspect_docker(dirs: Dirs, record: dict[str, Any]) -> dict[str, Any]:
     attrs = docker_backend.inspect(container_id)
     problems = docker_backend.check(container_id, plan, etc_dir=registry.path(sandbox_id, "etc"))
     problems += process_differences(plan, interfaces, probe)
-    if os.path.isdir(registry.path(sandbox_id, "leases")):
-        from sandboxer import leases
+    from sandboxer import leases
 
+    if os.path.isdir(registry.path(sandbox_id, "leases")):
         problems += leases.staged_mismatches(plan, mounts)
+    problems += leases.spool_mismatches(plan, mounts)
     host = attrs.get("HostConfig") or {}
+    seen = docker_backend.host_view((attrs.get("State") or {}).get("Pid"))
     evidence = _evidence(record, state_dir=dirs.state, mounts=mounts, probe=probe, problems=problems)
     evidence["network"] = {"interfaces": interfaces, "routes": routes, "mode": host.get("NetworkMode")}
     evidence["limits"]["engine"] = {"memory": host.get("Memory"), "pids": host.get("PidsLimit")}
@@ -903,9 +913,10 @@ def _inspect_docker(dirs: Dirs, record: dict[str, Any]) -> dict[str, Any]:
         "cap_drop": host.get("CapDrop"),
         "security_opt": host.get("SecurityOpt"),
         "user": (attrs.get("Config") or {}).get("User"),
-        # The uid the container's pid 1 has on the host: the sandbox uid itself unless the daemon
-        # remaps user namespaces (docs/docker.md).
-        "host_uid": _host_uid((attrs.get("State") or {}).get("Pid")),
+        # The ids the container's pid 1 has on the host: the daemon's remapping of the sandbox
+        # user, never an account's (docs/docker.md).
+        "host_uid": seen.uid if seen else None,
+        "host_gid": seen.gid if seen else None,
         "userns_mode": host.get("UsernsMode") or None,
     }
     return evidence

@@ -4,9 +4,9 @@ Most of a Docker create is the Engine starting the container (about 150 ms here;
 docs/performance.md). An owner who sets `config.warm: N` in ext.docker.yaml has the broker keep
 N containers of each Docker profile started, verified and idle. Each is made exactly as a create
 makes its container, from the same plan under an id of its own, with one difference: its
-workspace is an empty directory, root's and 0700, bound at /workspace. Nothing runs in a warm
-container but its pid 1 (the holder) until a create takes it, clones the workspace into that
-directory, and inspects the container again against the plan.
+workspace is an empty directory, the container root's and 0700, bound at /workspace. Nothing
+runs in a warm container but its pid 1 (the holder) until a create takes it, clones the
+workspace into that directory, and inspects the container again against the plan.
 
 Registry states: `warming` (a fill is starting it) → `warm` (started, verified, idle) → taken by
 a create: `creating` → `ready`. Callers never see a warm container: `list` leaves it out, and
@@ -211,10 +211,14 @@ def _start_one(request: CreateRequest, registry: Registry) -> str:
     since = int(time.time()) - 1  # whole seconds: the Engine's event history is asked from here on
     try:
         registry.write(sandbox_id, record)
-        plan = plan_for(request, registry, sandbox_id)
-        os.mkdir(str(plan.workspace_source), 0o700)  # root's and empty until a create clones into it
-        probe, interfaces = start_docker(plan, request.image, registry, record)
         from sandboxer.backends import docker as docker_backend
+
+        plan = plan_for(request, registry, sandbox_id)
+        # Empty until a create clones into it, and the container root's (who enters it as the
+        # container's working directory before becoming the sandbox user, who cannot).
+        os.mkdir(str(plan.workspace_source), 0o700)
+        os.chown(str(plan.workspace_source), *docker_backend.remap().root)
+        probe, interfaces = start_docker(plan, request.image, registry, record)
 
         state = docker_backend.inspect(str(record["container_id"])).get("State") or {}
         record["warm"] = {
@@ -305,6 +309,7 @@ def _container_problems(registry: Registry, record: dict[str, Any], plan: Plan) 
     except BackendError as exc:
         return [exc.message]
     problems = verify(attrs, plan, etc_dir=registry.path(plan.sandbox_id, "etc"))
+    problems += docker_backend.host_problems(attrs, plan)
     state = attrs.get("State") or {}
     stamp = record.get("warm") or {}
     if not state.get("Running"):

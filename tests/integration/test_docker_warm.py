@@ -93,6 +93,15 @@ def _containers(broker: SandboxBroker) -> list[str]:
     return sorted(listed.stdout.split())
 
 
+def _remapped_root() -> tuple[int, int]:
+    """The host ids of a container's root: the remapping daemon keeps its storage in <uid>.<gid>."""
+    root = subprocess.run(
+        ["docker", "info", "--format", "{{.DockerRootDir}}"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    uid, gid = os.path.basename(root).split(".")
+    return int(uid), int(gid)
+
+
 @pytest.fixture
 def warm(runtime_dir: Path, base_image: str) -> Iterator[SandboxBroker]:
     """A Docker broker whose extension keeps one warm container per profile, filled."""
@@ -121,7 +130,9 @@ def test_warm_fills_the_pool_and_callers_never_see_a_warm_container(warm: Sandbo
     assert record["state"] == "warm"
     workspace = warm.sandbox_dir(warm_id) / "workspace"
     seen = workspace.stat()
-    assert (seen.st_uid, seen.st_mode & 0o777) == (0, 0o700)  # root's and empty until a create takes it
+    # The container root's (the daemon remaps it) and empty until a create takes it: the sandbox
+    # user (1000 inside) cannot enter it.
+    assert (seen.st_uid, seen.st_gid, seen.st_mode & 0o777) == (*_remapped_root(), 0o700)
     assert os.listdir(workspace) == []
     assert warm.run("list", "--json").json() == {"sandboxes": []}
     for command, status in (("inspect", 4), ("teardown", 4)):
@@ -162,6 +173,10 @@ def test_a_create_takes_the_warm_container_and_its_teardown_replaces_it(warm: Sa
     assert inside.status == 0, inside.stderr
     assert inside.stdout.splitlines()[:2] == ["1000", "1000 700"]
     assert "README.md" in inside.stdout.splitlines()[2:]
+    clone = warm.sandbox_dir(taken) / "workspace"
+    owner = (clone.stat().st_uid, clone.stat().st_gid)
+    assert owner == (_remapped_root()[0] + 1000, _remapped_root()[1] + 1000)  # no account's, as a cold create's
+    assert owner == (record["host_uid"], record["host_gid"])
     torn = warm.run("teardown", taken, "--json")
     assert torn.status == 0, torn.stderr
     (replacement,) = _wait_warm(warm, 1)

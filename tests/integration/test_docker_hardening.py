@@ -1,0 +1,171 @@
+"""What an attacker's probes of the Docker backend found, proved closed on a real daemon: a
+sandbox is never a host account (the daemon remaps user namespaces), a request spool is a
+bounded tmpfs, and every exec runs under the project's own syscall policy."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import SandboxBroker, _cleanup, add_docker, make_broker
+from tests.integration.test_manifest_sandboxes import SPOOL, create, make_run, record_of
+
+
+@pytest.fixture
+def dk(runtime_dir: Path, base_image: str) -> Iterator[SandboxBroker]:
+    """A root broker with an approved Docker profile."""
+    broker = make_broker(runtime_dir, as_user=False)
+    add_docker(broker, base_image)
+    try:
+        yield broker
+    finally:
+        _cleanup(broker)
+
+
+def _docker_info(template: str) -> str:
+    return subprocess.run(
+        ["docker", "info", "--format", template], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.strip()
+
+
+def _remapped_root() -> tuple[int, int]:
+    """The host ids of a container's root, from the daemon itself: a remapping daemon keeps its
+    storage in <root>/<uid>.<gid>."""
+    uid, gid = os.path.basename(_docker_info("{{.DockerRootDir}}")).split(".")
+    return int(uid), int(gid)
+
+
+def _accounts(path: str) -> set[int]:
+    return {int(line.split(":")[2]) for line in Path(path).read_text().splitlines() if line.count(":") >= 2}
+
+
+def _engine_inspect(container: str) -> dict[str, Any]:
+    out = subprocess.run(["docker", "inspect", container], capture_output=True, text=True, check=True, timeout=60)
+    document: dict[str, Any] = json.loads(out.stdout)[0]
+    return document
+
+
+def _host_status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {key: value.strip() for key, _, value in (line.partition(":") for line in lines)}
+
+
+def _container_processes(pid: int) -> list[int]:
+    """Every process in the pids cgroup of the container whose pid 1 is `pid` (cgroup v1)."""
+    line = next(line for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines() if ":pids:" in line)
+    procs = Path("/sys/fs/cgroup/pids" + line.split(":", 2)[2]) / "cgroup.procs"
+    return [int(member) for member in procs.read_text().split()]
+
+
+# --------------------------------------------------------------- 1. never a host account
+
+
+def test_the_daemon_remaps_user_namespaces() -> None:
+    assert "name=userns" in _docker_info("{{json .SecurityOptions}}"), "scripts/start-dockerd must remap"
+
+
+def test_a_docker_sandbox_is_uid_1000_inside_and_no_account_on_the_host(dk: SandboxBroker) -> None:
+    sandbox_id = dk.create()
+    root_uid, root_gid = _remapped_root()
+    host_uid, host_gid = root_uid + 1000, root_gid + 1000
+    assert host_uid >= 65536
+    assert host_uid not in _accounts("/etc/passwd")
+    assert host_gid >= 65536
+    assert host_gid not in _accounts("/etc/group")
+
+    evidence = dk.run("inspect", sandbox_id, "--json")
+    assert evidence.status == 0, evidence.stderr
+    seen = evidence.json()
+    assert seen["matches_plan"] is True, seen["differences"]
+    assert seen["user"]["uid"] == 1000
+    assert seen["user"]["gid"] == 1000
+    assert (seen["docker"]["host_uid"], seen["docker"]["host_gid"]) == (host_uid, host_gid)
+
+    # Observed on the host, not taken from the broker: the container's pid 1 and every process
+    # an exec starts run as the remapped ids.
+    record = record_of(dk, sandbox_id)
+    pid = _engine_inspect(record["container_id"])["State"]["Pid"]
+    status = _host_status(pid)
+    assert status["Uid"].split() == [str(host_uid)] * 4
+    assert status["Gid"].split() == [str(host_gid)] * 4
+    inside = dk.sh(sandbox_id, "id -u; id -g; sleep 30 >/dev/null 2>&1 &")
+    assert inside.status == 0, inside.stderr
+    assert inside.stdout.splitlines() == ["1000", "1000"]
+    members = _container_processes(pid)
+    assert len(members) >= 2, members  # pid 1 and the exec's sleep, left running
+    assert {_host_status(member)["Uid"] for member in members} == {f"{host_uid}\t{host_uid}\t{host_uid}\t{host_uid}"}
+
+    # What the broker prepared on the host belongs to the remapped ids: the clone is the sandbox
+    # user's, the generated /etc files the container root's; what the sandbox writes is its own.
+    clone = dk.sandbox_dir(sandbox_id) / "workspace"
+    assert (clone.stat().st_uid, clone.stat().st_gid) == (host_uid, host_gid)
+    assert {(p.stat().st_uid, p.stat().st_gid) for p in clone.rglob("*") if not p.is_symlink()} == {
+        (host_uid, host_gid)
+    }
+    passwd = dk.sandbox_dir(sandbox_id) / "etc" / "passwd"
+    assert (passwd.stat().st_uid, passwd.stat().st_gid) == (root_uid, root_gid)
+    wrote = dk.sh(sandbox_id, "echo made > /workspace/made-inside && stat -c '%u %g' /etc/passwd /workspace")
+    assert wrote.status == 0, wrote.stderr
+    assert wrote.stdout.splitlines() == ["0 0", "1000 1000"]
+    made = clone / "made-inside"
+    assert (made.stat().st_uid, made.stat().st_gid) == (host_uid, host_gid)
+    # The host's /usr and the runtime stay readable (the host's root owns them: "others" bits).
+    ran = dk.exec(sandbox_id, "python3", "-c", "import json, ssl, sqlite3; print('ok')")
+    assert ran.status == 0, ran.stderr
+    assert ran.stdout == "ok\n"
+
+
+# --------------------------------------------------------------- 2. a bounded spool
+
+
+def _mounted_at(point: str) -> list[str]:
+    return [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if line.split()[4] == point]
+
+
+def test_a_docker_spool_is_a_bounded_tmpfs_over_its_volume(dk: SandboxBroker, base: Path) -> None:
+    run = make_run(base, dk)
+    sandbox_id = create(dk, run)
+    (spool,) = record_of(dk, sandbox_id)["manifest"]["spools"]
+    volume = json.loads(
+        subprocess.run(
+            ["docker", "volume", "inspect", spool["source"]], capture_output=True, text=True, check=True
+        ).stdout
+    )[0]
+    mountpoint = volume["Mountpoint"]
+    host_view = _mounted_at(mountpoint)
+    assert len(host_view) == 1, host_view
+    assert " - tmpfs " in host_view[0]
+    assert all(flag in host_view[0].split()[5].split(",") for flag in ("nosuid", "nodev", "noexec"))
+    # The consumer (uid 1000 inside, the remapped uid on the host) owns requests/ only.
+    requests = Path(mountpoint) / "requests"
+    assert requests.stat().st_uid == _remapped_root()[0] + 1000
+    assert (Path(mountpoint) / ".capability").stat().st_uid == 0
+
+    docker_root = _docker_info("{{.DockerRootDir}}")
+    before = os.statvfs(docker_root)
+    filled = dk.sh(sandbox_id, f"head -c 80M /dev/zero > {SPOOL}/requests/big; echo $?; df -k {SPOOL} | tail -1")
+    after = os.statvfs(docker_root)
+    lines = filled.stdout.splitlines()
+    assert lines[0] != "0", filled.stdout
+    assert "No space left on device" in filled.stderr
+    assert int(lines[1].split()[1]) == 64 * 1024  # the tmpfs's size, in KiB
+    big = requests / "big"
+    assert big.stat().st_size <= 64 * 1024 * 1024
+    assert big.stat().st_dev == os.stat(mountpoint).st_dev != os.stat(docker_root).st_dev
+    grown = (before.f_bavail - after.f_bavail) * after.f_frsize
+    assert grown < 48 * 1024 * 1024, f"the Engine's filesystem grew by {grown} bytes"
+
+    evidence = dk.run("inspect", sandbox_id, "--json")
+    assert evidence.status == 0, evidence.stderr
+    assert evidence.json()["matches_plan"] is True, evidence.json()["differences"]
+    torn = dk.run("teardown", sandbox_id, "--json")
+    assert torn.status == 0, torn.stderr
+    assert _mounted_at(mountpoint) == []
+    gone = subprocess.run(["docker", "volume", "inspect", spool["source"]], capture_output=True, check=False)
+    assert gone.returncode != 0
