@@ -81,6 +81,10 @@ def finish(request: CreateRequest, registry: Registry, record: dict[str, Any], p
     """The rest of a create that took a warm container: clone, inspect again, deliver."""
     from sandboxer.commands.sandbox import clone_workspace, deliver_requested
 
+    # Host-side git works only in a directory of the host root's (it refuses one of another
+    # owner's): the container root's empty workspace is the host root's until the clone gives it
+    # to the sandbox user. Nothing runs in the container but its pid 1 meanwhile.
+    os.chown(str(plan.workspace_source), 0, 0)
     clone_workspace(request, plan)
     problems = _container_problems(registry, record, plan)
     if problems:
