@@ -81,9 +81,8 @@ def load_owner_file(raw: OwnerFileBytes, *, cache_dir: str | None = None) -> Own
         if cached is not None:
             with contextlib.suppress(KeyError, TypeError, ValueError):  # written by an older broker
                 item = from_meaning(cached, digest)
-        if item is not None:
-            if (item.name if isinstance(item, Profile) else item.extension) == raw.name:
-                return item
+        if item is not None and (item.name if isinstance(item, Profile) else item.extension) == raw.name:
+            return item
     item = parse_owner_file(raw.data, raw.path, expected_name=raw.name)
     if cache_dir is not None:
         with contextlib.suppress(OSError, SandboxerError):

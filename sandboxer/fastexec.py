@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import select
+import stat
 import sys
 import time
 
@@ -218,6 +219,19 @@ def run(argv: list[str]) -> int:
         env["SANDBOXER_CONSUMER"] = options["consumer"]
     if record.get("backend") == "docker":
         return _run_docker(record, options, command, env, timeout)
+    return _run_bwrap(record, options, command, env, timeout, state_dir=dirs.state)
+
+
+def _run_bwrap(
+    record: dict[str, object],
+    options: dict[str, str],
+    command: list[str],
+    env: dict[str, str],
+    timeout: float | None,
+    *,
+    state_dir: str,
+) -> int:
+    """exec by joining the sandbox's namespaces (joiner)."""
     from sandboxer import joiner  # ctypes and the namespace code: bwrap sandboxes only
 
     limit_record = record["limits"]
@@ -233,6 +247,7 @@ def run(argv: list[str]) -> int:
         env=env,
         cgroup_procs=tuple(limit_record["procs_files"]),
         rlimits=tuple((int(a), int(b)) for a, b in limit_record["rlimits"]),
+        seccomp=_seccomp_program(state_dir, options["id"]),
     )
     exec_group = _exec_group(limit_record) if timeout is not None else None
     if exec_group is not None:
@@ -242,15 +257,78 @@ def run(argv: list[str]) -> int:
             for f in entry.cgroup_procs
         )
         entry.cgroup_procs = procs_files
+    relays = _file_relays()
     try:
-        started = joiner.start(entry)
-        return _wait(started, timeout, exec_group)
+        try:
+            started = joiner.start(entry, stdout=relays.get(1, (1, 1))[1], stderr=relays.get(2, (2, 2))[1])
+        finally:
+            for _, write_end in relays.values():
+                os.close(write_end)  # the command holds its own copies
+        return _wait(started, timeout, exec_group, {read_end: target for target, (read_end, _) in relays.items()})
     finally:
+        for read_end, _ in relays.values():
+            os.close(read_end)
         if exec_group is not None:
             try:
                 os.rmdir(exec_group)  # kept while a background process of this exec still runs
             except OSError:
                 pass
+
+
+def _file_relays() -> dict[int, tuple[int, int]]:
+    """Pipes in front of a caller's stdout or stderr that is a regular file: given the file
+    itself, the command could reopen it for reading through /proc/self/fd (and read what the
+    caller wrote there before). {target fd: (read end, write end)}; the broker copies."""
+    relays: dict[int, tuple[int, int]] = {}
+    for target in (1, 2):
+        try:
+            regular = stat.S_ISREG(os.fstat(target).st_mode)
+        except OSError:
+            continue
+        if regular:
+            relays[target] = os.pipe2(os.O_CLOEXEC)
+    return relays
+
+
+def _copy(read_end: int, target: int) -> bool:
+    """Copy what one relay pipe holds to its file; False at its end."""
+    try:
+        data = os.read(read_end, 65536)
+    except BlockingIOError:
+        return True
+    if not data:
+        return False
+    while data:
+        try:
+            data = data[os.write(target, data) :]
+        except OSError:
+            return True  # the caller's file refuses (full disk): the command's output is dropped
+    return True
+
+
+def _drain(relays: dict[int, int]) -> None:
+    """Copy what the command wrote before it ended; a background process of the exec that still
+    holds a pipe does not hold the caller up."""
+    for read_end, target in relays.items():
+        os.set_blocking(read_end, False)
+        while _copy(read_end, target):
+            try:
+                if not select.select([read_end], [], [], 0)[0]:
+                    break
+            except InterruptedError:
+                continue
+
+
+def _seccomp_program(state_dir: str, sandbox_id: str) -> bytes:
+    """The sandbox's compiled syscall policy; no exec runs without it."""
+    try:
+        with open(os.path.join(state_dir, "sandboxes", sandbox_id, "seccomp.bpf"), "rb") as stream:
+            program = stream.read()
+    except OSError:
+        raise ExecUsage(f"exec: sandbox {sandbox_id}: its syscall policy cannot be read") from None
+    if not program or len(program) % 8:
+        raise ExecUsage(f"exec: sandbox {sandbox_id}: its syscall policy is damaged")
+    return program
 
 
 def _provider_environment(assignment: object, consumer: str, executable: str) -> dict[str, str]:
@@ -418,8 +496,11 @@ def _exec_group(limit_record: dict[str, object]) -> str | None:
     return group
 
 
-def _wait(started: joiner.Started, timeout: float | None, exec_group: str | None) -> int:
+def _wait(
+    started: joiner.Started, timeout: float | None, exec_group: str | None, relays: dict[int, int] | None = None
+) -> int:
     forwarded: list[int] = []
+    relays = dict(relays or {})
 
     def forward(signum: int, _frame: object) -> None:
         forwarded.append(signum)
@@ -433,10 +514,13 @@ def _wait(started: joiner.Started, timeout: float | None, exec_group: str | None
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                ready, _, _ = select.select([pidfd], [], [], remaining)
+                ready, _, _ = select.select([pidfd, *relays], [], [], remaining)
             except InterruptedError:
                 continue
-            if ready:
+            for read_end in [fd for fd in ready if fd in relays]:
+                if not _copy(read_end, relays[read_end]):
+                    del relays[read_end]
+            if pidfd in ready:
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 if exec_group is not None:
@@ -446,6 +530,7 @@ def _wait(started: joiner.Started, timeout: float | None, exec_group: str | None
                 return TIMED_OUT
     finally:
         os.close(pidfd)
+    _drain(relays)
     _, status = os.waitpid(started.relay_pid, 0)
     return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 

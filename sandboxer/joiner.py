@@ -6,13 +6,19 @@ ordinary broker alike:
     broker ── fork ──► A: drop to the sandbox's host uid/gid (no supplementary groups),
                           join the cgroups, setns(user) then pid, ipc, uts, net, cgroup, mnt
                           ── fork ──► B: in the sandbox's pid namespace; new session; cwd;
-                                         rlimits; bounding set, ambient and all capabilities
-                                         dropped; no_new_privs; fds > 2 closed; signals reset;
-                                         execve with the plan's environment
+                                         rlimits; a fresh session keyring; bounding set,
+                                         ambient and all capabilities dropped; no_new_privs;
+                                         a Landlock domain of its own; fds > 2 closed; signals
+                                         reset; the syscall policy; execve with the plan's
+                                         environment
     A relays B's end (exit status, or 128+N for signal N); the broker waits on A.
 
 Joining the user namespace as its owner uid gives A full capabilities inside it (needed for the
 other setns calls) and none outside; B throws them all away before execve.
+
+Each exec is a Landlock domain of its own: the kernel then refuses it ptrace and the /proc
+files that need ptrace access (mem, environ, fd) of every process outside its own tree — the
+holder, bwrap's init, other execs, a provider launch — whatever the syscall policy allows.
 """
 
 from __future__ import annotations
@@ -21,10 +27,12 @@ import ctypes
 import errno
 import fcntl
 import os
+import resource
 import signal
 from collections.abc import Sequence
 
 from sandboxer.errors import EntryError
+from sandboxer.seccomp_install import install as install_seccomp
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -55,6 +63,14 @@ PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _SYS_CAPSET = 126  # x86_64
+_SYS_KEYCTL = 250
+_KEYCTL_JOIN_SESSION_KEYRING = 1
+_SYS_LANDLOCK_CREATE_RULESET = 444
+_SYS_LANDLOCK_RESTRICT_SELF = 446
+# Handled by the domain (and so denied, as they already are without CAP_MKNOD): making device
+# nodes. The domain exists for its ptrace scoping, not to restrict the filesystem.
+_LANDLOCK_ACCESS_FS_MAKE_CHAR = 1 << 6
+_LANDLOCK_ACCESS_FS_MAKE_BLOCK = 1 << 11
 _CAP_LAST_FALLBACK = 63
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -100,6 +116,35 @@ def drop_all_capabilities() -> None:
     _check(_libc.syscall(_SYS_CAPSET, ctypes.byref(header), ctypes.byref(data)), "capset")
 
 
+def new_session_keyring() -> None:
+    """Join a new anonymous session keyring: nothing of the broker's or caller's keys follows."""
+    if _libc.syscall(_SYS_KEYCTL, _KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+        _check(-1, "keyctl(join session keyring)")
+
+
+def own_landlock_domain() -> None:
+    """Enter a Landlock domain of our own (needs no_new_privs): from now on, the kernel refuses
+    ptrace access to any process outside this process and its descendants."""
+    handled = ctypes.c_uint64(_LANDLOCK_ACCESS_FS_MAKE_CHAR | _LANDLOCK_ACCESS_FS_MAKE_BLOCK)
+    ruleset = _libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(handled), ctypes.sizeof(handled), 0)
+    if ruleset < 0:
+        _check(-1, "landlock_create_ruleset")
+    try:
+        _check(_libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
+    finally:
+        os.close(ruleset)
+
+
+def confine(cgroups: Sequence[int], rlimits: Sequence[tuple[int, int]]) -> None:
+    """In a child about to execute bwrap: join the sandbox's cgroups (descriptors opened by the
+    broker), take its rlimits and a fresh session keyring."""
+    for fd in cgroups:
+        os.write(fd, b"0")
+    for which, limit in rlimits:
+        resource.setrlimit(which, (limit, limit))
+    new_session_keyring()
+
+
 class Entry:
     """Everything needed to start one command in a sandbox.
 
@@ -107,7 +152,18 @@ class Entry:
     importing dataclasses costs more than the namespace join itself.
     """
 
-    __slots__ = ("argv", "cgroup_procs", "cwd", "env", "executable", "holder_pid", "host_gid", "host_uid", "rlimits")
+    __slots__ = (
+        "argv",
+        "cgroup_procs",
+        "cwd",
+        "env",
+        "executable",
+        "holder_pid",
+        "host_gid",
+        "host_uid",
+        "rlimits",
+        "seccomp",
+    )
 
     def __init__(
         self,
@@ -121,6 +177,7 @@ class Entry:
         env: dict[str, str],
         cgroup_procs: Sequence[str] = (),
         rlimits: Sequence[tuple[int, int]] = (),
+        seccomp: bytes | None = None,
     ) -> None:
         self.holder_pid = holder_pid  # a process of the sandbox user: the namespaces commands run in
         self.host_uid = host_uid  # the sandbox user's uid as the host sees it (owner of the namespaces)
@@ -131,6 +188,7 @@ class Entry:
         self.env = env
         self.cgroup_procs = cgroup_procs  # cgroup.procs files to join (v1 controllers or a v2 group)
         self.rlimits = rlimits  # (resource, limit) when no cgroup enforces limits
+        self.seccomp = seccomp  # the sandbox's compiled syscall policy, installed just before execve
 
 
 class Started:
@@ -267,22 +325,24 @@ def _command(entry: Entry, report: int, stdio: tuple[int, int, int]) -> None:
         except OSError as exc:
             _report(report, f"setup 125 --cwd {entry.cwd}: not a directory inside the sandbox ({exc.strerror})")
             os._exit(125)
-        import resource
-
         for which, limit in entry.rlimits:
             resource.setrlimit(which, (limit, limit))
         uid, gid = os.getuid(), os.getgid()
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
+        new_session_keyring()
         drop_all_capabilities()
         prctl(PR_SET_NO_NEW_PRIVS, 1)
+        own_landlock_domain()
         os.closerange(3, report)
         os.closerange(report + 1, 0x7FFFFFFF)  # every descriptor above, however high (close_range)
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        if entry.seccomp is not None:
+            install_seccomp(entry.seccomp)  # last: from here on only what the policy allows, execve included
     except OSError as exc:
-        _report(report, f"setup 125 cannot prepare the command ({exc.strerror})")
+        _report(report, f"setup 125 cannot prepare the command ({exc.strerror or exc})")
         os._exit(125)
     program = entry.executable or entry.argv[0]
     try:

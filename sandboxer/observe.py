@@ -37,6 +37,7 @@ class ProbeSeen:
     no_new_privs: bool
     env_names: tuple[str, ...]
     cgroups: tuple[str, ...]
+    seccomp: int = 0  # the kernel's Seccomp: line: 2 when a filter is installed
 
 
 _OCTAL = re.compile(r"\\([0-7]{3})")
@@ -119,6 +120,7 @@ def parse_probe(
         cap_prm=int(fields["CapPrm"], 16),
         cap_bnd=int(fields["CapBnd"], 16),
         no_new_privs=fields.get("NoNewPrivs") == "1",
+        seccomp=int(fields.get("Seccomp", "0") or 0),
         env_names=tuple(names),
         cgroups=tuple(line.strip() for line in cgroup_text.splitlines() if line.strip()),
     )
@@ -129,9 +131,12 @@ def parse_probe(
 _KERNEL_PREFIXES = ("/proc", "/dev")
 
 
-def differences(plan: Plan, mounts: list[MountSeen], interfaces: list[str], probe: ProbeSeen) -> list[str]:
-    """Every way the live sandbox differs from its plan (empty: it matches)."""
-    return _mount_differences(plan, mounts) + process_differences(plan, interfaces, probe)
+def differences(
+    plan: Plan, mounts: list[MountSeen], interfaces: list[str], probe: ProbeSeen, *, backend_files: tuple[str, ...] = ()
+) -> list[str]:
+    """Every way the live sandbox differs from its plan (empty: it matches). `backend_files` are
+    read-only files the backend itself places (the bwrap holder's program)."""
+    return _mount_differences(plan, mounts, backend_files) + process_differences(plan, interfaces, probe)
 
 
 def process_differences(plan: Plan, interfaces: list[str], probe: ProbeSeen) -> list[str]:
@@ -147,12 +152,14 @@ def process_differences(plan: Plan, interfaces: list[str], probe: ProbeSeen) -> 
         problems.append("capabilities: the probe holds capabilities")
     if not probe.no_new_privs:
         problems.append("no_new_privs: not set")
+    if probe.seccomp != 2:
+        problems.append("seccomp: the probe runs without a syscall filter")
     if probe.env_names != tuple(sorted(name for name, _ in plan.env)):
         problems.append("environment: the names seen differ from the plan")
     return problems
 
 
-def _mount_differences(plan: Plan, mounts: list[MountSeen]) -> list[str]:
+def _mount_differences(plan: Plan, mounts: list[MountSeen], backend_files: tuple[str, ...] = ()) -> list[str]:
     problems: list[str] = []
     by_target = {mount.target: mount for mount in mounts}  # the last mount at a target is the visible one
     expected_writable = set()
@@ -174,11 +181,26 @@ def _mount_differences(plan: Plan, mounts: list[MountSeen]) -> list[str]:
     if root is None or not root.read_only:
         problems.append("mount /: the root must be read-only")
     planned_targets = {planned.target for planned in plan.mounts}
+    problems += _unplanned(by_target, planned_targets, expected_writable, backend_files)
+    return problems
+
+
+def _unplanned(
+    by_target: dict[str, MountSeen],
+    planned_targets: set[str],
+    expected_writable: set[str],
+    backend_files: tuple[str, ...],
+) -> list[str]:
+    """Mounts the plan did not name, or writable where it planned them read-only."""
+    problems: list[str] = []
     for target, seen in by_target.items():
         kernel = any(target == p or target.startswith(p + "/") for p in _KERNEL_PREFIXES)
         if target == "/" or kernel:
             continue
-        if target not in planned_targets:
+        if target in backend_files:
+            if not seen.read_only:
+                problems.append(f"mount {target}: the backend's file is writable")
+        elif target not in planned_targets:
             problems.append(f"mount {target}: not in the plan")
         elif not seen.read_only and target not in expected_writable:
             problems.append(f"mount {target}: writable but planned read-only")

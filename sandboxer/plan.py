@@ -99,6 +99,7 @@ class Plan:
     env: tuple[tuple[str, str], ...]
     limits: Limits
     network: Literal["loopback"] = "loopback"
+    allow_ptrace: bool = False  # the profile's security.allow_ptrace: the syscall policy's one switch
 
     def mount_at(self, target: str) -> Mount:
         """The mount entry at `target`."""
@@ -199,4 +200,5 @@ def build_plan(
         mounts=tuple(mounts),
         env=_merged(base_env(sandbox_id=sandbox_id, profile=profile.name, user=user), grants.env),
         limits=profile.limits,
+        allow_ptrace=profile.security.allow_ptrace,
     )

@@ -5,8 +5,11 @@
       <id>/                       0700, the sandbox's own directory
         lock                      held by whoever creates or tears the sandbox down
         record.json               0600, replaced atomically
-        workspace/                the Git clone bound at /workspace
-        bwrap.log                 bwrap's own messages
+        workspace/                the Git clone bound at /workspace (as root: the mount point
+                                  of workspace.img, its own sized ext4 filesystem)
+        workspace.img             0600, the workspace filesystem (root brokers)
+        seccomp.bpf               0600, the compiled syscall policy every exec installs (bwrap)
+        git-home/                 0700, host-side git's HOME while it clones
 
 Record states: `creating` → `ready` → `tearing-down` (then the directory is gone), or `failed`;
 a warm container (sandboxer.commands.warm) is `warming` → `warm` until a create takes it, and is

@@ -19,8 +19,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sandboxer import joiner, procs
-from sandboxer.backends.bwrap_argv import BwrapFds, needs_fd, render
+from sandboxer.backends.bwrap_argv import HOLDER_SOURCE, HOLDER_TARGET, BwrapFds, needs_fd, render
 from sandboxer.errors import BackendError, EntryError, PolicyError, UsageError
+from sandboxer.limits import CGROUP_ROOT, LimitSetup
 from sandboxer.observe import ProbeSeen, parse_probe
 from sandboxer.plan import Mount, MountKind, Plan
 
@@ -158,7 +159,7 @@ def _open_lease(mount: Mount) -> int:
         raise PolicyError(f"lease {mount.lease}: its source {mount.source} cannot be opened ({exc.strerror})") from None
 
 
-def _read_info(fd: int, bwrap: subprocess.Popen[bytes]) -> dict[str, int]:
+def _read_info(fd: int, bwrap: subprocess.Popen[bytes], errors: int) -> dict[str, int]:
     data = b""
     deadline = time.monotonic() + START_TIMEOUT
     while True:
@@ -177,58 +178,135 @@ def _read_info(fd: int, bwrap: subprocess.Popen[bytes]) -> dict[str, int]:
             if isinstance(info, dict) and "child-pid" in info:
                 return info
     bwrap.wait(timeout=5)
-    raise BackendError(f"bwrap failed to start the sandbox (status {bwrap.returncode})")
+    raise BackendError(f"bwrap failed to start the sandbox (status {bwrap.returncode}): {_last_line(errors)}")
 
 
-def _last_line(log_path: str) -> str:
-    try:
-        with open(log_path, "rb") as stream:
-            lines = stream.read()[-4096:].decode(errors="replace").strip().splitlines()
-    except OSError:
-        lines = []
+def _last_line(fd: int) -> str:
+    """The last line bwrap wrote to its error pipe (read without blocking)."""
+    data = b""
+    with contextlib.suppress(OSError):
+        while chunk := os.read(fd, 65536):
+            data += chunk
+            if len(data) > 65536:
+                data = data[-4096:]
+    lines = data.decode(errors="replace").strip().splitlines()
     return lines[-1] if lines else "no message"
 
 
-def start(plan: Plan, *, log_path: str) -> Live:
-    """Start the sandbox's namespace; the caller registers cleanup before anything else."""
-    bwrap = find_bwrap()
-    uid, gid = host_ids(plan)
-    info_r, info_w = os.pipe2(os.O_CLOEXEC)
+def _executed_holder(pid: int) -> bool:
     try:
-        with _opened_fds(plan) as fds, open(log_path, "ab") as log:
-            argv = render(plan, BwrapFds(by_target=fds, info=info_w))
-            argv[0] = bwrap
-            as_root = os.geteuid() == 0
+        with open(f"/proc/{pid}/comm") as stream:
+            return stream.read().strip() == os.path.basename(HOLDER_TARGET)
+    except OSError:
+        return False
+
+
+def _holder_fd() -> int:
+    """The holder program's bytes, which bwrap places execute-only (see bwrap_argv.HOLDER_TARGET)."""
+    with open(HOLDER_SOURCE, "rb") as stream:
+        return _data_fd("sandboxer-holder", stream.read())
+
+
+def _data_fd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def start(plan: Plan, *, seccomp_program: bytes, limit_setup: LimitSetup) -> Live:
+    """Start the sandbox's namespace inside its limits; the caller registers cleanup first.
+
+    bwrap joins the sandbox's cgroups, its rlimits and a fresh session keyring before it
+    executes, writes its errors to a pipe the broker reads (never a host file a sandbox process
+    could reach), and hands the syscall policy to the holder, which runs from an execute-only
+    copy (non-dumpable). Every exec installs the same policy itself and enters a Landlock domain
+    of its own (joiner), which keeps it from ptrace access to bwrap's init and the holder.
+    """
+    program = find_bwrap()
+    uid, gid = host_ids(plan)
+    as_root = os.geteuid() == 0
+    info_r, info_w = os.pipe2(os.O_CLOEXEC)
+    errors_r, errors_w = os.pipe2(os.O_CLOEXEC)
+    own: list[int] = []
+    try:
+        groups = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in limit_setup.procs_files]
+        own += groups
+        holder = _holder_fd()
+        own.append(holder)
+        seccomp = _data_fd("sandboxer-seccomp", seccomp_program)
+        own.append(seccomp)
+        with _opened_fds(plan) as fds:
+            argv = render(plan, BwrapFds(by_target=fds, info=info_w, holder=holder, seccomp=seccomp))
+            argv[0] = program
             process = subprocess.Popen(
                 argv,
-                pass_fds=(*fds.values(), info_w),
+                executable=program,
+                pass_fds=(*fds.values(), info_w, holder, seccomp),
                 stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
+                stdout=subprocess.DEVNULL,
+                stderr=errors_w,
                 env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
                 start_new_session=True,  # outlives the create command; out of the caller's process group
                 user=uid if as_root else None,
                 group=gid if as_root else None,
                 extra_groups=[] if as_root else None,
+                # Between fork and exec, so bwrap is confined before it runs. Safe here: the
+                # broker that starts bwrap has one thread (a threaded one must spawn differently).
+                preexec_fn=lambda: joiner.confine(groups, limit_setup.rlimits),  # noqa: PLW1509
             )
         os.close(info_w)
         info_w = -1
-        info = _read_info(info_r, process)
+        os.close(errors_w)
+        errors_w = -1
+        os.set_blocking(errors_r, False)
+        info = _read_info(info_r, process, errors_r)
+        init_pid = int(info["child-pid"])
+        holder_pid = 0
+        deadline = time.monotonic() + START_TIMEOUT
+        while not holder_pid and time.monotonic() < deadline and process.poll() is None:
+            kids = procs.children(init_pid)
+            # The child is bwrap's own code until it has executed the holder program.
+            holder_pid = kids[0] if kids and _executed_holder(kids[0]) else 0
+            if not holder_pid:
+                time.sleep(0.001)
+        if not holder_pid:
+            raise BackendError(f"bwrap failed to start the sandbox: {_last_line(errors_r)}")
     finally:
-        os.close(info_r)
-        if info_w >= 0:
-            os.close(info_w)
-    init_pid = int(info["child-pid"])
-    holder = 0
-    deadline = time.monotonic() + START_TIMEOUT
-    while not holder and time.monotonic() < deadline and process.poll() is None:
-        kids = procs.children(init_pid)
-        holder = kids[0] if kids else 0
-        if not holder:
-            time.sleep(0.001)
-    if not holder:
-        raise BackendError(f"bwrap failed to start the sandbox: {_last_line(log_path)}")
-    return Live(bwrap_pid=process.pid, init_pid=init_pid, holder_pid=holder, pid_namespace=int(info["pid-namespace"]))
+        for fd in (info_r, info_w, errors_r, errors_w, *own):
+            if fd >= 0:
+                os.close(fd)
+    return Live(
+        bwrap_pid=process.pid, init_pid=init_pid, holder_pid=holder_pid, pid_namespace=int(info["pid-namespace"])
+    )
+
+
+SECCOMP_FILE = "seccomp.bpf"  # in the sandbox's directory: the compiled policy every exec installs
+
+
+def save_seccomp(directory: str, program: bytes) -> None:
+    """Keep the sandbox's compiled syscall policy for its execs (owner-only, never in the sandbox)."""
+    fd = os.open(
+        os.path.join(directory, SECCOMP_FILE),
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o600,
+    )
+    try:
+        os.write(fd, program)
+    finally:
+        os.close(fd)
+
+
+def load_seccomp(directory: str) -> bytes:
+    """The compiled syscall policy of the sandbox in `directory`; a backend error when missing."""
+    try:
+        with open(os.path.join(directory, SECCOMP_FILE), "rb") as stream:
+            program = stream.read()
+    except OSError as exc:
+        raise BackendError(f"the sandbox's syscall policy cannot be read ({exc.strerror})") from None
+    if not program or len(program) % 8:
+        raise BackendError("the sandbox's syscall policy is damaged")
+    return program
 
 
 def _broker_entry(
@@ -238,10 +316,11 @@ def _broker_entry(
     *,
     executable: str,
     procs_files: tuple[str, ...],
+    seccomp: bytes,
     rlimits: tuple[tuple[int, int], ...] = (),
 ) -> joiner.Entry:
     """A command of the broker's own, entered exactly as an exec is: the sandbox user, cwd /,
-    the plan's environment."""
+    the plan's environment, the syscall policy."""
     uid, gid = host_ids(plan)
     return joiner.Entry(
         holder_pid=live.holder_pid,
@@ -253,14 +332,15 @@ def _broker_entry(
         env=dict(plan.env),
         cgroup_procs=procs_files,
         rlimits=rlimits,
+        seccomp=seccomp,
     )
 
 
-def deliver(live: Live, plan: Plan, data: bytes, target: str, *, procs_files: tuple[str, ...]) -> None:
+def deliver(live: Live, plan: Plan, data: bytes, target: str, *, procs_files: tuple[str, ...], seccomp: bytes) -> None:
     """Write `data` to `target` inside the sandbox as the sandbox user (mode 0600, a new file),
     through the stdin of a command started like an exec: never argv, environment or host disk."""
     argv = ("sh", "-c", 'umask 077 && set -C && exec cat > "$0"', target)
-    entry = _broker_entry(live, plan, argv, executable="/bin/sh", procs_files=procs_files)
+    entry = _broker_entry(live, plan, argv, executable="/bin/sh", procs_files=procs_files, seccomp=seccomp)
     source = os.memfd_create("sandboxer-delivery", os.MFD_CLOEXEC)
     devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
@@ -277,14 +357,27 @@ def deliver(live: Live, plan: Plan, data: bytes, target: str, *, procs_files: tu
         raise BackendError(f"delivery of {target} failed inside the sandbox")
 
 
-def probe(live: Live, plan: Plan, *, procs_files: tuple[str, ...], rlimits: tuple[tuple[int, int], ...]) -> ProbeSeen:
+def probe(
+    live: Live,
+    plan: Plan,
+    *,
+    procs_files: tuple[str, ...],
+    rlimits: tuple[tuple[int, int], ...],
+    seccomp: bytes,
+) -> ProbeSeen:
     """Start a probe exactly as `exec` starts commands, and read what the kernel says of it.
 
     The probe is `sleep`; once it has executed, its status, environment and cgroups are read
     from the host's /proc (one start instead of three), then it is killed.
     """
     entry = _broker_entry(
-        live, plan, ("sleep", "30"), executable="/usr/bin/sleep", procs_files=procs_files, rlimits=rlimits
+        live,
+        plan,
+        ("sleep", "30"),
+        executable="/usr/bin/sleep",
+        procs_files=procs_files,
+        rlimits=rlimits,
+        seccomp=seccomp,
     )
     devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
@@ -309,6 +402,69 @@ def probe(live: Live, plan: Plan, *, procs_files: tuple[str, ...], rlimits: tupl
         procs.signal_all([started.command_pid], signal.SIGKILL)
         os.waitpid(started.relay_pid, 0)
     return seen
+
+
+# What a descriptor of bwrap, its init or the holder may refer to: nothing on the host's disk.
+_HARMLESS_FDS = ("/dev/null", "pipe:", "anon_inode:", "/memfd:")
+
+
+def confinement_problems(live: Live, limit_setup: LimitSetup) -> list[str]:
+    """How the sandbox's own processes (bwrap, its init, the holder) escape their confinement:
+    outside the sandbox's cgroups, holding a host file open, or (the holder) dumpable or without
+    the syscall policy. (bwrap and its init must stay dumpable: bwrap writes its own
+    /proc/self/uid_map. No exec can reach them: each is a Landlock domain of its own.)"""
+    problems: list[str] = []
+    wanted = _cgroup_lines(limit_setup.groups)
+    for name, pid in (("bwrap", live.bwrap_pid), ("init", live.init_pid), ("holder", live.holder_pid)):
+        base = f"/proc/{pid}"
+        try:
+            with open(f"{base}/cgroup") as stream:
+                lines = {line.split(":", 1)[1] for line in stream.read().split() if ":" in line}
+            with open(f"{base}/status") as stream:
+                status = dict(line.split(":", 1) for line in stream.read().splitlines() if ":" in line)
+            owner = os.stat(f"{base}/status").st_uid
+        except OSError:
+            problems.append(f"{name}: process {pid} is gone")
+            continue
+        missing = [line for line in wanted if line not in lines]
+        if missing:
+            problems.append(f"{name}: outside the sandbox's cgroups ({', '.join(missing)} missing)")
+        dumpable = owner == int(status["Uid"].split()[1])  # a dumpable process's /proc files are its euid's
+        if name == "holder" and dumpable:
+            problems.append("holder: dumpable (the sandbox user could ptrace it)")
+        if name == "holder" and status.get("Seccomp", "").strip() != "2":
+            problems.append("holder: runs without the syscall policy")
+        problems += _fd_problems(name, base, must_read=os.geteuid() == 0)
+    return problems
+
+
+def _cgroup_lines(groups: tuple[str, ...]) -> list[str]:
+    """The /proc/PID/cgroup lines of a process inside these cgroup directories."""
+    lines = []
+    for group in groups:
+        relative = os.path.relpath(group, CGROUP_ROOT)
+        controller, _, path = relative.partition("/")
+        if controller in ("memory", "pids"):  # v1: one hierarchy per controller
+            lines.append(f"{controller}:/{path}")
+        else:  # v2: the unified hierarchy
+            lines.append(f":/{relative}")
+    return lines
+
+
+def _fd_problems(name: str, base: str, *, must_read: bool) -> list[str]:
+    try:
+        fds = os.listdir(f"{base}/fd")
+    except PermissionError:  # a non-dumpable process, seen by an unprivileged broker
+        return [f"{name}: its descriptors cannot be read"] if must_read else []
+    except OSError:
+        return []
+    problems = []
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"{base}/fd/{fd}")
+            if not target.startswith(_HARMLESS_FDS):
+                problems.append(f"{name}: descriptor {fd} is open on a host file")
+    return problems
 
 
 def _settled_environ(base: str) -> bytes:

@@ -12,7 +12,15 @@ from dataclasses import dataclass
 
 from sandboxer.plan import RUNTIME_TARGET, Mount, MountKind, Plan
 
-HOLDER = ("/usr/bin/sleep", "infinity")
+# The holder: the long-lived process whose namespaces every exec joins. bwrap executes it from
+# an execute-only copy of sleep(1) (bwrap's own data file: no host path), which the sandbox user
+# cannot read, so the kernel makes the holder non-dumpable: no ptrace, no /proc/PID/mem, fd or environ for the
+# sandbox user. Besides, every exec is a Landlock domain of its own, which the kernel keeps from
+# ptrace access to the holder (joiner).
+HOLDER_SOURCE = "/usr/bin/sleep"
+HOLDER_TARGET = "/run/sandboxer/holder"
+HOLDER = (HOLDER_TARGET, "infinity")
+SHM_BYTES = 64 * 1024 * 1024  # /dev/shm: its own sized tmpfs, as Docker's default shm size
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -21,6 +29,8 @@ class BwrapFds:
 
     by_target: Mapping[str, int]
     info: int
+    holder: int = -1  # the execute-only copy of the holder program
+    seccomp: int = -1  # the compiled syscall policy (docs/seccomp.md)
 
 
 def needs_fd(mount: Mount) -> bool:
@@ -54,7 +64,8 @@ def _mount_args(mount: Mount, fds: BwrapFds) -> list[list[str]]:
         case MountKind.PROC:
             return [["--proc", target]]
         case MountKind.DEV:
-            return [["--dev", target]]
+            # bwrap's /dev has a shm directory on an unsized tmpfs: give it a sized one.
+            return [["--dev", target], ["--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", f"{target}/shm"]]
         case MountKind.DIR:
             perms = ["--perms", f"{mount.mode:04o}"] if mount.mode is not None else []
             return [[*perms, "--dir", target]]
@@ -83,8 +94,12 @@ def render_lines(plan: Plan, fds: BwrapFds) -> list[list[str]]:
         ["--setenv", "SANDBOXER_SANDBOX_ID", plan.sandbox_id],
         ["--info-fd", str(fds.info)],
     ]
+    if fds.seccomp >= 0:
+        lines.append(["--seccomp", str(fds.seccomp)])
     for mount in plan.mounts:
         lines += _mount_args(mount, fds)
+    if fds.holder >= 0:
+        lines.append(["--perms", "0111", "--ro-bind-data", str(fds.holder), HOLDER_TARGET])
     lines += [["--remount-ro", "/"], ["--chdir", "/"], ["--", *HOLDER]]
     return lines
 

@@ -181,6 +181,10 @@ def _make(request: CreateRequest, registry: Registry, record: dict[str, Any]) ->
     sandbox_id = str(record["id"])
     assignment = request.assignment
     plan = plan_for(request, registry, sandbox_id)
+    from sandboxer import workspace_volume
+
+    bounded = workspace_volume.make(registry.path(sandbox_id), size_mib=plan.limits.workspace_mib)
+    record["workspace_fs"] = {"mib": plan.limits.workspace_mib, "enforced": bounded}
     clone_workspace(request, plan)
     if assignment is not None:
         host_uid, host_gid = bwrap.host_ids(plan)
@@ -256,23 +260,29 @@ def deliver_requested(request: CreateRequest, plan: Plan, record: dict[str, Any]
 
 
 def _start_bwrap(plan: Plan, registry: Registry, record: dict[str, Any]) -> None:
-    """Set up the limits, start the namespace, record it, and refuse it unless it is the plan."""
-    from sandboxer import limits
+    """Set up the limits, start the namespace inside them, record it, and refuse it unless it is
+    the plan."""
+    import hashlib
+
+    from sandboxer import limits, seccomp
     from sandboxer.backends import bwrap
     from sandboxer.plan import MountKind
 
     limit_setup = limits.setup(plan.sandbox_id, plan.limits)
     record["limits"] = {**limit_setup.as_record(), "memory_mib": plan.limits.memory_mib, "pids": plan.limits.pids}
+    program = seccomp.cached_bpf(os.path.join(registry.state_dir, "parsed"), allow_ptrace=plan.allow_ptrace)
+    bwrap.save_seccomp(registry.path(plan.sandbox_id), program)
+    record["seccomp"] = {"sha256": hashlib.sha256(program).hexdigest(), "allow_ptrace": plan.allow_ptrace}
     started = plan
     if os.geteuid() == 0 and any(m.lease is not None and m.kind is MountKind.RO_BIND for m in plan.mounts):
         from sandboxer import leases
 
         started = leases.stage(plan, registry.path(plan.sandbox_id), owner=int(record["manifest"]["owner_uid"]))
-    live = bwrap.start(started, log_path=registry.path(plan.sandbox_id, "bwrap.log"))
+    live = bwrap.start(started, seccomp_program=program, limit_setup=limit_setup)
     record.update(live.as_record())
     record.update(_plan_record(plan, plan.host_uid, plan.host_gid))
     registry.write(plan.sandbox_id, record)
-    _verify(plan, live, limit_setup)
+    _verify(plan, live, limit_setup, program)
 
 
 def _admit_bootstrap(path: str | None, assignment: Assignment | None) -> tuple[Bootstrap, bytes] | None:
@@ -325,7 +335,8 @@ def _deliver_bootstrap(plan: Plan, record: dict[str, Any], data: bytes) -> None:
         holder_pid=record["holder_pid"],
         pid_namespace=record["pid_namespace"],
     )
-    bwrap.deliver(live, plan, data, TARGET, procs_files=tuple(record["limits"]["procs_files"]))
+    program = bwrap.load_seccomp(os.path.dirname(plan.workspace_source))  # the sandbox's directory
+    bwrap.deliver(live, plan, data, TARGET, procs_files=tuple(record["limits"]["procs_files"]), seccomp=program)
 
 
 def _admit_manifest(dirs: Dirs, path: str | None, *, backend: str, repository: str) -> Assignment | None:
@@ -363,6 +374,9 @@ def start_docker(plan: Plan, image: str, registry: Registry, record: dict[str, A
         "pids": plan.limits.pids,
     }
     record["image"] = image
+    # The project's syscall policy, rendered into the container's settings (docker_render); its
+    # digest is computed by inspect, not here: compiling it costs more than a warm create.
+    record["seccomp"] = {"allow_ptrace": plan.allow_ptrace}
     staged = _staged(plan, registry, record)
     record.update(_plan_record(staged, plan.host_uid, plan.host_gid))  # what the Engine is asked for, and shows
     registry.write(sandbox_id, record)
@@ -440,13 +454,20 @@ def _parse_docker_probe(data: bytes) -> tuple[ProbeSeen, list[str], list[MountSe
     return probe, interfaces, parse_mountinfo("\n".join(mount_lines)), routes
 
 
-def _verify(plan: Plan, live: bwrap.Live, limit_setup: limits.LimitSetup) -> None:
+def _verify(plan: Plan, live: bwrap.Live, limit_setup: limits.LimitSetup, program: bytes) -> None:
     """Refuse to hand out a sandbox whose observed state differs from its plan (exit 5)."""
     from sandboxer.backends import bwrap
+    from sandboxer.backends.bwrap_argv import HOLDER_TARGET
     from sandboxer.observe import differences, interfaces_from_proc, read_mountinfo
 
-    observed = bwrap.probe(live, plan, procs_files=limit_setup.procs_files, rlimits=limit_setup.rlimits)
-    problems = differences(plan, read_mountinfo(live.holder_pid), interfaces_from_proc(live.holder_pid), observed)
+    observed = bwrap.probe(
+        live, plan, procs_files=limit_setup.procs_files, rlimits=limit_setup.rlimits, seccomp=program
+    )
+    mounts = read_mountinfo(live.holder_pid)
+    problems = differences(
+        plan, mounts, interfaces_from_proc(live.holder_pid), observed, backend_files=(HOLDER_TARGET,)
+    )
+    problems += bwrap.confinement_problems(live, limit_setup)
     if limit_setup.groups and not any(plan.sandbox_id in line for line in observed.cgroups):
         problems.append("limits: the probe is not in the sandbox's cgroup")
     if problems:
@@ -462,6 +483,7 @@ def _plan_record(plan: Plan, host_uid: int, host_gid: int) -> dict[str, Any]:
         "env": [list(pair) for pair in plan.env],
         "runtime_path": plan.runtime_path,
         "runtime_sha256": plan.runtime_sha256,
+        "allow_ptrace": plan.allow_ptrace,
         "mounts": [
             {
                 "target": m.target,
@@ -483,7 +505,10 @@ def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tupl
     from sandboxer.backends.stop import stop
 
     record = {**record, "id": sandbox_id}
+    # A create killed mid-clone: git died with it, a helper of git may still write below.
+    stray = workspace.stop_git(registry.path(sandbox_id, workspace.GIT_HOME))
     removed, residue = stop(record)
+    residue += [f"host git process {pid}" for pid in stray]
     if record.get("backend") == "docker":
         container_id = record.get("container_id")
         if not container_id:  # a create that died before recording it: find it by its label
@@ -525,6 +550,12 @@ def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tupl
         left = limits.remove(groups)
         removed.extend(f"cgroup {g}" for g in groups if g not in left)
         residue.extend(f"cgroup {g}" for g in left)
+    if not residue:  # no process can hold the workspace filesystem now
+        from sandboxer import workspace_volume
+
+        fs_removed, fs_residue = workspace_volume.unmount(registry.path(sandbox_id))
+        removed.extend(fs_removed)
+        residue.extend(fs_residue)
     more_removed, more_residue = _remove_directory(registry.path(sandbox_id))
     return removed + more_removed, residue + more_residue
 
@@ -671,10 +702,7 @@ def gc(dirs: Dirs) -> dict[str, Any]:
                 elif running:
                     healthy.append(sandbox_id)
                     continue
-                # A create killed mid-clone: git died with it, a helper of git may still write.
-                stray = workspace.stop_git(registry.path(sandbox_id, workspace.GIT_HOME))
                 removed, residue = destroy(registry, sandbox_id, record or {"id": sandbox_id})
-                residue = [*(f"host git process {pid}" for pid in stray), *residue]
                 collected.append({"id": sandbox_id, "removed": removed, "residue": residue})
             finally:
                 os.close(lock)
@@ -738,7 +766,9 @@ def _collect_orphan_containers(registry: Registry) -> list[dict[str, Any]]:
 
 def inspect(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
     """Evidence observed from the live sandbox, compared with its plan."""
+    from sandboxer import limits
     from sandboxer.backends import bwrap
+    from sandboxer.backends.bwrap_argv import HOLDER_TARGET
     from sandboxer.netview import observe_network
     from sandboxer.observe import differences, read_mountinfo
 
@@ -759,13 +789,21 @@ def inspect(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
         pid_namespace=record["pid_namespace"],
     )
     limit_record = record["limits"]
-    probe = bwrap.probe(
-        live,
-        plan,
+    limit_setup = limits.LimitSetup(
+        mechanism=limit_record["mechanism"],
+        groups=tuple(limit_record["groups"]),
         procs_files=tuple(limit_record["procs_files"]),
         rlimits=tuple((int(a), int(b)) for a, b in limit_record["rlimits"]),
     )
-    problems = differences(plan, mounts, network["interfaces"], probe)
+    probe = bwrap.probe(
+        live,
+        plan,
+        procs_files=limit_setup.procs_files,
+        rlimits=limit_setup.rlimits,
+        seccomp=bwrap.load_seccomp(registry.path(sandbox_id)),
+    )
+    problems = differences(plan, mounts, network["interfaces"], probe, backend_files=(HOLDER_TARGET,))
+    problems += bwrap.confinement_problems(live, limit_setup)
     evidence = _evidence(record, state_dir=dirs.state, mounts=mounts, probe=probe, problems=problems)
     evidence["network"] = network
     evidence["limits"]["cgroups"] = list(probe.cgroups) if limit_record["groups"] else []
@@ -812,12 +850,18 @@ def _evidence(
             "bounding": f"{probe.cap_bnd:016x}",
             "no_new_privs": probe.no_new_privs,
         },
+        # The syscall policy as the kernel reports it for a process started like an exec, and
+        # the digest of the policy the broker compiled for this sandbox (docs/seccomp.md).
+        "seccomp": {"mode": probe.seccomp, **(record.get("seccomp") or {})},
         "env_names": list(probe.env_names),
         "leases": _lease_evidence(record, mounts),
         "limits": {
             "mechanism": record["limits"]["mechanism"],
             "memory_mib": record["limits"]["memory_mib"],
             "pids": record["limits"]["pids"],
+            # The workspace's own sized filesystem (root brokers): ENOSPC inside past this size.
+            "workspace_mib": (record.get("workspace_fs") or {}).get("mib"),
+            "workspace_enforced": bool((record.get("workspace_fs") or {}).get("enforced")),
         },
         "matches_plan": not problems,
         "differences": problems,
@@ -849,7 +893,7 @@ def _lease_evidence(record: dict[str, Any], mounts: list[MountSeen]) -> dict[str
 
 def _plan_from_record(record: dict[str, Any], workspace_source: str) -> Plan:
     """The plan a sandbox was made from, as its record keeps it (what verification compares)."""
-    from sandboxer.config import Limits
+    from sandboxer.config import DEFAULT_WORKSPACE_MIB, Limits
     from sandboxer.plan import Mount, MountKind, Plan
 
     return Plan(
@@ -879,25 +923,33 @@ def _plan_from_record(record: dict[str, Any], workspace_source: str) -> Plan:
             for m in record["mounts"]
         ),
         env=tuple((k, v) for k, v in record["env"]),
-        limits=Limits(memory_mib=record["limits"]["memory_mib"], pids=record["limits"]["pids"]),
+        limits=Limits(
+            memory_mib=record["limits"]["memory_mib"],
+            pids=record["limits"]["pids"],
+            workspace_mib=(record.get("workspace_fs") or {}).get("mib", DEFAULT_WORKSPACE_MIB),
+        ),
+        allow_ptrace=bool(record.get("allow_ptrace", False)),
     )
 
 
 def _inspect_docker(dirs: Dirs, record: dict[str, Any]) -> dict[str, Any]:
     """inspect on the Docker backend: what the Engine shows and what the container itself shows."""
+    from dataclasses import replace
+
+    from sandboxer import leases, seccomp
     from sandboxer.backends import docker as docker_backend
+    from sandboxer.backends.docker_render import short_option
     from sandboxer.observe import process_differences
 
     registry = Registry(dirs.state)
     sandbox_id = str(record["id"])
     container_id = str(record["container_id"])
-    plan = _plan_from_record(record, registry.path(sandbox_id, "workspace"))
+    allow_ptrace = bool((record.get("seccomp") or {}).get("allow_ptrace"))
+    plan = replace(_plan_from_record(record, registry.path(sandbox_id, "workspace")), allow_ptrace=allow_ptrace)
     probe, interfaces, mounts, routes = _docker_probe(container_id, plan)
     attrs = docker_backend.inspect(container_id)
     problems = docker_backend.check(container_id, plan, etc_dir=registry.path(sandbox_id, "etc"))
     problems += process_differences(plan, interfaces, probe)
-    from sandboxer import leases
-
     if os.path.isdir(registry.path(sandbox_id, "leases")):
         problems += leases.staged_mismatches(plan, mounts)
     problems += leases.spool_mismatches(plan, mounts)

@@ -218,9 +218,13 @@ def _start_one(request: CreateRequest, registry: Registry) -> str:
         from sandboxer.backends import docker as docker_backend
 
         plan = plan_for(request, registry, sandbox_id)
-        # Empty until a create clones into it, and the container root's (who enters it as the
-        # container's working directory before becoming the sandbox user, who cannot).
-        os.mkdir(str(plan.workspace_source), 0o700)
+        # Its own sized filesystem (as every create's), empty until a create clones into it, and
+        # the container root's (who enters it as the container's working directory before
+        # becoming the sandbox user, who cannot).
+        from sandboxer import workspace_volume
+
+        workspace_volume.make(registry.path(sandbox_id), size_mib=plan.limits.workspace_mib)
+        record["workspace_fs"] = {"mib": plan.limits.workspace_mib, "enforced": True}
         os.chown(str(plan.workspace_source), *docker_backend.remap().root)
         probe, interfaces = start_docker(plan, request.image, registry, record)
 
@@ -237,6 +241,7 @@ def _start_one(request: CreateRequest, registry: Registry) -> str:
                 "no_new_privs": probe.no_new_privs,
                 "env_names": list(probe.env_names),
                 "cgroups": list(probe.cgroups),
+                "seccomp": probe.seccomp,
             },
             "interfaces": interfaces,
             "pid": state.get("Pid"),
@@ -295,6 +300,7 @@ def _problems(request: CreateRequest, registry: Registry, record: dict[str, Any]
             no_new_privs=bool(seen["no_new_privs"]),
             env_names=tuple(str(n) for n in seen["env_names"]),
             cgroups=tuple(str(c) for c in seen["cgroups"]),
+            seccomp=int(seen["seccomp"]),
         )
         interfaces = [str(name) for name in stamp["interfaces"]]
     except (KeyError, TypeError, ValueError):

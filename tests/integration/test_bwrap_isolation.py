@@ -553,7 +553,7 @@ def test_two_sandboxes_cannot_see_each_others_files_processes_or_loopback(sbx: S
     commands = [line.split(" ", 1)[1].strip() for line in in_b.stdout.splitlines()]
     # the sandbox's init and holder, and this exec's shell and its helpers: nothing of A's.
     assert len(commands) <= 6, commands
-    holder = "sleep infinity" if sbx.backend == "bwrap" else "sleep 3600"
+    holder = "/run/sandboxer/holder infinity" if sbx.backend == "bwrap" else "sleep 3600"
     assert any(holder in c for c in commands)
 
     assert connect(sbx, second, PORT, wait=0) == (3, "refused")

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from sandboxer.backends.bwrap_argv import HOLDER, BwrapFds, needs_fd, render, render_lines
+from sandboxer.backends.bwrap_argv import (
+    HOLDER,
+    HOLDER_TARGET,
+    SHM_BYTES,
+    BwrapFds,
+    needs_fd,
+    render,
+    render_lines,
+)
 from sandboxer.config import ExtensionConfig, Limits, Profile, RuntimePin, Workspace
 from sandboxer.errors import NotFoundError
 from sandboxer.observe import MountSeen, ProbeSeen, differences, parse_mountinfo
@@ -77,7 +85,7 @@ def make_plan() -> Plan:
 
 
 def fixed_fds() -> BwrapFds:
-    return BwrapFds(by_target=FIXED_FDS, info=9)
+    return BwrapFds(by_target=FIXED_FDS, info=9, holder=7, seccomp=8)
 
 
 # --- the plan -------------------------------------------------------------------------------------
@@ -255,8 +263,14 @@ def test_bwrap_argv_security_properties() -> None:
     mount_ops = bind_ops | {"--ro-bind-fd", "--bind-fd", "--tmpfs", "--dir", "--symlink", "--ro-bind-data", "--proc"}
     last_mount = max(i for i, line in enumerate(lines) if any(arg in mount_ops for arg in line))
     assert lines.index(["--remount-ro", "/"]) > last_mount, "the root is made read-only after every mount"
-    assert argv[-3:] == ["--", "/usr/bin/sleep", "infinity"]
+    assert argv[-3:] == ["--", HOLDER_TARGET, "infinity"]
     assert tuple(argv[-2:]) == HOLDER
+    # The holder runs from an execute-only copy (non-dumpable); the policy reaches bwrap by fd.
+    assert ["--perms", "0111", "--ro-bind-data", "7", HOLDER_TARGET] in lines
+    assert ["--seccomp", "8"] in lines
+    # /dev/shm is a sized tmpfs of its own, after bwrap's /dev.
+    shm = lines.index(["--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"])
+    assert shm == lines.index(["--dev", "/dev"]) + 1
     assert argv.count("--") == 1
 
 
@@ -290,6 +304,7 @@ def matching_probe(plan: Plan) -> ProbeSeen:
         no_new_privs=True,
         env_names=tuple(sorted(name for name, _ in plan.env)),
         cgroups=("4:memory:/sandboxer/" + SANDBOX_ID,),
+        seccomp=2,
     )
 
 
@@ -359,8 +374,22 @@ def test_extra_read_only_host_mount_is_reported() -> None:
         (["lo"], {"cap_prm": 1}, "capabilities"),
         (["lo"], {"cap_bnd": 1 << 21}, "capabilities"),
         (["lo"], {"no_new_privs": False}, "no_new_privs"),
+        (["lo"], {"seccomp": 0}, "seccomp"),
+        (["lo"], {"seccomp": 1}, "seccomp"),
     ],
-    ids=["eth0", "no-interfaces", "uid0", "uid-gid-0", "gid0", "capeff", "capprm", "capbnd", "nnp-off"],
+    ids=[
+        "eth0",
+        "no-interfaces",
+        "uid0",
+        "uid-gid-0",
+        "gid0",
+        "capeff",
+        "capprm",
+        "capbnd",
+        "nnp-off",
+        "no-seccomp",
+        "strict-seccomp",
+    ],
 )
 def test_each_probe_deviation_is_reported(interfaces: list[str], probe_changes: dict[str, object], needle: str) -> None:
     plan = make_plan()
