@@ -2,11 +2,13 @@
 
 The host's /usr, the runtime and the workspace are bind mounts exactly as under bwrap (see
 docs/docker.md for why /usr comes from the host); generated /etc files are bound read-only from
-the sandbox's own directory; the private state is tmpfs, 0700, owned by the sandbox user.
+the sandbox's own directory; the private state is tmpfs, 0700, owned by the sandbox user. The
+syscall policy is the project's own (sandboxer.seccomp), rendered as a Docker seccomp profile.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +70,23 @@ def tmpfs(plan: Plan) -> dict[str, str]:
     return mounts
 
 
+def security_options(plan: Plan) -> list[str]:
+    """`no-new-privileges` and the project's syscall policy as a seccomp profile: exactly these,
+    never `unconfined` and never Docker's default profile."""
+    from sandboxer import seccomp
+
+    return ["no-new-privileges:true", f"seccomp={seccomp.docker_profile_json(allow_ptrace=plan.allow_ptrace)}"]
+
+
+def short_option(option: object) -> object:
+    """A security option as `inspect` shows it: a seccomp profile by the sha256 of its JSON text."""
+    import hashlib
+
+    if isinstance(option, str) and option.startswith(("seccomp=", "seccomp:")):
+        return f"seccomp=sha256:{hashlib.sha256(option[len('seccomp=') :].encode()).hexdigest()}"
+    return option
+
+
 def create_body(plan: Plan, *, image: str, etc_dir: str, state_dir: str) -> dict[str, Any]:
     """The Engine API's `POST /containers/create` body for this plan."""
     memory = plan.limits.memory_mib * 1024 * 1024
@@ -96,7 +115,7 @@ def create_body(plan: Plan, *, image: str, etc_dir: str, state_dir: str) -> dict
             "NetworkMode": "none",
             "ReadonlyRootfs": True,
             "CapDrop": ["ALL"],
-            "SecurityOpt": ["no-new-privileges:true"],  # and Docker's default seccomp profile, never unconfined
+            "SecurityOpt": security_options(plan),
             "Privileged": False,
             "PidsLimit": plan.limits.pids,
             "Memory": memory,
@@ -126,7 +145,7 @@ def _host_problems(attrs: dict[str, Any], plan: Plan) -> list[str]:
         problems.append("privileged")
     if sorted(host.get("CapDrop") or []) != ["ALL"] or host.get("CapAdd"):
         problems.append("capabilities are not all dropped")
-    problems += _mode_problems(host)
+    problems += _mode_problems(host, plan)
     if config.get("User") != f"{plan.uid}:{plan.gid}":
         problems.append(f"user is {config.get('User')!r}, planned {plan.uid}:{plan.gid}")
     if host.get("Devices"):
@@ -136,13 +155,28 @@ def _host_problems(attrs: dict[str, Any], plan: Plan) -> list[str]:
     return problems
 
 
-def _mode_problems(host: dict[str, Any]) -> list[str]:
+def _same_security(seen: list[Any], plan: Plan) -> bool:
+    """Whether the Engine's SecurityOpt is exactly what `security_options` renders: the same
+    options, the seccomp profile the same JSON document (the Engine keeps it as it was sent)."""
+    wanted = security_options(plan)
+    if len(seen) != len(wanted) or not all(isinstance(opt, str) for opt in seen):
+        return False
+    if seen[0].replace("=", ":", 1) != wanted[0]:
+        return False
+    if not seen[1].startswith(("seccomp=", "seccomp:")):
+        return False
+    try:
+        return bool(json.loads(seen[1][len("seccomp=") :]) == json.loads(wanted[1][len("seccomp=") :]))
+    except ValueError:
+        return False
+
+
+def _mode_problems(host: dict[str, Any], plan: Plan) -> list[str]:
     problems: list[str] = []
-    security = host.get("SecurityOpt") or []
-    # Exactly what we render: any other option (a seccomp profile of its own, label=disable,
+    # Exactly what we render: any other option (another seccomp profile, Docker's default, label=disable,
     # apparmor=...) is a change of policy, whatever it says.
-    if [opt.replace("=", ":") for opt in security] != ["no-new-privileges:true"]:
-        problems.append("security options differ from the plan (no-new-privileges only, default seccomp)")
+    if not _same_security(list(host.get("SecurityOpt") or []), plan):
+        problems.append("security options differ from the plan (no-new-privileges and the project's seccomp profile)")
     expected_modes = {"PidMode": "", "IpcMode": "private", "UTSMode": "", "CgroupnsMode": "private", "UsernsMode": ""}
     for key, value in expected_modes.items():
         if (host.get(key) or "") != value:

@@ -958,12 +958,19 @@ def _inspect_docker(dirs: Dirs, record: dict[str, Any]) -> dict[str, Any]:
     evidence = _evidence(record, state_dir=dirs.state, mounts=mounts, probe=probe, problems=problems)
     evidence["network"] = {"interfaces": interfaces, "routes": routes, "mode": host.get("NetworkMode")}
     evidence["limits"]["engine"] = {"memory": host.get("Memory"), "pids": host.get("PidsLimit")}
+    # The filter the container's pid 1 runs under (the kernel's Seccomp: line), and the identity
+    # of the policy the Engine was given (the final inspection compares the rendered profile).
+    evidence["seccomp"] = {
+        "mode": seen.seccomp if seen else None,
+        "sha256": seccomp.digest(allow_ptrace=allow_ptrace),
+        "allow_ptrace": allow_ptrace,
+    }
     evidence["docker"] = {
         "container": container_id,
         "image": record.get("image"),
         "read_only_root": host.get("ReadonlyRootfs"),
         "cap_drop": host.get("CapDrop"),
-        "security_opt": host.get("SecurityOpt"),
+        "security_opt": [short_option(option) for option in host.get("SecurityOpt") or []],
         "user": (attrs.get("Config") or {}).get("User"),
         # The ids the container's pid 1 has on the host: the daemon's remapping of the sandbox
         # user, never an account's (docs/docker.md).
@@ -972,17 +979,3 @@ def _inspect_docker(dirs: Dirs, record: dict[str, Any]) -> dict[str, Any]:
         "userns_mode": host.get("UsernsMode") or None,
     }
     return evidence
-
-
-def _host_uid(pid: object) -> int | None:
-    """The real uid of host process `pid` (None when it cannot be read)."""
-    if not isinstance(pid, int) or pid <= 0:
-        return None
-    try:
-        with open(f"/proc/{pid}/status") as stream:
-            for line in stream:
-                if line.startswith("Uid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None

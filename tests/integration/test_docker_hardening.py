@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import SandboxBroker, _cleanup, add_docker, make_broker
+from tests.integration.conftest import SandboxBroker, _cleanup, add_docker, backend_profile_text, make_broker
 from tests.integration.test_manifest_sandboxes import SPOOL, create, make_run, record_of
 
 
@@ -169,3 +169,140 @@ def test_a_docker_spool_is_a_bounded_tmpfs_over_its_volume(dk: SandboxBroker, ba
     assert _mounted_at(mountpoint) == []
     gone = subprocess.run(["docker", "volume", "inspect", spool["source"]], capture_output=True, check=False)
     assert gone.returncode != 0
+
+
+# --------------------------------------------------------------- 3. the project's syscall policy
+
+# Each call is one the policy refuses, made harmlessly: socket() alone (never a connect, bind or
+# send on a vsock), a keyring look-up that creates nothing, a ptrace of the probe's own child,
+# TIOCSTI on the probe's own pty (its controlling terminal, so only the filter can refuse it) with
+# the request's high bits clear and set, and TIOCGWINSZ as the control that the same descriptor
+# and the same high bits reach the kernel. Results are errno values (0: the call succeeded).
+PROBE = r"""
+import ctypes, json, os, socket, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+
+def call(number, *args):
+    ctypes.set_errno(0)
+    result = libc.syscall(ctypes.c_long(number), *(ctypes.c_long(a) for a in args))
+    return 0 if result >= 0 else ctypes.get_errno()
+
+out = {}
+try:
+    socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM).close()
+    out["vsock"] = 0
+except OSError as exc:
+    out["vsock"] = exc.errno
+out["keyctl"] = call(250, 0, -3, 0)
+child = os.fork()
+if child == 0:
+    time.sleep(60)
+    os._exit(0)
+out["ptrace"] = call(101, 0x4206, child, 0, 0)
+os.kill(child, 9)
+os.waitpid(child, 0)
+r, w = os.pipe()
+pid, master = os.forkpty()
+if pid == 0:
+    buf = ctypes.create_string_buffer(b"x", 16)
+    requests = (0x5412, 0x5412 | 1 << 32, 0x5413, 0x5413 | 1 << 32)
+    os.write(w, json.dumps([call(16, 0, request, ctypes.addressof(buf)) for request in requests]).encode())
+    os._exit(0)
+os.close(w)
+out["tiocsti"], out["tiocsti_high"], out["tiocgwinsz"], out["tiocgwinsz_high"] = json.loads(os.read(r, 4096))
+os.waitpid(pid, 0)
+os.close(master)
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+out["seccomp"] = int(status["Seccomp"])
+print(json.dumps(out))
+"""
+
+
+def _probe(broker: SandboxBroker, sandbox_id: str) -> dict[str, int]:
+    ran = broker.exec(sandbox_id, "python3", "-c", PROBE)
+    assert ran.status == 0, ran.stderr
+    result: dict[str, int] = json.loads(ran.stdout)
+    return result
+
+
+def _expected(*, allow_ptrace: bool) -> dict[str, int]:
+    """What the policy's own definition says each probe call gets (0: allowed)."""
+    from sandboxer import seccomp
+
+    def errno_of(number: int, *args: int) -> int:
+        return seccomp.refusal(number, [*args, 0, 0, 0, 0, 0, 0][:6], allow_ptrace=allow_ptrace) or 0
+
+    return {
+        "vsock": errno_of(41, 40, 1, 0),
+        "keyctl": errno_of(250, 0, 0xFFFF_FFFF_FFFF_FFFD, 0),  # -3: the session keyring
+        "ptrace": errno_of(101, 0x4206),
+        "tiocsti": errno_of(16, 0, 0x5412),
+        "tiocsti_high": errno_of(16, 0, 0x5412 | 1 << 32),
+        "tiocgwinsz": 0,
+        "tiocgwinsz_high": 0,
+        "seccomp": 2,
+    }
+
+
+def test_a_docker_exec_runs_under_the_projects_syscall_policy(dk: SandboxBroker) -> None:
+    import errno
+
+    expected = _expected(allow_ptrace=False)
+    # The policy refuses each of these (the test would pass on nothing that allows them).
+    assert expected["vsock"] == errno.EAFNOSUPPORT
+    assert expected["keyctl"] == expected["ptrace"] == expected["tiocsti"] == expected["tiocsti_high"] == errno.EPERM
+    sandbox_id = dk.create()
+    assert _probe(dk, sandbox_id) == expected
+
+
+def test_allow_ptrace_lifts_only_the_ptrace_rules_on_docker(dk: SandboxBroker) -> None:
+    name = "docker-ptrace"
+    dk.write_profile(name, backend_profile_text(dk, name, dk.repo, "security:\n  allow_ptrace: true\n"))
+    assert dk.run("ext", "approve", name).status == 0
+    sandbox_id = dk.create(name)
+    expected = _expected(allow_ptrace=True)
+    assert expected["ptrace"] == 0
+    assert _probe(dk, sandbox_id) == expected
+    evidence = dk.run("inspect", sandbox_id, "--json")
+    assert evidence.status == 0, evidence.stderr
+    assert evidence.json()["matches_plan"] is True, evidence.json()["differences"]
+    assert evidence.json()["seccomp"]["allow_ptrace"] is True
+
+
+def test_the_engine_holds_exactly_the_projects_profile_and_inspect_reports_it(dk: SandboxBroker) -> None:
+    from sandboxer import seccomp
+    from sandboxer.backends.docker_render import verify
+    from sandboxer.commands.sandbox import _plan_from_record
+
+    sandbox_id = dk.create()
+    record = record_of(dk, sandbox_id)
+    attrs = _engine_inspect(record["container_id"])
+    options = attrs["HostConfig"]["SecurityOpt"]
+    assert len(options) == 2
+    assert options[0].replace("=", ":") == "no-new-privileges:true"
+    assert options[1].startswith("seccomp=")
+    assert json.loads(options[1][len("seccomp=") :]) == seccomp.docker_profile(allow_ptrace=False)
+    assert _host_status(attrs["State"]["Pid"])["Seccomp"] == "2"
+
+    evidence = dk.run("inspect", sandbox_id, "--json")
+    assert evidence.status == 0, evidence.stderr
+    seen = evidence.json()
+    assert seen["matches_plan"] is True, seen["differences"]
+    assert seen["seccomp"] == {"mode": 2, "sha256": seccomp.digest(allow_ptrace=False), "allow_ptrace": False}
+
+    # Any other profile — Docker's default, one rule fewer, ptrace allowed — is a difference.
+    plan = _plan_from_record(record, str(dk.sandbox_dir(sandbox_id) / "workspace"))
+    etc_dir = str(dk.sandbox_dir(sandbox_id) / "etc")
+    assert verify(attrs, plan, etc_dir=etc_dir) == []
+    fewer = seccomp.docker_profile(allow_ptrace=False)
+    fewer["syscalls"] = fewer["syscalls"][1:]
+    for other in (
+        ["no-new-privileges:true"],
+        ["no-new-privileges:true", "seccomp=unconfined"],
+        ["no-new-privileges:true", "seccomp=" + json.dumps(fewer)],
+        ["no-new-privileges:true", "seccomp=" + seccomp.docker_profile_json(allow_ptrace=True)],
+        [*options, "apparmor=unconfined"],
+    ):
+        altered = {**attrs, "HostConfig": {**attrs["HostConfig"], "SecurityOpt": other}}
+        assert any("security options" in problem for problem in verify(altered, plan, etc_dir=etc_dir)), other
