@@ -523,6 +523,7 @@ def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tupl
                 removed.append(f"container {str(container_id)[:12]}")
             else:
                 residue.append(f"container {str(container_id)[:12]}: {problem}")
+    still_running = list(residue)  # processes that survived, a container the Engine kept
     if os.path.isdir(registry.path(sandbox_id, "leases")):  # no process or container uses them now
         from sandboxer import leases
 
@@ -550,7 +551,7 @@ def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tupl
         left = limits.remove(groups)
         removed.extend(f"cgroup {g}" for g in groups if g not in left)
         residue.extend(f"cgroup {g}" for g in left)
-    if not residue:  # no process can hold the workspace filesystem now
+    if not still_running:  # no process or container can hold the workspace filesystem now
         from sandboxer import workspace_volume
 
         fs_removed, fs_residue = workspace_volume.unmount(registry.path(sandbox_id))
