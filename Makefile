@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: check demo tour deps system-deps lint typecheck test bench clean
+.PHONY: check demo tour deps system-deps lint typecheck test bench soak clean
 
 system-deps:
 	@scripts/install-system-deps
@@ -40,6 +40,12 @@ tour: deps
 bench: deps
 	$(PY) benchmarks/bench_digest.py
 	$(PY) benchmarks/bench_sandbox.py
+
+# 1,000 sequential create -> exec -> teardown cycles (root broker); fails if anything on the host
+# grows past its tolerance (docs/soak.md). SOAK_ARGS="--cycles 200 --backend docker" to vary it.
+SOAK_ARGS ?=
+soak: deps
+	$(PY) scripts/soak.py $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .hypothesis *.egg-info
