@@ -85,10 +85,30 @@ def _dechunk(data: bytes) -> bytes:
 # `exec --executable` needs argv[0] apart from the program, which env(1) cannot do: a few lines
 # of the host's Python (its /usr is in the container) set cwd and execute with exactly the plan's
 # environment, restoring the signal dispositions Python changes at start-up.
-_LAUNCHER = """import os, signal, sys
-for s in (signal.SIGPIPE, signal.SIGXFSZ):
+# Every exec is a Landlock domain of its own, as on bwrap (joiner.own_landlock_domain): the kernel
+# then refuses it ptrace access — ptrace, /proc/PID/mem, environ, fd — to every process outside
+# its own tree (the container's pid 1, other execs, a provider launch), whatever uid they share.
+# The container's no-new-privileges lets an unprivileged process make one. 444 and 446 are
+# landlock_create_ruleset and landlock_restrict_self; the domain handles making device nodes.
+_DOMAIN = """import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+handled = ctypes.c_uint64(1 << 6 | 1 << 11)
+ruleset = libc.syscall(444, ctypes.byref(handled), 8, 0)
+if ruleset < 0 or libc.syscall(446, ruleset, 0) != 0:
+    sys.stderr.write("sandboxer: exec: cannot enter a Landlock domain of its own\\n")
+    os._exit(125)
+os.close(ruleset)
+import signal
+for s in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; what it executes must not
     signal.signal(s, signal.SIG_DFL)
-gate, cwd, count = sys.argv[1] == "gate", sys.argv[2], int(sys.argv[3])
+"""
+
+# The plain exec path: the domain, then the shell below.
+_ENTER_DOMAIN = _DOMAIN + "os.execv(sys.argv[1], sys.argv[1:])\n"
+
+_LAUNCHER = (
+    _DOMAIN
+    + """gate, cwd, count = sys.argv[1] == "gate", sys.argv[2], int(sys.argv[3])
 env = dict(item.split("=", 1) if "=" in item else (item, os.environ[item]) for item in sys.argv[4 : 4 + count])
 program, argv = sys.argv[4 + count], sys.argv[5 + count :]
 try:
@@ -106,6 +126,7 @@ except OSError as exc:
     sys.stderr.write(f"sandboxer: exec: {program}: {what}\\n")
     os._exit(status)
 """
+)
 
 
 # The shell in front of `env -i` on the plain exec path: $0 is the cwd, $1 the program, $2 the
@@ -175,7 +196,10 @@ def create_exec(
         # The shell enters the cwd and finds the program (or says why not, as the bwrap path
         # does), then env -i builds the environment from nothing and executes the command.
         search = env.get("PATH", "")
-        command = ["/bin/sh", "-c", _ENTER, cwd, argv[0], search, "/usr/bin/env", "-i", "--", *pairs, *argv]
+        command = [
+            *("/usr/bin/python3", "-I", "-S", "-c", _ENTER_DOMAIN),
+            *("/bin/sh", "-c", _ENTER, cwd, argv[0], search, "/usr/bin/env", "-i", "--", *pairs, *argv),
+        ]
         if gate:  # dash exports PWD to what it runs: unset it, stop, then become the command
             command[-len(argv) :] = ["/bin/sh", "-c", 'unset PWD; kill -STOP $$; exec "$@"', "sh", *argv]
     body = {

@@ -28,7 +28,11 @@ def holder(plan: Plan) -> list[str]:
     before start, which saves an exec), then sleeps and, in `wait`, reaps whatever execs leave
     behind. As pid 1 the shell ignores TERM from inside. (Docker's own init would be
     bind-mounted at /sbin/docker-init, inside the host's read-only /usr.)"""
-    script = f"unset PWD; cat {' '.join(PROBE_FILES)}; echo; echo {PROBE_END.decode()}; exec >/dev/null 2>&1; "
+    # The state dirs are made in the one state tmpfs (0700, the sandbox user's), so all five share
+    # its size, as under bwrap: Docker itself can only mount a tmpfs of its own at each.
+    state_dirs = " ".join(m.target for m in plan.mounts if m.kind is MountKind.DIR and m.target.startswith(STATE_ROOT))
+    script = f"mkdir -m 700 -- {state_dirs} || exit 1; " if state_dirs else ""
+    script += f"unset PWD; cat {' '.join(PROBE_FILES)}; echo; echo {PROBE_END.decode()}; exec >/dev/null 2>&1; "
     script += "while :; do sleep 3600 & wait $!; done"
     return ["/usr/bin/env", "-i", *(f"{name}={value}" for name, value in plan.env), "/bin/sh", "-c", script]
 
@@ -60,11 +64,12 @@ def volumes(plan: Plan) -> list[tuple[str, str]]:
 
 
 def tmpfs(plan: Plan) -> dict[str, str]:
-    """The state root and each state dir as a tmpfs, 0700, owned by the sandbox user."""
+    """The state root as one sized tmpfs, 0700, owned by the sandbox user (pid 1 makes the state
+    dirs in it: `holder`)."""
     mounts: dict[str, str] = {}
     for mount in plan.mounts:
-        if mount.kind in (MountKind.TMPFS, MountKind.DIR) and mount.target.startswith(STATE_ROOT):
-            size = mount.size_bytes or next(m.size_bytes for m in plan.mounts if m.target == STATE_ROOT)
+        if mount.kind is MountKind.TMPFS and mount.target.startswith(STATE_ROOT):
+            size = mount.size_bytes
             options = f"rw,nosuid,nodev,size={size},mode={mount.mode or 0o700:o},uid={plan.uid},gid={plan.gid}"
             mounts[mount.target] = options
     return mounts
