@@ -21,6 +21,7 @@ HOLDER_SOURCE = "/usr/bin/sleep"
 HOLDER_TARGET = "/run/sandboxer/holder"
 HOLDER = (HOLDER_TARGET, "infinity")
 SHM_BYTES = 64 * 1024 * 1024  # /dev/shm: its own sized tmpfs, as Docker's default shm size
+PROC_MASKED = ("keys", "key-users")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,10 +63,15 @@ def _mount_args(mount: Mount, fds: BwrapFds) -> list[list[str]]:
                 args += ["--size", str(mount.size_bytes)]
             return [[*args, "--tmpfs", target]]
         case MountKind.PROC:
-            return [["--proc", target]]
+            # /proc/keys lists every key the reader may view, whoever's keyring holds it (as Docker
+            # does, mask it and its per-user counts).
+            masks = [["--ro-bind", "/dev/null", f"{target}/{name}"] for name in PROC_MASKED]
+            return [["--proc", target], *masks]
         case MountKind.DEV:
-            # bwrap's /dev has a shm directory on an unsized tmpfs: give it a sized one.
-            return [["--dev", target], ["--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", f"{target}/shm"]]
+            # bwrap's /dev is a tmpfs the sandbox user could fill, with shm a directory on it:
+            # shm gets a sized tmpfs of its own, and the rest of /dev is made read-only.
+            shm = ["--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", f"{target}/shm"]
+            return [["--dev", target], shm, ["--remount-ro", target]]
         case MountKind.DIR:
             perms = ["--perms", f"{mount.mode:04o}"] if mount.mode is not None else []
             return [[*perms, "--dir", target]]

@@ -271,6 +271,12 @@ def test_bwrap_argv_security_properties() -> None:
     # /dev/shm is a sized tmpfs of its own, after bwrap's /dev.
     shm = lines.index(["--perms", "1777", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"])
     assert shm == lines.index(["--dev", "/dev"]) + 1
+    assert lines[shm + 1] == ["--remount-ro", "/dev"], "the rest of /dev is read-only"
+    proc = lines.index(["--proc", "/proc"])
+    assert lines[proc + 1 : proc + 3] == [
+        ["--ro-bind", "/dev/null", "/proc/keys"],
+        ["--ro-bind", "/dev/null", "/proc/key-users"],
+    ]
     assert argv.count("--") == 1
 
 
