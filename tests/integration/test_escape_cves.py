@@ -132,10 +132,16 @@ def test_working_directory_is_inside_the_sandbox(box: Box) -> None:
 
 
 def test_cwd_through_another_process_stays_inside(box: Box) -> None:
-    """--cwd /proc/1/cwd resolves to pid 1's directory inside the sandbox, never a host one."""
+    """--cwd /proc/1/cwd resolves to pid 1's directory inside the sandbox, never a host one; on
+    Docker the exec is already in its Landlock domain when it enters the cwd, so pid 1's is not
+    its to follow at all."""
     code = "print(os.getcwd(), os.stat('.').st_ino == os.stat(os.getcwd()).st_ino)"
     result = box.py(code, options=("--cwd", "/proc/1/cwd"))
-    assert answer(result) == box.expect(bwrap="/ True", docker="/workspace True")
+    if box.backend == "docker":
+        assert result.status == 125, result
+        assert result.stderr.startswith("sandboxer: exec: --cwd /proc/1/cwd: not a directory inside the sandbox")
+        return
+    assert answer(result) == "/ True"
 
 
 # ---------------------------------------------------------------------------- CVE-2021-41133
@@ -154,7 +160,11 @@ NEW_MOUNT_API = [
 
 @pytest.mark.parametrize("expression", [pytest.param(e, id=n) for n, e in NEW_MOUNT_API])
 def test_new_mount_api_is_refused(box: Box, expression: str) -> None:
-    assert answer(box.py(f"print({expression})")) == "ENOSYS"
+    # Docker looks the profile's names up in the daemon's own libseccomp, which predates
+    # open_tree_attr (Linux 6.15): that rule is dropped there, and the kernel itself refuses the
+    # call (EPERM: no CAP_SYS_ADMIN). Refused either way; docs/seccomp.md says so.
+    newer_than_the_daemon = box.backend == "docker" and "syscall(467," in expression
+    assert answer(box.py(f"print({expression})")) == ("EPERM" if newer_than_the_daemon else "ENOSYS")
 
 
 # ----------------------------------------------------------------------------- CVE-2022-0492

