@@ -248,6 +248,8 @@ def _run_bwrap(
         cgroup_procs=tuple(limit_record["procs_files"]),
         rlimits=tuple((int(a), int(b)) for a, b in limit_record["rlimits"]),
         seccomp=_seccomp_program(state_dir, options["id"]),
+        holder_start=int(record["holder_start"]),  # type: ignore[call-overload]
+        keyring=joiner.keyring_name(options["id"]),
     )
     exec_group = _exec_group(limit_record) if timeout is not None else None
     if exec_group is not None:
@@ -257,17 +259,15 @@ def _run_bwrap(
             for f in entry.cgroup_procs
         )
         entry.cgroup_procs = procs_files
-    relays = _file_relays()
+    pumps = Pumps.for_caller_stdio()
     try:
         try:
-            started = joiner.start(entry, stdout=relays.get(1, (1, 1))[1], stderr=relays.get(2, (2, 2))[1])
+            started = joiner.start(entry, stdin=pumps.given[0], stdout=pumps.given[1], stderr=pumps.given[2])
         finally:
-            for _, write_end in relays.values():
-                os.close(write_end)  # the command holds its own copies
-        return _wait(started, timeout, exec_group, {read_end: target for target, (read_end, _) in relays.items()})
+            pumps.given_away()
+        return _wait(started, timeout, exec_group, pumps)
     finally:
-        for read_end, _ in relays.values():
-            os.close(read_end)
+        pumps.close()
         if exec_group is not None:
             try:
                 os.rmdir(exec_group)  # kept while a background process of this exec still runs
@@ -275,23 +275,121 @@ def _run_bwrap(
                 pass
 
 
-def _file_relays() -> dict[int, tuple[int, int]]:
-    """Pipes in front of a caller's stdout or stderr that is a regular file: given the file
-    itself, the command could reopen it for reading through /proc/self/fd (and read what the
-    caller wrote there before). {target fd: (read end, write end)}; the broker copies."""
-    relays: dict[int, tuple[int, int]] = {}
-    for target in (1, 2):
+class Pumps:
+    """Pipes in front of the caller's stdio where handing it over would give the command more
+    than a stream, and the copying between them (the exec's hot path: plain os calls).
+
+    A terminal: the command could go on reading the caller's keystrokes after the exec returned
+    (a background process keeps the descriptor) and drive the terminal. A regular file: the
+    command could reopen it through /proc/self/fd for reading (what the caller wrote there
+    before) or, as the same uid, for writing. Pipes, sockets and other character devices
+    (/dev/null) are handed over as they are; a directory or a block device is refused.
+    """
+
+    def __init__(self) -> None:
+        self.given = [0, 1, 2]  # what the command gets as its fds 0, 1, 2
+        self.stdin_sink = -1  # our end of the command's stdin pipe
+        self.pending = b""  # read from the caller's stdin, not yet in the pipe
+        self.outputs: dict[int, int] = {}  # our read end -> the caller's fd 1 or 2
+        self._theirs: list[int] = []  # the ends the command holds copies of, once started
+
+    @classmethod
+    def for_caller_stdio(cls) -> Pumps:
+        """The pumps this process's fds 0-2 need."""
+        pumps = cls()
         try:
-            regular = stat.S_ISREG(os.fstat(target).st_mode)
-        except OSError:
-            continue
-        if regular:
-            relays[target] = os.pipe2(os.O_CLOEXEC)
-    return relays
+            for target in (0, 1, 2):
+                try:
+                    mode = os.fstat(target).st_mode
+                except OSError:
+                    continue  # closed: the command gets it closed too
+                if stat.S_ISDIR(mode) or stat.S_ISBLK(mode):
+                    what = "a directory" if stat.S_ISDIR(mode) else "a block device"
+                    raise ExecUsage(
+                        f"exec: {('stdin', 'stdout', 'stderr')[target]} is {what}: give it a file or a pipe"
+                    )
+                if not (stat.S_ISREG(mode) or os.isatty(target)):
+                    continue
+                read_end, write_end = os.pipe2(os.O_CLOEXEC)
+                if target == 0:
+                    pumps.given[0], pumps.stdin_sink = read_end, write_end
+                    os.set_blocking(write_end, False)
+                    pumps._theirs.append(read_end)
+                else:
+                    pumps.given[target] = write_end
+                    pumps.outputs[read_end] = target
+                    pumps._theirs.append(write_end)
+        except BaseException:
+            pumps.given_away()
+            pumps.close()
+            raise
+        return pumps
+
+    def given_away(self) -> None:
+        """The command has its copies: close ours of its ends."""
+        for fd in self._theirs:
+            os.close(fd)
+        self._theirs = []
+
+    def readers(self) -> list[int]:
+        """What to wait on for reading."""
+        waiting = [0] if self.stdin_sink >= 0 and not self.pending else []
+        return [*waiting, *self.outputs]
+
+    def writers(self) -> list[int]:
+        """What to wait on for writing."""
+        return [self.stdin_sink] if self.stdin_sink >= 0 and self.pending else []
+
+    def pump(self, readable: list[int], writable: list[int]) -> None:
+        """Copy what is ready."""
+        for fd in readable:
+            if fd in self.outputs and not _copy(fd, self.outputs[fd]):
+                os.close(fd)
+                del self.outputs[fd]
+            elif fd == 0 and self.stdin_sink >= 0:
+                try:
+                    self.pending = os.read(0, 65536)
+                except OSError:
+                    self.pending = b""
+                if not self.pending:
+                    self._end_stdin()
+        if self.stdin_sink in writable:
+            try:
+                self.pending = self.pending[os.write(self.stdin_sink, self.pending) :]
+            except BlockingIOError:
+                pass
+            except OSError:  # the command closed its stdin
+                self._end_stdin()
+
+    def _end_stdin(self) -> None:
+        if self.stdin_sink >= 0:
+            os.close(self.stdin_sink)
+        self.stdin_sink, self.pending = -1, b""
+
+    def finish(self) -> None:
+        """The command ended: no more of the caller's stdin reaches what it left behind, and its
+        output written before it ended is copied; a background process of the exec that still
+        holds a pipe does not hold the caller up (it gets EOF and EPIPE from now on)."""
+        self._end_stdin()
+        for read_end, target in self.outputs.items():
+            os.set_blocking(read_end, False)
+            while _copy(read_end, target):
+                try:
+                    if not select.select([read_end], [], [], 0)[0]:
+                        break
+                except InterruptedError:
+                    continue
+
+    def close(self) -> None:
+        """Close every end of ours."""
+        self._end_stdin()
+        for read_end in self.outputs:
+            os.close(read_end)
+        self.outputs = {}
 
 
 def _copy(read_end: int, target: int) -> bool:
-    """Copy what one relay pipe holds to its file; False at its end."""
+    """Copy what one output pipe holds to the caller's fd; False at its end."""
     try:
         data = os.read(read_end, 65536)
     except BlockingIOError:
@@ -302,21 +400,8 @@ def _copy(read_end: int, target: int) -> bool:
         try:
             data = data[os.write(target, data) :]
         except OSError:
-            return True  # the caller's file refuses (full disk): the command's output is dropped
+            return True  # the caller's file or terminal refuses: the command's output is dropped
     return True
-
-
-def _drain(relays: dict[int, int]) -> None:
-    """Copy what the command wrote before it ended; a background process of the exec that still
-    holds a pipe does not hold the caller up."""
-    for read_end, target in relays.items():
-        os.set_blocking(read_end, False)
-        while _copy(read_end, target):
-            try:
-                if not select.select([read_end], [], [], 0)[0]:
-                    break
-            except InterruptedError:
-                continue
 
 
 def _seccomp_program(state_dir: str, sandbox_id: str) -> bytes:
@@ -496,11 +581,8 @@ def _exec_group(limit_record: dict[str, object]) -> str | None:
     return group
 
 
-def _wait(
-    started: joiner.Started, timeout: float | None, exec_group: str | None, relays: dict[int, int] | None = None
-) -> int:
+def _wait(started: joiner.Started, timeout: float | None, exec_group: str | None, pumps: Pumps) -> int:
     forwarded: list[int] = []
-    relays = dict(relays or {})
 
     def forward(signum: int, _frame: object) -> None:
         forwarded.append(signum)
@@ -514,13 +596,11 @@ def _wait(
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                ready, _, _ = select.select([pidfd, *relays], [], [], remaining)
+                readable, writable, _ = select.select([pidfd, *pumps.readers()], pumps.writers(), [], remaining)
             except InterruptedError:
                 continue
-            for read_end in [fd for fd in ready if fd in relays]:
-                if not _copy(read_end, relays[read_end]):
-                    del relays[read_end]
-            if pidfd in ready:
+            pumps.pump(readable, writable)
+            if pidfd in readable:
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 if exec_group is not None:
@@ -530,7 +610,7 @@ def _wait(
                 return TIMED_OUT
     finally:
         os.close(pidfd)
-    _drain(relays)
+        pumps.finish()
     _, status = os.waitpid(started.relay_pid, 0)
     return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 

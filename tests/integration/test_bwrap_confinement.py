@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import signal
 import subprocess
 import time
@@ -207,3 +208,56 @@ def test_create_refuses_sandbox_processes_that_escape_their_confinement(tmp_path
     assert "holder: dumpable (the sandbox user could ptrace it)" in problems
     assert "holder: runs without the syscall policy" in problems
     assert len(problems) == 8, problems
+
+
+def test_a_terminal_handed_to_an_exec_is_not_readable_after_it_returns(sb: SandboxBroker) -> None:
+    """A background process of an exec whose stdin was the caller's terminal read whatever was
+    typed there afterwards: the command now gets a pipe, closed when the exec ends."""
+    sandbox_id = sb.create()
+    controller, terminal = pty.openpty()
+    try:
+        left_behind = "(sleep 1; cat > $HOME/typed) >/dev/null 2>&1 & test -p /dev/stdin && echo pipe"
+        done = subprocess.run(
+            sb.argv("exec", sandbox_id, "--", "sh", "-c", left_behind),
+            stdin=terminal,
+            capture_output=True,
+            env=sb.env(),
+            check=False,
+            timeout=60,
+        )
+        assert (done.returncode, done.stdout) == (0, b"pipe\n"), done.stderr
+        os.write(controller, b"typed after the exec returned\n")
+        time.sleep(2)
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    typed = sb.sh(sandbox_id, 'cat "$HOME/typed"')
+    assert typed.status == 0, typed.stderr
+    assert typed.stdout == ""
+
+
+def test_stdin_that_is_a_file_arrives_through_a_pipe_and_a_directory_is_refused(
+    sb: SandboxBroker, tmp_path: Path
+) -> None:
+    sandbox_id = sb.create()
+    script = tmp_path / "input"
+    script.write_bytes(b"".join(f"line {n}\n".encode() for n in range(50000)))
+    script.chmod(0o666)
+    with open(script, "rb") as stream:
+        read = subprocess.run(
+            sb.argv("exec", sandbox_id, "--", "sh", "-c", "test -p /dev/stdin && wc -l"),
+            stdin=stream,
+            capture_output=True,
+            env=sb.env(),
+            check=False,
+        )
+    assert (read.returncode, read.stdout.strip()) == (0, b"50000"), read.stderr
+    descriptor = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        refused = subprocess.run(
+            sb.argv("exec", sandbox_id, "--", "true"), stdin=descriptor, capture_output=True, env=sb.env(), check=False
+        )
+    finally:
+        os.close(descriptor)
+    assert refused.returncode == 125
+    assert refused.stderr == b"sandboxer: exec: stdin is a directory: give it a file or a pipe\n"
