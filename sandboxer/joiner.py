@@ -6,7 +6,7 @@ ordinary broker alike:
     broker ── fork ──► A: drop to the sandbox's host uid/gid (no supplementary groups),
                           join the cgroups, setns(user) then pid, ipc, uts, net, cgroup, mnt
                           ── fork ──► B: in the sandbox's pid namespace; new session; cwd;
-                                         rlimits; a fresh session keyring; bounding set,
+                                         rlimits; the sandbox's session keyring; bounding set,
                                          ambient and all capabilities dropped; no_new_privs;
                                          a Landlock domain of its own; fds > 2 closed; signals
                                          reset; the syscall policy; execve with the plan's
@@ -65,6 +65,9 @@ _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _SYS_CAPSET = 126  # x86_64
 _SYS_KEYCTL = 250
 _KEYCTL_JOIN_SESSION_KEYRING = 1
+_KEYCTL_SETPERM = 5
+_KEY_SPEC_SESSION_KEYRING = -3
+_KEYRING_PERM = 0x3F1B0000  # possessor: all; owner uid: view, read, search, link
 _SYS_LANDLOCK_CREATE_RULESET = 444
 _SYS_LANDLOCK_RESTRICT_SELF = 446
 # Handled by the domain (and so denied, as they already are without CAP_MKNOD): making device
@@ -116,10 +119,21 @@ def drop_all_capabilities() -> None:
     _check(_libc.syscall(_SYS_CAPSET, ctypes.byref(header), ctypes.byref(data)), "capset")
 
 
-def new_session_keyring() -> None:
-    """Join a new anonymous session keyring: nothing of the broker's or caller's keys follows."""
-    if _libc.syscall(_SYS_KEYCTL, _KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+def new_session_keyring(name: str) -> None:
+    """Join the sandbox's own session keyring `name` (made on first use): nothing of the
+    broker's or the caller's keys follows a process in. One per sandbox, not one per exec: each
+    keyring counts against its owner's key quota (an unprivileged broker's own)."""
+    if _libc.syscall(_SYS_KEYCTL, _KEYCTL_JOIN_SESSION_KEYRING, ctypes.c_char_p(name.encode())) < 0:
         _check(-1, "keyctl(join session keyring)")
+    # The kernel finds a keyring by name only where its owner may search it; without that, every
+    # process would make a keyring of its own.
+    if _libc.syscall(_SYS_KEYCTL, _KEYCTL_SETPERM, _KEY_SPEC_SESSION_KEYRING, _KEYRING_PERM) < 0:
+        _check(-1, "keyctl(setperm)")
+
+
+def keyring_name(sandbox_id: str) -> str:
+    """The session keyring of a sandbox's processes."""
+    return f"_ses.sandboxer.{sandbox_id}"
 
 
 def own_landlock_domain() -> None:
@@ -135,14 +149,14 @@ def own_landlock_domain() -> None:
         os.close(ruleset)
 
 
-def confine(cgroups: Sequence[int], rlimits: Sequence[tuple[int, int]]) -> None:
+def confine(cgroups: Sequence[int], rlimits: Sequence[tuple[int, int]], keyring: str) -> None:
     """In a child about to execute bwrap: join the sandbox's cgroups (descriptors opened by the
-    broker), take its rlimits and a fresh session keyring."""
+    broker), take its rlimits and the sandbox's own session keyring."""
     for fd in cgroups:
         os.write(fd, b"0")
     for which, limit in rlimits:
         resource.setrlimit(which, (limit, limit))
-    new_session_keyring()
+    new_session_keyring(keyring)
 
 
 class Entry:
@@ -159,8 +173,10 @@ class Entry:
         "env",
         "executable",
         "holder_pid",
+        "holder_start",
         "host_gid",
         "host_uid",
+        "keyring",
         "rlimits",
         "seccomp",
     )
@@ -178,6 +194,8 @@ class Entry:
         cgroup_procs: Sequence[str] = (),
         rlimits: Sequence[tuple[int, int]] = (),
         seccomp: bytes | None = None,
+        keyring: str,
+        holder_start: int | None = None,
     ) -> None:
         self.holder_pid = holder_pid  # a process of the sandbox user: the namespaces commands run in
         self.host_uid = host_uid  # the sandbox user's uid as the host sees it (owner of the namespaces)
@@ -189,6 +207,8 @@ class Entry:
         self.cgroup_procs = cgroup_procs  # cgroup.procs files to join (v1 controllers or a v2 group)
         self.rlimits = rlimits  # (resource, limit) when no cgroup enforces limits
         self.seccomp = seccomp  # the sandbox's compiled syscall policy, installed just before execve
+        self.holder_start = holder_start  # the holder's start time: a recycled pid is never joined
+        self.keyring = keyring  # the sandbox's session keyring (keyring_name)
 
 
 class Started:
@@ -208,19 +228,30 @@ def owning_user_namespace(ns_fd: int) -> int:
     return owner
 
 
-def _open_namespaces(holder_pid: int) -> list[tuple[int, int]]:
+def _open_namespaces(holder_pid: int, holder_start: int | None) -> list[tuple[int, int]]:
+    """The holder's namespaces, opened through one descriptor of its /proc directory: once the
+    start time read through it is the recorded one, a pid recycled meanwhile cannot be joined."""
     opened: list[tuple[int, int]] = []
     flags = os.O_RDONLY | os.O_CLOEXEC
+    proc = os.open(f"/proc/{holder_pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        mnt = os.open(f"/proc/{holder_pid}/ns/mnt", flags)
+        if holder_start is not None:
+            stat = os.open("stat", flags, dir_fd=proc)
+            try:
+                data = os.read(stat, 4096)
+            finally:
+                os.close(stat)
+            if int(data[data.rindex(b")") + 2 :].split()[19]) != holder_start:
+                raise OSError(errno.ESRCH, "the sandbox's holder is gone")
+        mnt = os.open("ns/mnt", flags, dir_fd=proc)
         try:
             outer = owning_user_namespace(mnt)
         finally:
             os.close(mnt)
         opened.append((outer, CLONE_NEWUSER))
         for name, nstype in NAMESPACES:
-            opened.append((os.open(f"/proc/{holder_pid}/ns/{name}", flags), nstype))
-        inner = os.open(f"/proc/{holder_pid}/ns/user", flags)
+            opened.append((os.open(f"ns/{name}", flags, dir_fd=proc), nstype))
+        inner = os.open("ns/user", flags, dir_fd=proc)
         opened.append((inner, CLONE_NEWUSER))
         if os.fstat(inner).st_ino == os.fstat(outer).st_ino:
             opened.pop()
@@ -229,25 +260,35 @@ def _open_namespaces(holder_pid: int) -> list[tuple[int, int]]:
         for fd, _ in opened:
             os.close(fd)
         raise
+    finally:
+        os.close(proc)
     return opened
 
 
 def start(entry: Entry, *, stdin: int = 0, stdout: int = 1, stderr: int = 2) -> Started:
     """Start `entry.argv` in the sandbox; raise EntryError if it could not be executed."""
+    namespaces: list[tuple[int, int]] = []
+    cgroups: list[int] = []
     try:
-        namespaces = _open_namespaces(entry.holder_pid)
-        cgroups = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in entry.cgroup_procs]
+        namespaces = _open_namespaces(entry.holder_pid, entry.holder_start)
+        for path in entry.cgroup_procs:
+            cgroups.append(os.open(path, os.O_WRONLY | os.O_CLOEXEC))
+        report_r, report_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            relay = os.fork()
+        except OSError:
+            os.close(report_r)
+            os.close(report_w)
+            raise
     except OSError as exc:
+        for fd in [fd for fd, _ in namespaces] + cgroups:
+            os.close(fd)
         raise EntryError(125, f"cannot open the sandbox's namespaces or cgroups ({exc.strerror})") from None
-    report_r, report_w = os.pipe2(os.O_CLOEXEC)
-    relay = os.fork()
     if relay == 0:  # A
         os.close(report_r)
         _relay(entry, namespaces, cgroups, report_w, (stdin, stdout, stderr))
     os.close(report_w)
-    for fd, _ in namespaces:
-        os.close(fd)
-    for fd in cgroups:
+    for fd in [fd for fd, _ in namespaces] + cgroups:
         os.close(fd)
     with os.fdopen(report_r, "rb") as reports:
         lines = reports.read().decode(errors="replace").splitlines()
@@ -330,7 +371,7 @@ def _command(entry: Entry, report: int, stdio: tuple[int, int, int]) -> None:
         uid, gid = os.getuid(), os.getgid()
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
-        new_session_keyring()
+        new_session_keyring(entry.keyring)
         drop_all_capabilities()
         prctl(PR_SET_NO_NEW_PRIVS, 1)
         own_landlock_domain()

@@ -37,6 +37,7 @@ class Live:
     init_pid: int  # pid 1 of the sandbox (bwrap's reaper): killing it ends the pid namespace
     holder_pid: int  # the long-lived process whose namespaces every exec joins
     pid_namespace: int
+    holder_start: int | None = None  # the holder's start time, against pid reuse
 
     def as_record(self) -> dict[str, int | None]:
         """JSON-ready form, each pid with its start time against pid reuse."""
@@ -217,13 +218,14 @@ def _data_fd(name: str, data: bytes) -> int:
 def start(plan: Plan, *, seccomp_program: bytes, limit_setup: LimitSetup) -> Live:
     """Start the sandbox's namespace inside its limits; the caller registers cleanup first.
 
-    bwrap joins the sandbox's cgroups, its rlimits and a fresh session keyring before it
+    bwrap joins the sandbox's cgroups, its rlimits and its own session keyring before it
     executes, writes its errors to a pipe the broker reads (never a host file a sandbox process
     could reach), and hands the syscall policy to the holder, which runs from an execute-only
     copy (non-dumpable). Every exec installs the same policy itself and enters a Landlock domain
     of its own (joiner), which keeps it from ptrace access to bwrap's init and the holder.
     """
     program = find_bwrap()
+    keyring = joiner.keyring_name(plan.sandbox_id)
     uid, gid = host_ids(plan)
     as_root = os.geteuid() == 0
     info_r, info_w = os.pipe2(os.O_CLOEXEC)
@@ -253,7 +255,7 @@ def start(plan: Plan, *, seccomp_program: bytes, limit_setup: LimitSetup) -> Liv
                 extra_groups=[] if as_root else None,
                 # Between fork and exec, so bwrap is confined before it runs. Safe here: the
                 # broker that starts bwrap has one thread (a threaded one must spawn differently).
-                preexec_fn=lambda: joiner.confine(groups, limit_setup.rlimits),  # noqa: PLW1509
+                preexec_fn=lambda: joiner.confine(groups, limit_setup.rlimits, keyring),  # noqa: PLW1509
             )
         os.close(info_w)
         info_w = -1
@@ -277,7 +279,11 @@ def start(plan: Plan, *, seccomp_program: bytes, limit_setup: LimitSetup) -> Liv
             if fd >= 0:
                 os.close(fd)
     return Live(
-        bwrap_pid=process.pid, init_pid=init_pid, holder_pid=holder_pid, pid_namespace=int(info["pid-namespace"])
+        bwrap_pid=process.pid,
+        init_pid=init_pid,
+        holder_pid=holder_pid,
+        pid_namespace=int(info["pid-namespace"]),
+        holder_start=procs.start_time(holder_pid),
     )
 
 
@@ -333,6 +339,8 @@ def _broker_entry(
         cgroup_procs=procs_files,
         rlimits=rlimits,
         seccomp=seccomp,
+        holder_start=live.holder_start,
+        keyring=joiner.keyring_name(plan.sandbox_id),
     )
 
 

@@ -334,6 +334,7 @@ def _deliver_bootstrap(plan: Plan, record: dict[str, Any], data: bytes) -> None:
         init_pid=record["init_pid"],
         holder_pid=record["holder_pid"],
         pid_namespace=record["pid_namespace"],
+        holder_start=record["holder_start"],
     )
     program = bwrap.load_seccomp(os.path.dirname(plan.workspace_source))  # the sandbox's directory
     bwrap.deliver(live, plan, data, TARGET, procs_files=tuple(record["limits"]["procs_files"]), seccomp=program)
@@ -788,6 +789,7 @@ def inspect(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
         init_pid=record["init_pid"],
         holder_pid=holder,
         pid_namespace=record["pid_namespace"],
+        holder_start=record["holder_start"],
     )
     limit_record = record["limits"]
     limit_setup = limits.LimitSetup(
