@@ -445,12 +445,15 @@ def bpf(*, allow_ptrace: bool) -> bytes:
     return _compile(allow_ptrace)
 
 
+_COMPILE_VERSION = 1  # raise it whenever _compile emits a different program for the same rules
+
+
 def cached_bpf(cache_dir: str, *, allow_ptrace: bool) -> bytes:
     """`bpf()`, kept in the broker's owner-only `cache_dir` between runs (compiling costs a create
     ~30 ms). Keyed by the definition itself: a changed rule is a new file, never a stale program."""
     from sandboxer.fsutil import atomic_write, ensure_private_dir
 
-    key = hashlib.sha256(repr(rules(allow_ptrace=allow_ptrace)).encode()).hexdigest()
+    key = hashlib.sha256(f"{_COMPILE_VERSION}|{rules(allow_ptrace=allow_ptrace)!r}".encode()).hexdigest()
     path = os.path.join(cache_dir, f"seccomp-{key}.bpf")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)

@@ -31,7 +31,8 @@ def test_check_prints_normalized_meaning(broker: Broker) -> None:
     document = result.json()
     assert document["kind"] == "profile"
     assert document["network"] == {"default": "deny", "egress": []}
-    assert document["limits"] == {"memory_mib": 2048, "pids": 512, "best_effort": False}
+    assert document["limits"] == {"memory_mib": 2048, "pids": 512, "workspace_mib": 4096, "best_effort": False}
+    assert document["security"] == {"allow_ptrace": False}
 
 
 def test_check_reports_bad_file_in_one_line_with_status_2(broker: Broker) -> None:

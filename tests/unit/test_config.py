@@ -61,6 +61,15 @@ def test_profile_limits_are_read() -> None:
     item = parse(PROFILE + "limits:\n  memory_mib: 512\n  pids: 64\n  best_effort: true\n")
     assert isinstance(item, Profile)
     assert item.limits == Limits(memory_mib=512, pids=64, best_effort=True)
+    assert item.limits.workspace_mib == 4096
+    assert item.security.allow_ptrace is False
+
+
+def test_profile_workspace_size_and_ptrace_switch_are_read() -> None:
+    item = parse(PROFILE + "limits:\n  workspace_mib: 16\nsecurity:\n  allow_ptrace: true\n")
+    assert isinstance(item, Profile)
+    assert item.limits.workspace_mib == 16
+    assert item.security.allow_ptrace is True
 
 
 def test_file_hash_covers_exact_bytes() -> None:
@@ -181,6 +190,17 @@ BAD_FILES = [
         "f.yaml:12:16: limits.best_effort: must be true or false",
     ),
     ("unknown limit", PROFILE + "limits:\n  cpus: 2\n", "f.yaml:12:3: limits.cpus: unknown key"),
+    (
+        "workspace too small",
+        PROFILE + "limits:\n  workspace_mib: 8\n",
+        "f.yaml:12:18: limits.workspace_mib: must be between 16 and 1048576",
+    ),
+    (
+        "allow_ptrace string",
+        PROFILE + "security:\n  allow_ptrace: yes\n",
+        "f.yaml:12:17: security.allow_ptrace: must be true or false",
+    ),
+    ("unknown security key", PROFILE + "security:\n  seccomp: off\n", "f.yaml:12:3: security.seccomp: unknown key"),
     (
         "git ref with ..",
         PROFILE.replace("ref: main", "ref: main..evil"),
