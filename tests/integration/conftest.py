@@ -242,6 +242,17 @@ def add_docker(broker: SandboxBroker, image: str) -> None:
     broker.backend = "docker"
 
 
+@pytest.fixture
+def docker_root(runtime_dir: Path, base_image: str) -> Iterator[SandboxBroker]:
+    """A root broker with an approved Docker profile."""
+    broker = make_broker(runtime_dir, as_user=False)
+    add_docker(broker, base_image)
+    try:
+        yield broker
+    finally:
+        _cleanup(broker)
+
+
 @pytest.fixture(params=["bwrap-root", "bwrap-user", "docker"])
 def sbx(request: pytest.FixtureRequest, runtime_dir: Path) -> Iterator[SandboxBroker]:
     """A ready broker for the behaviour both backends share: bwrap as root, bwrap as a user,

@@ -7,25 +7,19 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.conftest import SandboxBroker, _cleanup, add_docker, backend_profile_text, make_broker
+from tests.integration.conftest import SandboxBroker, backend_profile_text
 from tests.integration.test_manifest_sandboxes import SPOOL, create, make_run, record_of
 
 
 @pytest.fixture
-def dk(runtime_dir: Path, base_image: str) -> Iterator[SandboxBroker]:
+def dk(docker_root: SandboxBroker) -> SandboxBroker:
     """A root broker with an approved Docker profile."""
-    broker = make_broker(runtime_dir, as_user=False)
-    add_docker(broker, base_image)
-    try:
-        yield broker
-    finally:
-        _cleanup(broker)
+    return docker_root
 
 
 def _docker_info(template: str) -> str:

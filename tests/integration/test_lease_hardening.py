@@ -11,7 +11,6 @@ import shutil
 import stat
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from tests.integration.conftest import (
     Endpoints,
     SandboxBroker,
     _cleanup,
-    add_docker,
     make_broker,
 )
 from tests.integration.test_dispatch_tool import SPOOL, assert_terminal, dispatch, setup
@@ -78,16 +76,6 @@ def test_staged_lease_sources_are_passable_only_by_their_sandbox(sb_root: Sandbo
     assert seen.status == 0, seen.stderr
     assert broker.run("teardown", sandbox_id).status == 0
     assert not [point for point in _mount_points() if point.startswith(str(staging))]
-
-
-@pytest.fixture
-def docker_root(runtime_dir: Path, base_image: str) -> Iterator[SandboxBroker]:
-    broker = make_broker(runtime_dir, as_user=False)
-    add_docker(broker, base_image)
-    try:
-        yield broker
-    finally:
-        _cleanup(broker)
 
 
 def test_docker_binds_the_staged_lease_mounts_never_a_path_in_the_run(docker_root: SandboxBroker, base: Path) -> None:
