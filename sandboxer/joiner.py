@@ -343,6 +343,9 @@ def _relay(
     os.close(report)
     for target in (0, 1, 2):  # A keeps none of the caller's streams: B has them
         os.dup2(devnull, target)
+    # Nor anything else of the broker's: a pipe end the broker feeds the command's stdin through
+    # would otherwise stay open here, and the command would never see its end.
+    os.closerange(3, 0x7FFFFFFF)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_IGN)  # the broker decides; A only relays B's end
     while True:
