@@ -82,14 +82,32 @@ def _dechunk(data: bytes) -> bytes:
         i = end + 2 + size + 2
 
 
-# `exec --executable` needs argv[0] apart from the program, which env(1) cannot do: a few lines
-# of the host's Python (its /usr is in the container) set cwd and execute with exactly the plan's
-# environment, restoring the signal dispositions Python changes at start-up.
 # Every exec is a Landlock domain of its own, as on bwrap (joiner.own_landlock_domain): the kernel
 # then refuses it ptrace access — ptrace, /proc/PID/mem, environ, fd — to every process outside
 # its own tree (the container's pid 1, other execs, a provider launch), whatever uid they share.
 # The container's no-new-privileges lets an unprivileged process make one. 444 and 446 are
-# landlock_create_ruleset and landlock_restrict_self; the domain handles making device nodes.
+# landlock_create_ruleset and landlock_restrict_self; the domain handles making device nodes
+# (bits 6 and 11), and the ruleset's descriptor is close-on-exec.
+#
+# A plain exec enters it with Perl, the one interpreter every Debian system has (perl-base is
+# essential) that can make a system call and starts in ~1 ms: Python costs ~10 ms, which showed
+# in every Docker exec (docs/performance.md). It runs under `env -i`, so no PERL5OPT or PERL5LIB
+# of the plan's environment can load code into it before the domain exists. Then it becomes the
+# shell below.
+_PERL_DOMAIN = (
+    'my $handled = pack("Q", 1 << 6 | 1 << 11); my $ruleset = syscall(444, $handled, 8, 0);'
+    " if ($ruleset < 0 || syscall(446, $ruleset, 0) != 0) {"
+    ' print STDERR "sandboxer: exec: cannot enter a Landlock domain of its own\n"; exit 125 }'
+    " exec { $ARGV[0] } @ARGV; exit 127"
+)
+_ENTER_DOMAIN = ("/usr/bin/env", "-i", "/usr/bin/perl", "-e", _PERL_DOMAIN)
+
+# `exec --executable` (a provider launch) needs argv[0] apart from the program, which env(1)
+# cannot do, and the values of a provider's variables apart from the command line (in the exec's
+# own environment, so `env -i` cannot come first): a few lines of the host's Python (its /usr is
+# in the container) enter the same domain, set cwd and execute with exactly the plan's
+# environment, restoring the signal dispositions Python changes at start-up. `-I` keeps every
+# PYTHON* variable of that environment from reaching it.
 _DOMAIN = """import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 handled = ctypes.c_uint64(1 << 6 | 1 << 11)
@@ -102,9 +120,6 @@ import signal
 for s in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; what it executes must not
     signal.signal(s, signal.SIG_DFL)
 """
-
-# The plain exec path: the domain, then the shell below.
-_ENTER_DOMAIN = _DOMAIN + "os.execv(sys.argv[1], sys.argv[1:])\n"
 
 _LAUNCHER = (
     _DOMAIN
@@ -197,7 +212,7 @@ def create_exec(
         # does), then env -i builds the environment from nothing and executes the command.
         search = env.get("PATH", "")
         command = [
-            *("/usr/bin/python3", "-I", "-S", "-c", _ENTER_DOMAIN),
+            *_ENTER_DOMAIN,
             *("/bin/sh", "-c", _ENTER, cwd, argv[0], search, "/usr/bin/env", "-i", "--", *pairs, *argv),
         ]
         if gate:  # dash exports PWD to what it runs: unset it, stop, then become the command

@@ -123,8 +123,11 @@ def clone(
         # Before any sandbox code runs in it: no remote, no "clone: from <path>" reflog entry.
         if _git(["remote", "remove", "origin"], home=home, cwd=destination).returncode != 0:
             raise BackendError(f"{profile_file}: workspace.repository: the clone's remote cannot be removed")
-        if _git(["reflog", "expire", "--expire=all", "--all"], home=home, cwd=destination).returncode != 0:
-            raise BackendError(f"{profile_file}: workspace.repository: the clone's reflog cannot be cleared")
+        # The reflogs are files of their own (git's "files" ref store): a fresh clone's hold only
+        # that entry, and the sandbox's git starts new ones.
+        logs = os.path.join(destination, ".git", "logs")
+        if os.path.lexists(logs):
+            remove_tree(logs)
     _finish(destination, owner)
 
 

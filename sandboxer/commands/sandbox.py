@@ -198,8 +198,12 @@ def _make(request: CreateRequest, registry: Registry, record: dict[str, Any]) ->
     deliver_requested(request, plan, record)
 
 
-def plan_for(request: CreateRequest, registry: Registry, sandbox_id: str) -> Plan:
-    """The plan of the sandbox `sandbox_id` for this request."""
+def plan_for(
+    request: CreateRequest, registry: Registry, sandbox_id: str, *, docker_ids: tuple[int, int] | None = None
+) -> Plan:
+    """The plan of the sandbox `sandbox_id` for this request. `docker_ids`: the host ids of a
+    container that already runs (a warm one's, checked on its pid 1 before it is taken), which
+    spares asking the daemon for its remapping again."""
     from sandboxer.backends import bwrap
     from sandboxer.plan import SANDBOX_GID, SANDBOX_UID, build_plan
 
@@ -216,7 +220,7 @@ def plan_for(request: CreateRequest, registry: Registry, sandbox_id: str) -> Pla
         from sandboxer.backends import docker as docker_backend
 
         inside = (grants.uid or SANDBOX_UID, grants.gid or SANDBOX_GID) if grants else (SANDBOX_UID, SANDBOX_GID)
-        ids = docker_backend.remap().host_ids(*inside)
+        ids = docker_ids or docker_backend.remap().host_ids(*inside)
         refused = docker_backend.account_problems(*ids)
         if refused:
             raise BackendError("docker: " + "; ".join(refused), hint=docker_backend.REMAP_HINT)

@@ -67,13 +67,23 @@ def claim(request: CreateRequest, registry: Registry) -> tuple[str, int, dict[st
         if record is None or record.get("state") != WARM:
             os.close(lock)
             continue
-        plan = plan_for(request, registry, sandbox_id)
+        plan = plan_for(request, registry, sandbox_id, docker_ids=_host_ids(record))
         if _problems(request, registry, record, plan):
             with contextlib.suppress(SandboxerError, OSError):
                 destroy(registry, sandbox_id, {**record, "state": "failed"})
             os.close(lock)
             continue
         return sandbox_id, lock, record, plan
+    return None
+
+
+def _host_ids(record: dict[str, Any]) -> tuple[int, int] | None:
+    """The host uid and gid a warm container was planned with: the daemon's remapping as it was
+    when the container started. Taking it is checked where it matters: the container's pid 1
+    must still be those ids, no account's (docker.host_problems)."""
+    uid, gid = record.get("host_uid"), record.get("host_gid")
+    if type(uid) is int and type(gid) is int:
+        return uid, gid
     return None
 
 

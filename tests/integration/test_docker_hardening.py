@@ -300,3 +300,57 @@ def test_the_engine_holds_exactly_the_projects_profile_and_inspect_reports_it(dk
     ):
         altered = {**attrs, "HostConfig": {**attrs["HostConfig"], "SecurityOpt": other}}
         assert any("security options" in problem for problem in verify(altered, plan, etc_dir=etc_dir)), other
+
+
+# --------------------------------------------------------------- the exec's way into its domain
+
+# What PERL5OPT=-d makes Perl run before its script (and the debugger hook it then calls).
+PERL_HOOK = 'BEGIN { print STDERR "perl5db ran\\n" } sub DB::DB {}'
+
+
+def test_no_variable_of_the_container_reaches_the_perl_that_makes_the_domain(base_image: str) -> None:
+    """A plain Docker exec enters its Landlock domain with Perl. PERL5OPT and PERL5DB in the
+    container's environment (a plan's, say through a project-env lease) would run code in it
+    before the domain exists — outside it, able to ptrace every other exec. They never reach that
+    Perl, yet the command still has them; and the command is in a domain of its own."""
+    from sandboxer import dockerexec
+
+    started = subprocess.run(
+        [
+            *("docker", "run", "-d", "--network", "none", "--user", "1000:1000", "--volume", "/usr:/usr:ro"),
+            *("--security-opt", "no-new-privileges", "--env", "PERL5OPT=-d", "--env", f"PERL5DB={PERL_HOOK}"),
+            *(base_image, "/usr/bin/sleep", "300"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    container = started.stdout.strip()
+    try:
+        env = {"PATH": "/usr/bin:/bin", "PERL5OPT": "-d", "PERL5DB": PERL_HOOK}
+        script = 'echo "$PERL5OPT"; cat /proc/1/environ >/dev/null 2>&1 && echo pid1-readable || echo pid1-refused'
+        exec_id = dockerexec.create_exec(container, ["sh", "-c", script], env=env, user="1000:1000", cwd="/")
+        read_out, write_out = os.pipe()
+        read_err, write_err = os.pipe()
+        with open(os.devnull, "rb") as null:
+            assert dockerexec.run(exec_id, stdin=null.fileno(), stdout=write_out, stderr=write_err, timeout=60)
+        os.close(write_out)
+        os.close(write_err)
+        with os.fdopen(read_out) as out, os.fdopen(read_err) as err:
+            stdout, stderr = out.read(), err.read()
+        assert "perl5db ran" not in stdout + stderr, stderr
+        assert stdout.splitlines() == ["-d", "pid1-refused"], (stdout, stderr)
+        # Control: the same container without the domain reads pid 1's environment, so the
+        # refusal above is the domain's, and the hook is what Perl runs when it is let through.
+        bare = subprocess.run(
+            ["docker", "exec", "-u", "1000:1000", container, "sh", "-c", "cat /proc/1/environ >/dev/null && perl -e 1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert bare.returncode == 0, bare.stderr
+        assert "perl5db ran" in bare.stderr
+    finally:
+        subprocess.run(["docker", "rm", "-f", container], capture_output=True, check=False, timeout=120)
