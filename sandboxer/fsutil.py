@@ -1,4 +1,5 @@
-"""Small filesystem primitives: atomic replacement, private directories, advisory locks."""
+"""Small filesystem primitives: atomic replacement, private directories, advisory locks, and
+removing and copying trees by descriptors."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -386,3 +388,57 @@ def _mount_id(fd: int) -> int | None:
         if line.startswith(b"mnt_id:"):
             return int(line.split()[1])
     return None
+
+
+def copy_tree(source: str, target: int) -> None:
+    """Copy the tree at `source` into the empty directory open as `target`, by descriptors.
+
+    Directories (their permission bits, with the owner's rwx), regular files (contents, permission
+    bits, modification time) and symbolic links (as links) are copied; anything else is refused
+    (a workspace clone has nothing else). No link is followed on either side and no recursion is
+    used, so neither a deep tree nor a link planted in the target can lead it elsewhere. OSError
+    as it happens (ENOSPC when the target's
+    filesystem is full); what was copied stays for the caller to discard.
+    """
+    pending = [(os.open(source, _DIR_FLAGS), os.dup(target))]
+    try:
+        while pending:
+            here, there = pending.pop()
+            try:
+                with os.scandir(here) as entries:
+                    for entry in entries:
+                        pending += _copy_entry(here, there, entry.name, entry.stat(follow_symlinks=False))
+            finally:
+                os.close(here)
+                os.close(there)
+    finally:
+        for here, there in pending:
+            os.close(here)
+            os.close(there)
+
+
+def _copy_entry(here: int, there: int, name: str, seen: os.stat_result) -> list[tuple[int, int]]:
+    """Copy one entry of directory `here` into `there`; a directory is returned to descend into."""
+    mode = stat.S_IMODE(seen.st_mode)
+    if stat.S_ISDIR(seen.st_mode):
+        os.mkdir(name, 0o700, dir_fd=there)
+        below = os.open(name, _DIR_FLAGS, dir_fd=there)
+        try:
+            os.chmod(below, mode | 0o700)  # its owner keeps the right to fill it
+            return [(os.open(name, _DIR_FLAGS, dir_fd=here), below)]
+        except BaseException:
+            os.close(below)
+            raise
+    if stat.S_ISLNK(seen.st_mode):
+        os.symlink(os.readlink(name, dir_fd=here), name, dir_fd=there)
+    elif stat.S_ISREG(seen.st_mode):
+        reader = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=here)
+        with open(reader, "rb") as original:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            with open(os.open(name, flags, 0o600, dir_fd=there), "wb") as copy:
+                shutil.copyfileobj(original, copy, 1 << 20)
+                os.chmod(copy.fileno(), mode)
+    else:
+        raise OSError(errno.EINVAL, "neither a directory, a regular file nor a symbolic link", name)
+    os.utime(name, ns=(seen.st_atime_ns, seen.st_mtime_ns), dir_fd=there, follow_symlinks=False)
+    return []

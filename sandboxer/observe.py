@@ -22,6 +22,7 @@ class MountSeen:
     fstype: str
     device: str = ""  # major:minor of the filesystem
     root: str = ""  # the path within that filesystem the mount shows at `target`
+    size_kib: int | None = None  # a tmpfs's size=, as the kernel reports it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,13 +58,16 @@ def parse_mountinfo(text: str) -> list[MountSeen]:
         if len(fields) < 6:
             continue
         options = fields[5].split(",")
+        fstype, _, rest = right.partition(" ")
+        sizes = [o[5:-1] for o in rest.partition(" ")[2].split(",") if o.startswith("size=") and o.endswith("k")]
         mounts.append(
             MountSeen(
                 target=_unescape(fields[4]),
                 read_only="ro" in options,
-                fstype=right.split(" ", 1)[0],
+                fstype=fstype,
                 device=fields[2],
                 root=_unescape(fields[3]),
+                size_kib=int(sizes[0]) if sizes and sizes[0].isdigit() else None,
             )
         )
     return mounts
@@ -171,6 +175,12 @@ def _mount_differences(plan: Plan, mounts: list[MountSeen], backend_files: tuple
             problems.append(f"mount {planned.target}: planned but not mounted")
         elif planned.read_only and not seen.read_only:
             problems.append(f"mount {planned.target}: planned read-only but writable")
+        elif planned.kind is MountKind.TMPFS and planned.size_bytes is not None:
+            wanted = -(-planned.size_bytes // 4096) * 4  # the kernel counts whole pages, in KiB
+            if (seen.fstype, seen.size_kib) != ("tmpfs", wanted):
+                problems.append(
+                    f"mount {planned.target}: planned a tmpfs of {wanted} KiB, found {seen.fstype} of {seen.size_kib}"
+                )
         if not planned.read_only:
             expected_writable.add(planned.target)
     for planned in plan.mounts:  # a lease mount exactly once: never shadowed, never doubled

@@ -108,6 +108,13 @@ class Plan:
                 return mount
         raise KeyError(target)
 
+    @property
+    def workspace_in_memory(self) -> bool:
+        """Whether /workspace is a sized tmpfs of the sandbox's own (an unprivileged broker's
+        bwrap sandbox), filled from the host-side clone once the sandbox runs, rather than the
+        bound clone itself."""
+        return self.mount_at(WORKSPACE_TARGET).kind is MountKind.TMPFS
+
     def exec_env(self, *, consumer: str | None) -> tuple[tuple[str, str], ...]:
         """The environment of one exec: the plan's, plus the consumer identity when given."""
         if consumer is None:
@@ -128,6 +135,12 @@ def _etc_files(uid: int, gid: int, user: str, hostname: str) -> tuple[Mount, ...
     return tuple(
         Mount(kind=MountKind.FILE, target=target, content=text.encode(), mode=0o644) for target, text in files.items()
     )
+
+
+def _workspace(source: str, size_mib: int, *, in_memory: bool) -> Mount:
+    if in_memory:
+        return Mount(kind=MountKind.TMPFS, target=WORKSPACE_TARGET, mode=0o700, size_bytes=size_mib * 1024 * 1024)
+    return Mount(kind=MountKind.BIND, target=WORKSPACE_TARGET, source=source)
 
 
 def _merged(base: tuple[tuple[str, str], ...], extra: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
@@ -163,8 +176,13 @@ def build_plan(
     host_links: tuple[tuple[str, str], ...] = (("/bin", "usr/bin"), ("/lib", "usr/lib"), ("/sbin", "usr/sbin")),
     host_etc: tuple[str, ...] = (),
     grants: Grants | None = None,
+    workspace_in_memory: bool = False,
 ) -> Plan:
     """The plan of one sandbox. `host_links` and `host_etc` describe the host's /usr layout.
+
+    With `workspace_in_memory` /workspace is a tmpfs of `limits.workspace_mib`, for a broker that
+    cannot mount a sized filesystem on the host (an unprivileged one): then the clone at
+    `workspace_source` is copied in once the sandbox runs, and is not bound.
 
     `host_links` are the top-level links into /usr (merged-/usr hosts: /bin, /lib, /lib64, /sbin);
     `host_etc` are host /etc entries bound read-only (TLS certificates, the loader cache).
@@ -179,7 +197,7 @@ def build_plan(
         *_etc_files(uid, gid, user, HOSTNAME),
         *(Mount(kind=MountKind.RO_BIND, target=path, source=path) for path in host_etc),
         Mount(kind=MountKind.RO_BIND, target=RUNTIME_TARGET, source=extension.runtime.path),
-        Mount(kind=MountKind.BIND, target=WORKSPACE_TARGET, source=workspace_source),
+        _workspace(workspace_source, profile.limits.workspace_mib, in_memory=workspace_in_memory),
         Mount(kind=MountKind.TMPFS, target=STATE_ROOT, mode=0o700, size_bytes=STATE_TMPFS_BYTES),
         *(Mount(kind=MountKind.DIR, target=f"{STATE_ROOT}/{sub}", mode=0o700) for _, sub in STATE_DIRS),
         *grants.mounts,

@@ -6,11 +6,14 @@ owner's repository. Its HOME is a directory inside the sandbox's own (`git-home`
 killed clone leaves goes with the sandbox; every git process gets SIGKILL when its broker dies
 and runs in a process group of its own. The finished clone has no remote and no reflog: nothing
 in it names the owner's repository. Host-side git never runs inside a clone after a sandbox used it.
+An unprivileged broker's sandbox keeps its workspace in a sized tmpfs of its own: the clone is
+made on the host as above and then copied in (`seed`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -22,7 +25,7 @@ from sandboxer.fsutil import remove_tree
 if TYPE_CHECKING:
     import subprocess
 
-__all__ = ["GIT_HOME", "clone", "remove_tree", "stop_git"]
+__all__ = ["GIT_HOME", "clone", "remove_tree", "seed", "stop_git"]
 
 GIT_HOME = "git-home"  # in the sandbox's directory: HOME of host-side git while it clones
 GIT_TIMEOUT = 300  # seconds
@@ -131,6 +134,38 @@ def clone(
     _finish(destination, owner)
 
 
+def seed(source: str, *, holder_pid: int, holder_start: int | None, profile_file: str, size_mib: int) -> None:
+    """Copy the clone at `source` into the /workspace tmpfs of the sandbox whose holder is
+    `holder_pid`, then remove `source`: an unprivileged broker's workspace lives in the sandbox's
+    own sized tmpfs, and the host keeps no copy.
+
+    Host-side git cannot write there itself (it resolves /proc/PID/root away), so the finished
+    clone is copied by descriptors, through the holder's root, before any sandbox code has run.
+    """
+    from sandboxer import procs
+    from sandboxer.fsutil import copy_tree
+    from sandboxer.plan import WORKSPACE_TARGET
+
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        target = os.open(f"/proc/{holder_pid}/root{WORKSPACE_TARGET}", flags)
+    except OSError as exc:
+        raise BackendError(f"the sandbox's workspace cannot be opened ({exc.strerror})") from None
+    try:
+        if holder_start is None or procs.start_time(holder_pid) != holder_start:
+            raise BackendError("the sandbox's holder ended before its workspace was filled")
+        copy_tree(source, target)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise BackendError(
+                f"{profile_file}: limits.workspace_mib: the clone does not fit in {size_mib} MiB"
+            ) from None
+        raise BackendError(f"the clone cannot be copied into the sandbox's workspace ({exc.strerror})") from None
+    finally:
+        os.close(target)
+    remove_tree(source)
+
+
 @contextlib.contextmanager
 def _home(path: str, repository: str) -> Iterator[str]:
     """git's HOME at `path` (0700, made here, removed after) with our own "global" config."""
@@ -180,6 +215,21 @@ def _fetch(
     if _git(checkout, home=home, cwd=destination).returncode != 0:
         what = "task_branch: cannot be created" if branch else f"{ref_field}: checkout failed"
         raise BackendError(f"{profile_file}: {what}")
+    # git checkout exits 0 when it could not write files (a full workspace filesystem leaves
+    # them empty or cut short): the work tree must match what was checked out.
+    if _git(["diff", "--quiet"], home=home, cwd=destination).returncode != 0:
+        raise BackendError(f"{profile_file}: {ref_field}: checkout failed{_full(destination)}")
+
+
+def _full(destination: str) -> str:
+    """Why a checkout may have failed, when the workspace filesystem has no room left."""
+    try:
+        room = os.statvfs(destination)
+    except OSError:
+        return ""
+    if room.f_bavail * room.f_frsize < 1024 * 1024:
+        return " (the workspace filesystem is full: limits.workspace_mib is smaller than the clone)"
+    return ""
 
 
 def _discard(destination: str, *, keep_directory: bool) -> None:

@@ -4,8 +4,8 @@ As root, each sandbox's workspace is a sparse ext4 image in its directory, loop-
 (nosuid, nodev) at `<sandbox dir>/workspace` before the clone: writes past
 `limits.workspace_mib` fail with ENOSPC inside the sandbox, and the host's filesystem holds at
 most that much for it. Both backends bind that directory, so both get the limit. An ordinary
-(unprivileged) broker cannot mount on the host: its workspaces are plain directories, and
-`inspect` says the limit is not enforced (docs/security.md).
+(unprivileged) broker cannot mount on the host: its sandboxes get a sized tmpfs of their own at
+/workspace instead (plan.build_plan, workspace.seed; docs/security.md).
 """
 
 from __future__ import annotations

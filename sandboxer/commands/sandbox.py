@@ -183,8 +183,11 @@ def _make(request: CreateRequest, registry: Registry, record: dict[str, Any]) ->
     plan = plan_for(request, registry, sandbox_id)
     from sandboxer import workspace_volume
 
-    bounded = workspace_volume.make(registry.path(sandbox_id), size_mib=plan.limits.workspace_mib)
-    record["workspace_fs"] = {"mib": plan.limits.workspace_mib, "enforced": bounded}
+    if plan.workspace_in_memory:
+        record["workspace_fs"] = {"mib": plan.limits.workspace_mib, "enforced": True, "kind": "tmpfs"}
+    else:
+        bounded = workspace_volume.make(registry.path(sandbox_id), size_mib=plan.limits.workspace_mib)
+        record["workspace_fs"] = {"mib": plan.limits.workspace_mib, "enforced": bounded, "kind": "ext4"}
     clone_workspace(request, plan)
     if assignment is not None:
         host_uid, host_gid = bwrap.host_ids(plan)
@@ -195,6 +198,14 @@ def _make(request: CreateRequest, registry: Registry, record: dict[str, Any]) ->
         start_docker(plan, request.image, registry, record)
     else:
         _start_bwrap(plan, registry, record)
+    if plan.workspace_in_memory:
+        workspace.seed(
+            str(plan.workspace_source),
+            holder_pid=int(record["holder_pid"]),
+            holder_start=record.get("holder_start"),
+            profile_file=request.profile_file,
+            size_mib=plan.limits.workspace_mib,
+        )
     deliver_requested(request, plan, record)
 
 
@@ -229,6 +240,9 @@ def plan_for(
         profile=request.profile,
         extension=request.extension,
         workspace_source=registry.path(sandbox_id, "workspace"),
+        # Only root can mount a sized filesystem on the host: an unprivileged broker's bwrap
+        # sandbox gets a sized tmpfs of its own instead.
+        workspace_in_memory=request.backend == "bwrap" and os.geteuid() != 0,
         host_ids=ids,
         host_links=links,
         host_etc=etc,

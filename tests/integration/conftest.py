@@ -4,6 +4,7 @@ broker driven through the real CLI — as root, and as an unprivileged user (uid
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import shutil
@@ -103,6 +104,14 @@ class SandboxBroker:
     def sandbox_dir(self, sandbox_id: str) -> Path:
         """The sandbox's directory in the registry."""
         return self.state / "sandboxes" / sandbox_id
+
+    def workspace_dir(self, sandbox_id: str) -> Path:
+        """Where the host reaches the sandbox's /workspace: the clone in its directory, or (an
+        unprivileged broker's, a tmpfs of the sandbox's own) through its holder's root."""
+        record = json.loads((self.sandbox_dir(sandbox_id) / "record.json").read_text())
+        if record.get("workspace_fs", {}).get("kind") == "tmpfs":
+            return Path(f"/proc/{record['holder_pid']}/root/workspace")
+        return self.sandbox_dir(sandbox_id) / "workspace"
 
 
 def profile_text(name: str, repo: Path, extra: str = "") -> str:

@@ -92,21 +92,52 @@ def test_the_workspace_is_its_own_sized_filesystem(sb: SandboxBroker) -> None:
     limits = evidence["limits"]
     assert isinstance(limits, dict)
     assert limits["workspace_mib"] == 16
-    if sb.as_user:  # an unprivileged broker cannot mount: it says so rather than pretend
-        assert limits["workspace_enforced"] is False
-        return
     assert limits["workspace_enforced"] is True
     filled = sb.sh(sandbox_id, "dd if=/dev/zero of=/workspace/fill bs=1M count=64 2>&1; echo status=$?")
     assert "No space left on device" in filled.stdout, filled.stdout
     assert "status=1" in filled.stdout
-    image = sb.sandbox_dir(sandbox_id) / "workspace.img"
-    assert image.stat().st_blocks * 512 <= 16 * 1024 * 1024, "the host holds more than the limit"
     git = sb.sh(sandbox_id, "rm /workspace/fill && git -C /workspace status --porcelain && echo clean")
     assert git.stdout.strip() == "clean", git.stdout + git.stderr
+    if sb.as_user:
+        # An unprivileged broker cannot mount on the host: the workspace is a 16 MiB tmpfs of the
+        # sandbox's own, and the host keeps no copy of the clone.
+        mounted = sb.sh(sandbox_id, "grep ' /workspace ' /proc/self/mountinfo")
+        assert " - tmpfs " in mounted.stdout, mounted.stdout
+        assert "size=16384k" in mounted.stdout, mounted.stdout
+        assert not (sb.sandbox_dir(sandbox_id) / "workspace").exists()
+        assert sb.run("teardown", sandbox_id).status == 0
+        return
+    image = sb.sandbox_dir(sandbox_id) / "workspace.img"
+    assert image.stat().st_blocks * 512 <= 16 * 1024 * 1024, "the host holds more than the limit"
     receipt = sb.run("teardown", sandbox_id)
     assert receipt.status == 0, receipt.stderr
     assert "workspace filesystem" in receipt.stdout
     assert not os.path.ismount(sb.sandbox_dir(sandbox_id) / "workspace")
+
+
+def test_a_clone_larger_than_the_workspace_is_refused_and_leaves_nothing(sb: SandboxBroker) -> None:
+    """24 MiB of clone cannot become a 16 MiB workspace: create fails (5) naming the limit, and
+    leaves no sandbox, directory or process behind. As root the checkout meets the limit (git
+    checkout exits 0 with files cut short: the work tree is checked); unprivileged, the copy into
+    the tmpfs does."""
+    big = sb.root / "big"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "-c", "init.defaultBranch=main"]
+    subprocess.run([*git, "init", "-q", str(big)], check=True)
+    for n in range(3):  # incompressible, so the packed history is as large as the checkout
+        (big / f"blob{n}").write_bytes(os.urandom(4 * 1024 * 1024))
+    subprocess.run([*git, "-C", str(big), "add", "-A"], check=True)
+    subprocess.run([*git, "-C", str(big), "commit", "-qm", "big"], check=True)
+    sb.write_profile("cramped", profile_text("cramped", big, "limits:\n  workspace_mib: 16\n"))
+    assert sb.run("ext", "approve", "cramped").status == 0
+    refused = sb.run("create", "--profile", "cramped")
+    assert refused.status == 5, refused
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "limits.workspace_mib" in refused.stderr, refused.stderr
+    if sb.as_user:
+        assert "limits.workspace_mib: the clone does not fit in 16 MiB" in refused.stderr
+    left = [p.name for p in (sb.state / "sandboxes").iterdir() if not p.name.startswith(".")]
+    assert left == []
+    assert subprocess.run(["pgrep", "-f", str(sb.state)], capture_output=True, check=False).returncode == 1
 
 
 def test_dev_shm_is_a_sized_tmpfs(sb: SandboxBroker) -> None:

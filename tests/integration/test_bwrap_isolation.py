@@ -295,7 +295,7 @@ def test_home_file_persists_between_execs_and_stays_out_of_the_clone_and_git_sta
     read = sbx.sh(sandbox_id, 'cat "$HOME/note.txt"; echo; git -C /workspace status --porcelain; echo "git $?"')
     assert read.status == 0, read.stderr
     assert read.stdout == "persisted-7c1\ngit 0\n", read.stdout + read.stderr
-    clone = sbx.sandbox_dir(sandbox_id) / "workspace"
+    clone = sbx.workspace_dir(sandbox_id)
     assert (clone / "README.md").exists(), "the host clone is where we think it is"
     assert not list(clone.rglob("note.txt"))
     assert all(
@@ -544,8 +544,8 @@ def test_two_sandboxes_cannot_see_each_others_files_processes_or_loopback(sbx: S
 
     files = sbx.sh(second, 'test -e "$HOME/a-marker"; echo "home $?"; test -e /workspace/a-marker; echo "ws $?"')
     assert files.stdout == "home 1\nws 1\n", files.stderr
-    assert not (sbx.sandbox_dir(second) / "workspace" / "a-marker").exists()
-    assert (sbx.sandbox_dir(first) / "workspace" / "a-marker").exists()
+    assert not (sbx.workspace_dir(second) / "a-marker").exists()
+    assert (sbx.workspace_dir(first) / "a-marker").exists()
 
     in_b = sbx.sh(second, LIST_PROCS)
     assert in_b.status == 0, in_b.stderr

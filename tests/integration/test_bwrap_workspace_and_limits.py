@@ -14,7 +14,7 @@ from tests.integration.test_bwrap_isolation import live_processes
 def test_clone_shares_no_inode_with_the_owners_repository(sbx_root: SandboxBroker) -> None:
     sb = sbx_root
     sandbox_id = sb.create()
-    clone = sb.sandbox_dir(sandbox_id) / "workspace"
+    clone = sb.workspace_dir(sandbox_id)
     owner_inodes = {p.stat().st_ino for p in (sb.repo / ".git" / "objects").rglob("*") if p.is_file()}
     clone_objects = [p for p in (clone / ".git" / "objects").rglob("*") if p.is_file()]
     assert clone_objects, "the clone has objects"
@@ -45,7 +45,7 @@ def test_owner_hooks_templates_and_global_config_never_run_on_the_host(sbx_root:
     marker.unlink()
     sandbox_id = sb.create()
     assert not marker.exists()
-    assert not list((sb.sandbox_dir(sandbox_id) / "workspace" / ".git" / "hooks").glob("*"))
+    assert not list((sb.workspace_dir(sandbox_id) / ".git" / "hooks").glob("*"))
 
 
 def limited(sb: SandboxBroker, name: str, limits: str) -> str:

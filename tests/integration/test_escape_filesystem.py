@@ -235,10 +235,9 @@ def test_mountinfo_names_no_broker_path(box: Box) -> None:
     text = answer(box.py("print(open('/proc/self/mountinfo').read())"))
     paths = host_paths(box)
     naming = [line for line in text.splitlines() if any(path in line for path in paths.values())]
-    # Known and documented (docs/security.md, "Noted, not done yet"): an unprivileged broker
-    # cannot mount, so its workspace is a bind of a directory in the state dir; Docker binds the
-    # generated /etc files from the sandbox's directory. Nothing else may name a broker path.
-    allowed = {"bwrap-user": ("/workspace",), "docker": tuple(f"/etc/{n}" for n in ETC_FILES)}.get(box.variant, ())
+    # Known and documented (docs/security.md, "Noted, not done yet"): Docker binds the generated
+    # /etc files from the sandbox's directory. Nothing else may name a broker path.
+    allowed = {"docker": tuple(f"/etc/{n}" for n in ETC_FILES)}.get(box.variant, ())
     targets = sorted(line.split()[4] for line in naming)
     assert all(target in allowed for target in targets), "\n".join(naming)
 
@@ -405,7 +404,7 @@ os.unlink(path)
 """
     assert answer(box.py(code)) == "True True"
     # On the host, the workspace is never root's.
-    directory = box.broker.sandbox_dir(box.sandbox_id) / "workspace"
+    directory = box.broker.workspace_dir(box.sandbox_id)
     info = directory.stat()
     assert info.st_uid != 0
     assert not stat.S_IMODE(info.st_mode) & 0o6000

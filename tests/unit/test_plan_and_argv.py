@@ -290,7 +290,8 @@ def matching_mounts(plan: Plan) -> list[MountSeen]:
         if mount.kind in (MountKind.DIR, MountKind.SYMLINK):
             continue
         fstype = {MountKind.PROC: "proc", MountKind.TMPFS: "tmpfs", MountKind.DEV: "tmpfs"}.get(mount.kind, "ext4")
-        seen.append(MountSeen(target=mount.target, read_only=mount.read_only, fstype=fstype))
+        size = None if mount.size_bytes is None else mount.size_bytes // 1024
+        seen.append(MountSeen(target=mount.target, read_only=mount.read_only, fstype=fstype, size_kib=size))
     seen += [
         MountSeen(target="/dev/pts", read_only=False, fstype="devpts"),
         MountSeen(target="/dev/shm", read_only=False, fstype="tmpfs"),
@@ -333,6 +334,9 @@ def _mount_cases(plan: Plan) -> dict[str, tuple[list[MountSeen], str]]:
         "state missing": ([m for m in base if m.target != STATE_ROOT], STATE_ROOT),
         "extra writable /mnt": ([*base, MountSeen(target="/mnt", read_only=False, fstype="ext4")], "/mnt"),
         "root writable": (_replace_mount(base, "/", read_only=False), "mount /"),
+        "state tmpfs larger": (_replace_mount(base, STATE_ROOT, size_kib=512 * 1024), STATE_ROOT),
+        "state tmpfs unsized": (_replace_mount(base, STATE_ROOT, size_kib=None), STATE_ROOT),
+        "state not a tmpfs": (_replace_mount(base, STATE_ROOT, fstype="ext4"), STATE_ROOT),
     }
 
 
@@ -346,6 +350,9 @@ def _mount_cases(plan: Plan) -> dict[str, tuple[list[MountSeen], str]]:
         "state missing",
         "extra writable /mnt",
         "root writable",
+        "state tmpfs larger",
+        "state tmpfs unsized",
+        "state not a tmpfs",
     ],
 )
 def test_each_mount_deviation_is_reported(case: str) -> None:
@@ -432,6 +439,7 @@ MOUNTINFO = (
     "3 1 8:1 /tmp/ws /workspace rw,nosuid,nodev,relatime - ext4 /dev/sda1 rw,errors=remount-ro\n"
     "4 1 8:1 /x /with\\040space\\011tab\\134040 rw,relatime shared:2 master:3 - ext4 /dev/sda1 rw\n"
     "5 1 0:51 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw\n"
+    "6 1 0:52 / /run/sandboxer rw,nosuid,nodev,relatime - tmpfs tmpfs rw,size=262144k,mode=700,uid=1000\n"
 )
 
 
@@ -443,16 +451,19 @@ def test_parse_mountinfo_unescapes_and_reads_per_mount_options() -> None:
         "/workspace",
         "/with space\ttab\\040",  # \134 is a literal backslash: "040" after it stays text
         "/proc",
+        "/run/sandboxer",
     ]
     # Per-mount options decide: the superblock's options (here "rw", "errors=remount-ro") do not.
-    assert [m.read_only for m in mounts] == [True, True, False, False, False]
-    assert [m.fstype for m in mounts] == ["tmpfs", "ext4", "ext4", "ext4", "proc"]
+    assert [m.read_only for m in mounts] == [True, True, False, False, False, False]
+    assert [m.fstype for m in mounts] == ["tmpfs", "ext4", "ext4", "ext4", "proc", "tmpfs"]
+    assert [m.size_kib for m in mounts] == [4, None, None, None, None, 262144]
     assert [(m.device, m.root) for m in mounts] == [
         ("0:50", "/"),
         ("8:1", "/srv/my runtime"),
         ("8:1", "/tmp/ws"),
         ("8:1", "/x"),
         ("0:51", "/"),
+        ("0:52", "/"),
     ]
 
 
@@ -492,3 +503,24 @@ def test_check_id_refuses_anything_else(bad: str) -> None:
     with pytest.raises(NotFoundError) as caught:
         check_id(bad)
     assert caught.value.exit_status == 4
+
+
+def test_an_in_memory_workspace_is_a_sized_tmpfs_and_binds_no_host_directory() -> None:
+    """An unprivileged broker cannot mount on the host: its workspace is a tmpfs of
+    limits.workspace_mib in the sandbox's own mount namespace, and the host clone is not bound."""
+    plan = build_plan(
+        sandbox_id=SANDBOX_ID,
+        profile=make_profile(),
+        extension=make_extension(),
+        workspace_source=WORKSPACE_SOURCE,
+        host_links=HOST_LINKS,
+        host_etc=HOST_ETC,
+        workspace_in_memory=True,
+    )
+    workspace = plan.mount_at(WORKSPACE_TARGET)
+    assert plan.workspace_in_memory
+    assert not make_plan().workspace_in_memory
+    assert (workspace.kind, workspace.size_bytes, workspace.mode) == (MountKind.TMPFS, 4096 * 1024 * 1024, 0o700)
+    lines = [line for line in render_lines(plan, fixed_fds()) if WORKSPACE_TARGET in line]
+    assert lines == [["--perms", "0700", "--size", str(4096 * 1024 * 1024), "--tmpfs", WORKSPACE_TARGET]]
+    assert WORKSPACE_SOURCE not in " ".join(render(plan, fixed_fds()))
