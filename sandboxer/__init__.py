@@ -1,3 +1,57 @@
-"""sandboxer: a sandbox broker for Linux."""
+"""sandboxer: a sandbox broker for Linux.
+
+    from sandboxer import Broker
+
+    with Broker().create("bwrap-local") as sb:
+        print(sb.exec(["python3", "-c", "print(1)"]).stdout)
+
+The API (docs/api.md) is imported on first use: the CLI imports this package on every command,
+and its start-up must not pay for it.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from sandboxer.api import Broker, ExecStream, Owner, Sandbox
+    from sandboxer.results import (
+        Approval,
+        Created,
+        Evidence,
+        ExecResult,
+        GcReport,
+        MountEvidence,
+        OwnerEntry,
+        Receipt,
+        RuntimeDigest,
+        SandboxInfo,
+    )
 
 __version__ = "0.1.0"
+
+_API = {"Broker", "ExecStream", "Owner", "Sandbox"}
+_RESULTS = {
+    "Approval",
+    "Created",
+    "Evidence",
+    "ExecResult",
+    "GcReport",
+    "MountEvidence",
+    "OwnerEntry",
+    "Receipt",
+    "RuntimeDigest",
+    "SandboxInfo",
+}
+__all__ = sorted(_API | _RESULTS)
+
+
+def __getattr__(name: str) -> object:
+    if name in _API:
+        from sandboxer import api
+
+        return getattr(api, name)
+    if name in _RESULTS:
+        from sandboxer import results
+
+        return getattr(results, name)
+    raise AttributeError(f"module 'sandboxer' has no attribute {name!r}")

@@ -294,31 +294,40 @@ def _frames(buffer: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
     return frames, buffer
 
 
+def to_fds(stdout: int, stderr: int) -> Callable[[int, bytes], None]:
+    """An output sink for `run` that writes stream 1 to `stdout` and 2 to `stderr`."""
+    targets = {1: stdout, 2: stderr}
+
+    def write(stream: int, payload: bytes) -> None:
+        fd = targets.get(stream)
+        view = memoryview(payload)
+        while fd is not None and view:
+            view = view[os.write(fd, view) :]
+
+    return write
+
+
 def run(
     exec_id: str,
     *,
     stdin: int,
-    stdout: int,
-    stderr: int,
+    output: Callable[[int, bytes], None],
     timeout: float | None,
     started: Callable[[], None] | None = None,
 ) -> bool:
-    """Start the exec and stream until it ends; False if `timeout` expired first. `started` is
-    called once the exec runs, before any of its output is read."""
+    """Start the exec and stream until it ends; False if `timeout` expired first. What it
+    writes goes to `output` (stream 1 or 2, bytes) as it arrives. `started` is called once the
+    exec runs, before any of its output is read."""
     sock, buffer = _hijack(f"/exec/{exec_id}/start", dumps({"Detach": False, "Tty": False}).encode())
     try:
         if started is not None:
             started()
         threading.Thread(target=_pump_stdin, args=(sock, stdin), daemon=True).start()
         deadline = None if timeout is None else time.monotonic() + timeout
-        targets = {1: stdout, 2: stderr}
         while True:
             frames, buffer = _frames(buffer)
             for stream, payload in frames:
-                fd = targets.get(stream)
-                view = memoryview(payload)
-                while fd is not None and view:
-                    view = view[os.write(fd, view) :]
+                output(stream, payload)
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return False
@@ -370,7 +379,7 @@ def capture(container: str, argv: list[str], *, env: dict[str, str], user: str, 
     output = os.memfd_create("sandboxer-probe", os.MFD_CLOEXEC)
     devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
-        finished = run(exec_id, stdin=devnull, stdout=output, stderr=devnull, timeout=30)
+        finished = run(exec_id, stdin=devnull, output=to_fds(output, devnull), timeout=30)
         os.lseek(output, 0, os.SEEK_SET)
         data = os.read(output, 1 << 20)
     finally:

@@ -8,6 +8,7 @@
     ├── NotFoundError              4  no such sandbox
     ├── BackendError               5  bwrap or Docker failed, or the live state differs from the plan
     ├── ResidueError               6  teardown left something behind
+    ├── ExecError                125  the broker could not run an exec (the Python API; the CLI prints it)
     └── NotPendingError           75  dispatch-tool found nothing yet (retryable)
 
 Messages name the file, the field and the rule. They never carry a value read from a config,
@@ -30,6 +31,11 @@ class SandboxerError(Exception):
 
     def __str__(self) -> str:
         return self.message if self.hint is None else f"{self.message} (hint: {self.hint})"
+
+    @property
+    def status(self) -> int:
+        """The CLI's exit status for this error (the Python API's name for it)."""
+        return self.exit_status
 
 
 class UsageError(SandboxerError):
@@ -99,10 +105,19 @@ class BackendError(SandboxerError):
 
 
 class ResidueError(SandboxerError):
-    """Teardown left residue."""
+    """Teardown left residue; the Python API attaches the teardown's receipt."""
 
     exit_status = 6
     kind = "residue"
+    receipt: object = None
+
+
+class ExecError(SandboxerError):
+    """The broker could not run an exec (unknown or stopped sandbox, bad options, the Engine
+    failing): the CLI's exec status 125, raised by the Python API."""
+
+    exit_status = 125
+    kind = "exec"
 
 
 class NotPendingError(SandboxerError):

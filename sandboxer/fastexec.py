@@ -24,8 +24,11 @@ from sandboxer.fastjson import loads
 TYPE_CHECKING = False  # `typing` itself costs ~1.5 ms to import on this path; mypy knows the name
 if TYPE_CHECKING:
     import signal
+    from collections.abc import Callable
 
     from sandboxer import joiner
+    from sandboxer.dirs import Dirs
+    from sandboxer.results import Stream
 else:
     import _signal as signal  # the same calls and numbers; `signal` imports enum (~3 ms)
 
@@ -196,9 +199,8 @@ def _kill_session(command_pid: int) -> None:
 
 
 def run(argv: list[str]) -> int:
-    """Run one exec; returns its exit status."""
+    """Run one exec with this process's stdio; returns its exit status."""
     globals_, options, command = _parse(argv)
-    timeout = _validate(options)
     dirs = resolve_dirs(
         config_dir=globals_.get("--config-dir"),
         state_dir=globals_.get("--state-dir"),
@@ -206,6 +208,25 @@ def run(argv: list[str]) -> int:
         euid=os.geteuid(),
         home=os.path.expanduser("~"),
     )
+    return execute(dirs, options, command)
+
+
+class Program:
+    """The stdio of an exec a program runs (the Python API): `stdin` is all of its input, and
+    `output(stream, chunk)` receives what it writes as it arrives ("stdout" or "stderr"). Signals
+    to the calling process are its own business then: none are forwarded."""
+
+    __slots__ = ("output", "stdin")
+
+    def __init__(self, stdin: bytes, output: Callable[[Stream, bytes], None]) -> None:
+        self.stdin = stdin
+        self.output = output
+
+
+def execute(dirs: Dirs, options: dict[str, str], command: list[str], program: Program | None = None) -> int:
+    """Run `command` in the sandbox `options["id"]` with the exec options of the CLI (cwd,
+    consumer, executable, timeout, as strings), on this process's stdio or `program`'s."""
+    timeout = _validate(options)
     record = _load(dirs.state, options["id"])
     env = {str(k): str(v) for k, v in record["env"]}  # type: ignore[attr-defined]
     assignment = record.get("manifest")
@@ -218,8 +239,8 @@ def run(argv: list[str]) -> int:
     elif "consumer" in options:
         env["SANDBOXER_CONSUMER"] = options["consumer"]
     if record.get("backend") == "docker":
-        return _run_docker(record, options, command, env, timeout)
-    return _run_bwrap(record, options, command, env, timeout, state_dir=dirs.state)
+        return _run_docker(record, options, command, env, timeout, program=program)
+    return _run_bwrap(record, options, command, env, timeout, program=program, state_dir=dirs.state)
 
 
 def _run_bwrap(
@@ -229,6 +250,7 @@ def _run_bwrap(
     env: dict[str, str],
     timeout: float | None,
     *,
+    program: Program | None,
     state_dir: str,
 ) -> int:
     """exec by joining the sandbox's namespaces (joiner)."""
@@ -259,13 +281,13 @@ def _run_bwrap(
             for f in entry.cgroup_procs
         )
         entry.cgroup_procs = procs_files
-    pumps = Pumps.for_caller_stdio()
+    pumps = Pumps.for_caller_stdio() if program is None else Pumps.for_program(program)
     try:
         try:
             started = joiner.start(entry, stdin=pumps.given[0], stdout=pumps.given[1], stderr=pumps.given[2])
         finally:
             pumps.given_away()
-        return _wait(started, timeout, exec_group, pumps)
+        return _wait(started, timeout, exec_group, pumps, forward_signals=program is None)
     finally:
         pumps.close()
         if exec_group is not None:
@@ -288,10 +310,40 @@ class Pumps:
 
     def __init__(self) -> None:
         self.given = [0, 1, 2]  # what the command gets as its fds 0, 1, 2
+        self.stdin_source: int | None = 0  # where more input comes from; None: `pending` is all
         self.stdin_sink = -1  # our end of the command's stdin pipe
         self.pending = b""  # read from the caller's stdin, not yet in the pipe
-        self.outputs: dict[int, int] = {}  # our read end -> the caller's fd 1 or 2
+        self.outputs: dict[int, Callable[[bytes], None]] = {}  # our read end -> where its bytes go
         self._theirs: list[int] = []  # the ends the command holds copies of, once started
+
+    def _pipe_in(self) -> None:
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        self.given[0], self.stdin_sink = read_end, write_end
+        os.set_blocking(write_end, False)
+        self._theirs.append(read_end)
+
+    def _pipe_out(self, target: int, sink: Callable[[bytes], None]) -> None:
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        self.given[target] = write_end
+        self.outputs[read_end] = sink
+        self._theirs.append(write_end)
+
+    @classmethod
+    def for_program(cls, program: Program) -> Pumps:
+        """Pipes for all three: the input given at once, the output to the program's sink."""
+        pumps = cls()
+        try:
+            pumps._pipe_in()
+            pumps.stdin_source, pumps.pending = None, program.stdin
+            if not pumps.pending:
+                pumps._end_stdin()
+            pumps._pipe_out(1, lambda chunk: program.output("stdout", chunk))
+            pumps._pipe_out(2, lambda chunk: program.output("stderr", chunk))
+        except BaseException:
+            pumps.given_away()
+            pumps.close()
+            raise
+        return pumps
 
     @classmethod
     def for_caller_stdio(cls) -> Pumps:
@@ -310,15 +362,10 @@ class Pumps:
                     )
                 if not (stat.S_ISREG(mode) or os.isatty(target)):
                     continue
-                read_end, write_end = os.pipe2(os.O_CLOEXEC)
                 if target == 0:
-                    pumps.given[0], pumps.stdin_sink = read_end, write_end
-                    os.set_blocking(write_end, False)
-                    pumps._theirs.append(read_end)
+                    pumps._pipe_in()
                 else:
-                    pumps.given[target] = write_end
-                    pumps.outputs[read_end] = target
-                    pumps._theirs.append(write_end)
+                    pumps._pipe_out(target, _writer(target))
         except BaseException:
             pumps.given_away()
             pumps.close()
@@ -333,7 +380,8 @@ class Pumps:
 
     def readers(self) -> list[int]:
         """What to wait on for reading."""
-        waiting = [0] if self.stdin_sink >= 0 and not self.pending else []
+        source = self.stdin_source
+        waiting = [source] if source is not None and self.stdin_sink >= 0 and not self.pending else []
         return [*waiting, *self.outputs]
 
     def writers(self) -> list[int]:
@@ -346,9 +394,9 @@ class Pumps:
             if fd in self.outputs and not _copy(fd, self.outputs[fd]):
                 os.close(fd)
                 del self.outputs[fd]
-            elif fd == 0 and self.stdin_sink >= 0:
+            elif fd == self.stdin_source and self.stdin_sink >= 0:
                 try:
-                    self.pending = os.read(0, 65536)
+                    self.pending = os.read(fd, 65536)
                 except OSError:
                     self.pending = b""
                 if not self.pending:
@@ -360,6 +408,8 @@ class Pumps:
                 pass
             except OSError:  # the command closed its stdin
                 self._end_stdin()
+            if not self.pending and self.stdin_source is None:
+                self._end_stdin()  # all of it is in: the command reads its end
 
     def _end_stdin(self) -> None:
         if self.stdin_sink >= 0:
@@ -388,20 +438,29 @@ class Pumps:
         self.outputs = {}
 
 
-def _copy(read_end: int, target: int) -> bool:
-    """Copy what one output pipe holds to the caller's fd; False at its end."""
+def _copy(read_end: int, sink: Callable[[bytes], None]) -> bool:
+    """Hand what one output pipe holds to its sink; False at its end."""
     try:
         data = os.read(read_end, 65536)
     except BlockingIOError:
         return True
     if not data:
         return False
-    while data:
-        try:
-            data = data[os.write(target, data) :]
-        except OSError:
-            return True  # the caller's file or terminal refuses: the command's output is dropped
+    sink(data)
     return True
+
+
+def _writer(target: int) -> Callable[[bytes], None]:
+    """A sink writing to the caller's fd `target`."""
+
+    def write(data: bytes) -> None:
+        while data:
+            try:
+                data = data[os.write(target, data) :]
+            except OSError:
+                return  # the caller's file or terminal refuses: the command's output is dropped
+
+    return write
 
 
 def _seccomp_program(state_dir: str, sandbox_id: str) -> bytes:
@@ -434,7 +493,13 @@ def _provider_environment(assignment: object, consumer: str, executable: str) ->
 
 
 def _run_docker(
-    record: dict[str, object], options: dict[str, str], command: list[str], env: dict[str, str], timeout: float | None
+    record: dict[str, object],
+    options: dict[str, str],
+    command: list[str],
+    env: dict[str, str],
+    timeout: float | None,
+    *,
+    program: Program | None,
 ) -> int:
     """exec through the Engine API; statuses as on bwrap (env -i gives 126/127 for us)."""
     from sandboxer import dockerexec
@@ -458,8 +523,9 @@ def _run_docker(
     def interrupted(signum: int, _frame: object) -> None:
         raise _Interrupted(signum)
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, interrupted)
+    if program is None:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, interrupted)
     groups: list[str] = []
 
     def started() -> None:
@@ -467,9 +533,18 @@ def _run_docker(
         if group is not None:
             groups.append(group)
 
+    stdin = 0
+    if program is None:
+        output = dockerexec.to_fds(1, 2)
+    else:
+        stdin = _feeder(program.stdin)
+
+        def output(stream: int, chunk: bytes) -> None:
+            program.output("stdout" if stream == 1 else "stderr", chunk)
+
     try:
         finished = dockerexec.run(
-            exec_id, stdin=0, stdout=1, stderr=2, timeout=timeout, started=started if timeout is not None else None
+            exec_id, stdin=stdin, output=output, timeout=timeout, started=started if timeout is not None else None
         )
         if not finished:
             _kill_docker_exec(exec_id, groups)
@@ -482,11 +557,23 @@ def _run_docker(
         _kill_docker_exec(exec_id, groups)
         raise ExecUsage(f"exec: the Docker Engine failed or the caller went away ({exc})") from None
     finally:
+        if stdin != 0:
+            os.close(stdin)
         for group in groups:
             try:
                 os.rmdir(group)  # kept while a background process of this exec still runs
             except OSError:
                 pass
+
+
+def _feeder(data: bytes) -> int:
+    """A descriptor to read `data` from, then its end: a sealed memfd (no thread, no pipe limit)."""
+    fd = os.memfd_create("sandboxer-stdin", os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def _docker_exec_group(exec_id: str) -> str | None:
@@ -581,15 +668,15 @@ def _exec_group(limit_record: dict[str, object]) -> str | None:
     return group
 
 
-def _wait(started: joiner.Started, timeout: float | None, exec_group: str | None, pumps: Pumps) -> int:
-    forwarded: list[int] = []
-
+def _wait(
+    started: joiner.Started, timeout: float | None, exec_group: str | None, pumps: Pumps, *, forward_signals: bool
+) -> int:
     def forward(signum: int, _frame: object) -> None:
-        forwarded.append(signum)
         procs.signal_all(procs.in_session(started.command_pid) or [started.command_pid], signum)
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, forward)
+    if forward_signals:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, forward)
     pidfd = os.pidfd_open(started.relay_pid)
     deadline = None if timeout is None else time.monotonic() + timeout
     try:

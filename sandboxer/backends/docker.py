@@ -292,7 +292,7 @@ def deliver(container_id: str, plan: Plan, data: bytes, target: str) -> None:
             user=f"{plan.uid}:{plan.gid}",
             cwd="/",
         )
-        finished = dockerexec.run(exec_id, stdin=source, stdout=devnull, stderr=devnull, timeout=30)
+        finished = dockerexec.run(exec_id, stdin=source, output=dockerexec.to_fds(devnull, devnull), timeout=30)
         status = dockerexec.exit_code(exec_id) if finished else 124
     except (OSError, dockerexec.EngineError) as exc:
         raise BackendError(f"delivery of {target}: the Engine failed ({exc})") from None

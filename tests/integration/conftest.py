@@ -57,11 +57,15 @@ class SandboxBroker:
 
     def argv(self, *args: str) -> list[str]:
         """The full command line of one CLI run."""
-        base = [sys.executable, "-m", "sandboxer", "--config-dir", str(self.config), "--state-dir", str(self.state)]
+        return self.python("-m", "sandboxer", "--config-dir", str(self.config), "--state-dir", str(self.state), *args)
+
+    def python(self, *args: str) -> list[str]:
+        """A command line running this interpreter as the broker's user."""
+        base = [sys.executable, *args]
         if self.as_user:
             uid = str(UNPRIVILEGED_UID)
             base = ["setpriv", "--reuid", uid, "--regid", uid, "--clear-groups", "--", *base]
-        return [*base, *args]
+        return base
 
     def env(self) -> dict[str, str]:
         """The environment of the CLI: minimal, with a HOME the user owns."""
@@ -371,3 +375,12 @@ def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
         yield manager
     finally:
         manager.stop()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test below tests/integration uses real tools: `pytest -m "not integration"` is the
+    fast loop (the unit tests alone)."""
+    here = Path(__file__).resolve().parent
+    for item in items:
+        if here in item.path.resolve().parents:
+            item.add_marker(pytest.mark.integration)

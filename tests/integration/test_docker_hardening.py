@@ -334,7 +334,9 @@ def test_no_variable_of_the_container_reaches_the_perl_that_makes_the_domain(bas
         read_out, write_out = os.pipe()
         read_err, write_err = os.pipe()
         with open(os.devnull, "rb") as null:
-            assert dockerexec.run(exec_id, stdin=null.fileno(), stdout=write_out, stderr=write_err, timeout=60)
+            assert dockerexec.run(
+                exec_id, stdin=null.fileno(), output=dockerexec.to_fds(write_out, write_err), timeout=60
+            )
         os.close(write_out)
         os.close(write_err)
         with os.fdopen(read_out) as out, os.fdopen(read_err) as err:

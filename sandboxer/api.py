@@ -1,0 +1,272 @@
+"""The embedded Python API: the broker in-process, with the CLI's verbs and typed results.
+
+    from sandboxer import Broker
+
+    broker = Broker(config_dir="/etc/sandboxer", state_dir="/run/sandboxer")
+    with broker.create("bwrap-local") as sb:
+        result = sb.exec(["python3", "-c", "print(1)"], timeout=30)
+        assert result.status == 0 and result.stdout == b"1\\n"
+
+Every verb is the command of the same name (docs/api.md): the same checks, the same state on
+disk, the same errors — the classes of `sandboxer.errors`, each with the CLI's exit status as
+`.status`. The process calling it needs what the CLI would need: root or the owner's account,
+and the same directories.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from types import TracebackType
+
+from sandboxer.dirs import Dirs, resolve_dirs
+from sandboxer.errors import EntryError, ExecError, NotFoundError, ResidueError
+from sandboxer.results import (
+    Approval,
+    Created,
+    Evidence,
+    ExecResult,
+    GcReport,
+    OwnerEntry,
+    Receipt,
+    RuntimeDigest,
+    SandboxInfo,
+    Stream,
+)
+
+__all__ = ["Broker", "ExecStream", "Owner", "Sandbox"]
+
+ExecSink = Callable[[Stream, bytes], None]  # where an exec's output goes as it arrives
+
+
+class Broker:
+    """The broker for one config directory and one state directory.
+
+    Unset directories resolve as the CLI resolves them: SANDBOXER_CONFIG / SANDBOXER_STATE, then
+    the defaults for the calling user (/etc/sandboxer and /run/sandboxer for root).
+    """
+
+    def __init__(self, *, config_dir: str | None = None, state_dir: str | None = None) -> None:
+        self.dirs: Dirs = resolve_dirs(
+            config_dir=config_dir,
+            state_dir=state_dir,
+            environ=os.environ,
+            euid=os.geteuid(),
+            home=os.path.expanduser("~"),
+        )
+        self.owner = Owner(self.dirs)
+
+    @property
+    def config_dir(self) -> str:
+        return self.dirs.config
+
+    @property
+    def state_dir(self) -> str:
+        return self.dirs.state
+
+    def create(self, profile: str, *, manifest: str | None = None, bootstrap: str | None = None) -> Sandbox:
+        """A new sandbox from the approved `profile` (with a lease manifest and a runtime
+        bootstrap file, by path, if given). Nothing is left behind when it fails."""
+        from sandboxer.commands.sandbox import create
+
+        document = create(self.dirs, profile, manifest_path=manifest, bootstrap_path=bootstrap)
+        return Sandbox(self, Created.from_json(document))
+
+    def sandbox(self, sandbox_id: str) -> Sandbox:
+        """The live sandbox `sandbox_id` (NotFoundError, 4, when there is none)."""
+        from sandboxer.registry import check_id
+
+        check_id(sandbox_id)
+        for info in self.list():
+            if info.id == sandbox_id:
+                return Sandbox(self, None, sandbox_id=sandbox_id)
+        raise NotFoundError(f"no such sandbox: {sandbox_id}")
+
+    def list(self) -> list[SandboxInfo]:
+        """Every sandbox of this state directory with its status."""
+        from sandboxer.commands.sandbox import list_sandboxes
+
+        return [SandboxInfo.from_json(entry) for entry in list_sandboxes(self.dirs)["sandboxes"]]
+
+    def gc(self) -> GcReport:
+        """Finish what crashed creates and teardowns left; healthy and busy sandboxes stay."""
+        from sandboxer.commands.sandbox import gc
+
+        return GcReport.from_json(gc(self.dirs))
+
+
+class Sandbox:
+    """One live sandbox. As a context manager it is torn down when the block ends."""
+
+    def __init__(self, broker: Broker, created: Created | None, *, sandbox_id: str | None = None) -> None:
+        self.broker = broker
+        self.created = created  # what create reported; None for a sandbox looked up by id
+        self.id: str = created.id if created is not None else str(sandbox_id)
+        self._receipt: Receipt | None = None
+
+    def __repr__(self) -> str:
+        return f"Sandbox({self.id!r})"
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.teardown()
+
+    def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes = b"",
+        cwd: str | None = None,
+        timeout: float | None = None,
+        consumer: str | None = None,
+        executable: str | None = None,
+    ) -> ExecResult:
+        """Run `argv` in the sandbox and wait for it: its status and all of its output."""
+        out: list[bytes] = []
+        err: list[bytes] = []
+
+        def sink(stream: Stream, chunk: bytes) -> None:
+            (out if stream == "stdout" else err).append(chunk)
+
+        status = self._execute(
+            argv, sink, stdin=stdin, cwd=cwd, timeout=timeout, consumer=consumer, executable=executable
+        )
+        return ExecResult(status=status, stdout=b"".join(out), stderr=b"".join(err))
+
+    def exec_stream(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes = b"",
+        cwd: str | None = None,
+        timeout: float | None = None,
+        consumer: str | None = None,
+        executable: str | None = None,
+    ) -> ExecStream:
+        """Run `argv` and yield its output as it comes: ("stdout" | "stderr", bytes) pairs; the
+        exit status is the stream's `.status` once the iteration has ended."""
+        return ExecStream(
+            lambda sink: self._execute(
+                argv, sink, stdin=stdin, cwd=cwd, timeout=timeout, consumer=consumer, executable=executable
+            )
+        )
+
+    def _execute(
+        self,
+        argv: Sequence[str],
+        sink: ExecSink,
+        *,
+        stdin: bytes,
+        cwd: str | None,
+        timeout: float | None,
+        consumer: str | None,
+        executable: str | None,
+    ) -> int:
+        """The CLI's exec with pipes for stdio: its broker failures (status 125) raise ExecError;
+        a command it cannot start ends with the CLI's status and line on stderr."""
+        from sandboxer import fastexec
+
+        if not argv:
+            raise ExecError("exec: no command")
+        options = {"id": self.id}
+        for name, value in (("cwd", cwd), ("consumer", consumer), ("executable", executable)):
+            if value is not None:
+                options[name] = value
+        if timeout is not None:
+            options["timeout"] = repr(float(timeout))
+        try:
+            return fastexec.execute(self.broker.dirs, options, list(argv), fastexec.Program(stdin, sink))
+        except fastexec.ExecUsage as exc:
+            raise ExecError(str(exc)) from None
+        except EntryError as exc:
+            sink("stderr", f"sandboxer: exec: {exc.message}\n".encode())
+            return exc.status
+
+    def inspect(self) -> Evidence:
+        """The live sandbox observed against its plan (inspect --json)."""
+        from sandboxer.commands.sandbox import inspect
+
+        return Evidence.from_json(inspect(self.broker.dirs, self.id))
+
+    def teardown(self) -> Receipt:
+        """Remove the sandbox. Once it is gone, later calls return the same receipt; residue
+        raises ResidueError (6), which carries the receipt as `.receipt`."""
+        if self._receipt is not None:
+            return self._receipt
+        from sandboxer.commands.sandbox import teardown
+
+        receipt = Receipt.from_json(teardown(self.broker.dirs, self.id))
+        if receipt.residue:
+            error = ResidueError(f"teardown of {receipt.id} left residue: {'; '.join(receipt.residue)}")
+            error.receipt = receipt
+            raise error
+        self._receipt = receipt
+        return receipt
+
+
+class ExecStream:
+    """An exec's output as an iterator of ("stdout" | "stderr", bytes); `.status` is its exit
+    status once the iteration has ended. The exec runs in a thread of its own meanwhile."""
+
+    def __init__(self, run: Callable[[ExecSink], int]) -> None:
+        self._run = run
+        self.status: int | None = None
+
+    def __iter__(self) -> Iterator[tuple[Stream, bytes]]:
+        chunks: queue.Queue[tuple[Stream, bytes] | None] = queue.Queue()
+        failure: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                self.status = self._run(lambda stream, chunk: chunks.put((stream, chunk)))
+            except BaseException as exc:  # handed to the iterating thread
+                failure.append(exc)
+            finally:
+                chunks.put(None)
+
+        worker = threading.Thread(target=work, name="sandboxer-exec", daemon=True)
+        worker.start()
+        while (item := chunks.get()) is not None:
+            yield item
+        worker.join()
+        if failure:
+            raise failure[0]
+
+
+class Owner:
+    """The owner's verbs: check, approve, revoke and list owner files; digest a runtime."""
+
+    def __init__(self, dirs: Dirs) -> None:
+        self.dirs = dirs
+
+    def check(self, path: str) -> dict[str, object]:
+        """Validate one owner file; its normalized meaning (ConfigError, 2, when invalid)."""
+        from sandboxer.commands.owner import check
+
+        return check(path)
+
+    def approve(self, name: str) -> Approval:
+        from sandboxer.commands.owner import approve
+
+        return Approval.from_json(approve(self.dirs, name))
+
+    def revoke(self, name: str) -> Approval:
+        from sandboxer.commands.owner import revoke
+
+        return Approval.from_json(revoke(self.dirs, name))
+
+    def list(self) -> list[OwnerEntry]:
+        from sandboxer.commands.owner import list_entries
+
+        return [OwnerEntry.from_json(entry) for entry in list_entries(self.dirs)["entries"]]
+
+    def runtime_digest(self, path: str, *, full: bool = False) -> RuntimeDigest:
+        from sandboxer.commands.owner import runtime_digest
+
+        return RuntimeDigest.from_json(runtime_digest(self.dirs, path, full=full))

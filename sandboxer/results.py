@@ -1,0 +1,228 @@
+"""What the Python API returns: frozen dataclasses, each built from the JSON form the CLI prints.
+
+The CLI's `--json` documents are the contract (docs/cli.md); these types give programs the same
+fields as attributes. Where a document has parts that differ by backend or are open-ended (a
+Docker sandbox's `docker` section, a manifest's leases), the part is kept as a read-only
+mapping, and `json` always holds the whole document as the CLI would print it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+Stream = Literal["stdout", "stderr"]
+
+
+def _frozen(value: Any) -> Any:
+    """A read-only view of a JSON value: mappings become mappingproxies, lists tuples."""
+    if isinstance(value, dict):
+        return MappingProxyType({key: _frozen(item) for key, item in value.items()})
+    if isinstance(value, list):
+        return tuple(_frozen(item) for item in value)
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    """How one exec ended: its exit status (the CLI's, 124 on timeout, 125 a broker failure,
+    128+N for signal N) and everything it wrote."""
+
+    status: int
+    stdout: bytes
+    stderr: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Created:
+    """What `create --json` reports of a new sandbox."""
+
+    id: str
+    profile: str
+    backend: str
+    runtime_sha256: str
+    workspace: str
+    limits: str  # the mechanism: "cgroup-v1", "cgroup-v2", "rlimits", "docker"
+    manifest: Mapping[str, Any] | None = None
+    bootstrap: Mapping[str, Any] | None = None
+    json: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> Created:
+        return cls(
+            id=document["id"],
+            profile=document["profile"],
+            backend=document["backend"],
+            runtime_sha256=document["runtime_sha256"],
+            workspace=document["workspace"],
+            limits=document["limits"],
+            manifest=_frozen(document.get("manifest")),
+            bootstrap=_frozen(document.get("bootstrap")),
+            json=_frozen(dict(document)),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MountEvidence:
+    target: str
+    read_only: bool
+    fstype: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evidence:
+    """What `inspect --json` observes of a live sandbox, against its plan."""
+
+    id: str
+    profile: str
+    backend: str
+    status: str
+    matches_plan: bool
+    differences: tuple[str, ...]
+    runtime: Mapping[str, Any]
+    mounts: tuple[MountEvidence, ...]
+    user: Mapping[str, Any]
+    capabilities: Mapping[str, Any]
+    seccomp: Mapping[str, Any]
+    env_names: tuple[str, ...]
+    limits: Mapping[str, Any]
+    network: Mapping[str, Any]
+    leases: Mapping[str, Any] | None
+    json: Mapping[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> Evidence:
+        return cls(
+            id=document["id"],
+            profile=document["profile"],
+            backend=document["backend"],
+            status=document["status"],
+            matches_plan=bool(document["matches_plan"]),
+            differences=tuple(document["differences"]),
+            runtime=_frozen(document["runtime"]),
+            mounts=tuple(
+                MountEvidence(target=m["target"], read_only=m["read_only"], fstype=m["fstype"])
+                for m in document["mounts"]
+            ),
+            user=_frozen(document["user"]),
+            capabilities=_frozen(document["capabilities"]),
+            seccomp=_frozen(document["seccomp"]),
+            env_names=tuple(document["env_names"]),
+            limits=_frozen(document["limits"]),
+            network=_frozen(document.get("network") or {}),
+            leases=_frozen(document.get("leases")),
+            json=_frozen(dict(document)),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Receipt:
+    """What a teardown (or gc, for one sandbox) removed, and what it could not."""
+
+    id: str
+    removed: tuple[str, ...]
+    residue: tuple[str, ...]
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> Receipt:
+        return cls(id=document["id"], removed=tuple(document["removed"]), residue=tuple(document["residue"]))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SandboxInfo:
+    """One line of `list`."""
+
+    id: str
+    profile: str | None
+    backend: str | None
+    status: str  # running, dead, creating, tearing-down, failed, unknown
+    created_at: str | None
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> SandboxInfo:
+        return cls(
+            id=document["id"],
+            profile=document["profile"],
+            backend=document["backend"],
+            status=document["status"],
+            created_at=document["created_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GcReport:
+    """What `gc` did: the sandboxes it collected, and those it left (healthy, busy, warm)."""
+
+    collected: tuple[Receipt, ...]
+    healthy: tuple[str, ...]
+    busy: tuple[str, ...]
+    warm: tuple[str, ...]
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> GcReport:
+        return cls(
+            collected=tuple(Receipt.from_json(item) for item in document["collected"]),
+            healthy=tuple(document["healthy"]),
+            busy=tuple(document["busy"]),
+            warm=tuple(document["warm"]),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OwnerEntry:
+    """One owner file (or an approval whose file is gone), as `ext list` shows it."""
+
+    name: str
+    kind: Literal["extension", "profile"]
+    file: str | None
+    valid: bool
+    problem: str | None
+    present: bool
+    sha256: str | None
+    approved_sha256: str | None
+    status: str  # approved, unapproved, changed
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> OwnerEntry:
+        return cls(**{name: document[name] for name in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Approval:
+    """The ledger's answer to `ext approve` or `ext revoke`."""
+
+    name: str
+    file: str
+    status: str
+    sha256: str | None = None
+    revoked: bool | None = None
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> Approval:
+        return cls(
+            name=document["name"],
+            file=document["file"],
+            status=document["status"],
+            sha256=document.get("sha256"),
+            revoked=document.get("revoked"),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeDigest:
+    """`runtime digest`: the tree digest v1 of a runtime directory and what computing it took."""
+
+    path: str
+    sha256: str
+    full: bool
+    entries: int
+    files: int
+    bytes: int
+    bytes_read: int
+    reused: int
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> RuntimeDigest:
+        return cls(**{name: document[name] for name in cls.__dataclass_fields__})
