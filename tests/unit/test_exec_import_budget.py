@@ -1,0 +1,33 @@
+"""The exec hot path's import budget: what `sandboxer exec` loads before the command runs.
+
+The exec path (sandboxer.fastexec, sandboxer.joiner, sandboxer.dockerexec) avoids modules that
+cost milliseconds at every exec (`signal` and `enum`, `typing`, `collections`, `re`, `json`,
+`dataclasses`): this test fails when one comes back.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+HEAVY = {"enum", "signal", "typing", "collections", "re", "json", "dataclasses", "subprocess", "pathlib"}
+BUDGET = {
+    "sandboxer.fastexec": HEAVY,
+    "sandboxer.joiner": HEAVY,
+    "sandboxer.dockerexec": HEAVY - {"collections"},  # threading (the stdin pump) brings it
+}
+
+
+@pytest.mark.parametrize("module", sorted(BUDGET))
+def test_the_exec_path_loads_no_heavy_module(module: str) -> None:
+    code = f"import sys\nbefore = set(sys.modules)\nimport {module}\nprint(*sorted(set(sys.modules) - before))"
+    # No site (its own imports would hide ours); the package from the checkout.
+    loaded = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    new = loaded.stdout.split()
+    assert module in new
+    assert [name for name in new if name in BUDGET[module]] == []
