@@ -29,20 +29,23 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-_API = {"Broker", "ExecStream", "Owner", "Sandbox"}
-_RESULTS = {
+__all__ = [
     "Approval",
+    "Broker",
     "Created",
     "Evidence",
     "ExecResult",
+    "ExecStream",
     "GcReport",
     "MountEvidence",
+    "Owner",
     "OwnerEntry",
     "Receipt",
     "RuntimeDigest",
+    "Sandbox",
     "SandboxInfo",
-}
-__all__ = sorted(_API | _RESULTS)
+]
+_API = {"Broker", "ExecStream", "Owner", "Sandbox"}
 
 
 def __getattr__(name: str) -> object:
@@ -50,7 +53,7 @@ def __getattr__(name: str) -> object:
         from sandboxer import api
 
         return getattr(api, name)
-    if name in _RESULTS:
+    if name in __all__:
         from sandboxer import results
 
         return getattr(results, name)

@@ -3,7 +3,8 @@
 The CLI's `--json` documents are the contract (docs/cli.md); these types give programs the same
 fields as attributes. Where a document has parts that differ by backend or are open-ended (a
 Docker sandbox's `docker` section, a manifest's leases), the part is kept as a read-only
-mapping, and `json` always holds the whole document as the CLI would print it.
+mapping, and `json` always holds the whole document as the CLI would print it (`thawed`
+turns either back into plain dicts and lists).
 """
 
 from __future__ import annotations
@@ -22,6 +23,15 @@ def _frozen(value: Any) -> Any:
         return MappingProxyType({key: _frozen(item) for key, item in value.items()})
     if isinstance(value, list):
         return tuple(_frozen(item) for item in value)
+    return value
+
+
+def thawed(value: Any) -> Any:
+    """A result's read-only part as plain JSON values again (dicts and lists), e.g. to dump it."""
+    if isinstance(value, Mapping):
+        return {key: thawed(item) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return [thawed(item) for item in value]
     return value
 
 

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sandboxer import joiner, procs
+from sandboxer.backends import stop
 from sandboxer.backends.bwrap_argv import HOLDER_SOURCE, HOLDER_TARGET, BwrapFds, needs_fd, render
 from sandboxer.errors import BackendError, EntryError, PolicyError, UsageError
 from sandboxer.limits import CGROUP_ROOT, LimitSetup
@@ -224,6 +225,7 @@ def start(plan: Plan, *, seccomp_program: bytes, limit_setup: LimitSetup) -> Liv
     copy (non-dumpable). Every exec installs the same policy itself and enters a Landlock domain
     of its own (joiner), which keeps it from ptrace access to bwrap's init and the holder.
     """
+    stop.reap()
     program = find_bwrap()
     keyring = joiner.keyring_name(plan.sandbox_id)
     uid, gid = host_ids(plan)
@@ -257,6 +259,7 @@ def start(plan: Plan, *, seccomp_program: bytes, limit_setup: LimitSetup) -> Liv
                 # broker that starts bwrap has one thread (a threaded one must spawn differently).
                 preexec_fn=lambda: joiner.confine(groups, limit_setup.rlimits, keyring),  # noqa: PLW1509
             )
+            stop.STARTED[process.pid] = process
         os.close(info_w)
         info_w = -1
         os.close(errors_w)

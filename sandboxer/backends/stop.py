@@ -9,6 +9,22 @@ import os
 
 from sandboxer import procs
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import subprocess
+
+# The bwrap processes this process started (bwrap.start). The CLI exits after a create; a
+# program using the Python API lives on, and must reap each bwrap once its sandbox has stopped,
+# or it stays a zombie: `stop` and every later start reap those that ended.
+STARTED: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def reap() -> None:
+    """Collect the exit of every bwrap this process started that has ended since."""
+    for pid, process in list(STARTED.items()):
+        if process.poll() is not None:
+            del STARTED[pid]
+
 
 def stop(record: dict[str, object], *, grace: float = 1.0) -> tuple[list[str], list[str]]:
     """Kill every process of the sandbox: TERM, grace, KILL; returns (removed, residue)."""
@@ -47,4 +63,5 @@ def stop(record: dict[str, object], *, grace: float = 1.0) -> tuple[list[str], l
         if late:
             survivors = procs.terminate(late, grace=0.0)
             residue.extend(f"process {pid} still running" for pid in survivors)
+    reap()
     return removed, residue
