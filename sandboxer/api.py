@@ -75,14 +75,14 @@ class Broker:
         return Sandbox(self, Created.from_json(document))
 
     def sandbox(self, sandbox_id: str) -> Sandbox:
-        """The live sandbox `sandbox_id` (NotFoundError, 4, when there is none)."""
-        from sandboxer.registry import check_id
+        """The sandbox `sandbox_id` of this state directory (NotFoundError, 4, when there is none)."""
+        from sandboxer.registry import HIDDEN_STATES, Registry, check_id
 
         check_id(sandbox_id)
-        for info in self.list():
-            if info.id == sandbox_id:
-                return Sandbox(self, None, sandbox_id=sandbox_id)
-        raise NotFoundError(f"no such sandbox: {sandbox_id}")
+        record = Registry(self.dirs.state).read_or_none(sandbox_id)
+        if record is None or record.get("state") in HIDDEN_STATES:
+            raise NotFoundError(f"no such sandbox: {sandbox_id}")
+        return Sandbox(self, None, sandbox_id=sandbox_id)
 
     def list(self) -> list[SandboxInfo]:
         """Every sandbox of this state directory with its status."""
