@@ -69,7 +69,7 @@ class Broker:
     def create(self, profile: str, *, manifest: str | None = None, bootstrap: str | None = None) -> Sandbox:
         """A new sandbox from the approved `profile` (with a lease manifest and a runtime
         bootstrap file, by path, if given). Nothing is left behind when it fails."""
-        from sandboxer.commands.sandbox import create
+        from sandboxer.commands.create import create
 
         document = create(self.dirs, profile, manifest_path=manifest, bootstrap_path=bootstrap)
         return Sandbox(self, Created.from_json(document))
@@ -86,13 +86,13 @@ class Broker:
 
     def list(self) -> list[SandboxInfo]:
         """Every sandbox of this state directory with its status."""
-        from sandboxer.commands.sandbox import list_sandboxes
+        from sandboxer.commands.teardown import list_sandboxes
 
         return [SandboxInfo.from_json(entry) for entry in list_sandboxes(self.dirs)["sandboxes"]]
 
     def gc(self) -> GcReport:
         """Finish what crashed creates and teardowns left; healthy and busy sandboxes stay."""
-        from sandboxer.commands.sandbox import gc
+        from sandboxer.commands.teardown import gc
 
         return GcReport.from_json(gc(self.dirs))
 
@@ -190,7 +190,7 @@ class Sandbox:
 
     def inspect(self) -> Evidence:
         """The live sandbox observed against its plan (inspect --json)."""
-        from sandboxer.commands.sandbox import inspect
+        from sandboxer.commands.inspect import inspect
 
         return Evidence.from_json(inspect(self.broker.dirs, self.id))
 
@@ -199,7 +199,7 @@ class Sandbox:
         raises ResidueError (6), which carries the receipt as `.receipt`."""
         if self._receipt is not None:
             return self._receipt
-        from sandboxer.commands.sandbox import teardown
+        from sandboxer.commands.teardown import teardown
 
         receipt = Receipt.from_json(teardown(self.broker.dirs, self.id))
         if receipt.residue:

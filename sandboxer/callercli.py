@@ -53,17 +53,22 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace, dirs: Dirs) -> None:
-    from sandboxer.commands import sandbox
-
+    # Each command imports only its own module: teardown, list and gc stay light.
     match args.command:
         case "create":
-            result = sandbox.create(dirs, args.profile, manifest_path=args.manifest, bootstrap_path=args.bootstrap)
+            from sandboxer.commands.create import create
+
+            result = create(dirs, args.profile, manifest_path=args.manifest, bootstrap_path=args.bootstrap)
             print_result(result, result["id"], args.json)
         case "inspect":
-            result = sandbox.inspect(dirs, args.id)
+            from sandboxer.commands.inspect import inspect
+
+            result = inspect(dirs, args.id)
             print_result(result, "\n".join(f"{k}: {v}" for k, v in flatten(result)), args.json)
         case "list":
-            result = sandbox.list_sandboxes(dirs)
+            from sandboxer.commands.teardown import list_sandboxes
+
+            result = list_sandboxes(dirs)
             rows = [("ID", "PROFILE", "BACKEND", "STATUS", "CREATED")]
             rows += [
                 (e["id"], str(e["profile"]), str(e["backend"]), e["status"], str(e["created_at"]))
@@ -73,11 +78,13 @@ def _run(args: argparse.Namespace, dirs: Dirs) -> None:
             table = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
             print_result(result, table if result["sandboxes"] else "no sandboxes", args.json)
         case "teardown":
-            receipt = sandbox.teardown(dirs, args.id)
+            from sandboxer.commands.teardown import receipt_or_raise, teardown
+
+            receipt = teardown(dirs, args.id)
             lines = [f"removed {item}" for item in receipt["removed"]]
             lines += [f"RESIDUE {item}" for item in receipt["residue"]]
             print_result(receipt, "\n".join(lines) or f"{args.id}: nothing to remove", args.json)
-            sandbox.receipt_or_raise(receipt)
+            receipt_or_raise(receipt)
         case "dispatch-tool":
             from sandboxer.dispatch import dispatch
 
@@ -96,11 +103,13 @@ def _run(args: argparse.Namespace, dirs: Dirs) -> None:
             )
             print_result(result, text, args.json)
         case "gc":
-            result = sandbox.gc(dirs)
+            from sandboxer.commands.teardown import gc, receipt_or_raise
+
+            result = gc(dirs)
             lines = [f"collected {r['id']}" + (" (RESIDUE)" if r["residue"] else "") for r in result["collected"]]
             print_result(result, "\n".join(lines) or "nothing to collect", args.json)
             for receipt in result["collected"]:
-                sandbox.receipt_or_raise(receipt)
+                receipt_or_raise(receipt)
 
 
 def main(argv: list[str]) -> int:

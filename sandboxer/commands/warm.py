@@ -32,7 +32,7 @@ from sandboxer.errors import BackendError, NotFoundError, SandboxerError, UsageE
 from sandboxer.registry import HIDDEN_STATES, Registry, try_lock_file
 
 if TYPE_CHECKING:
-    from sandboxer.commands.sandbox import CreateRequest
+    from sandboxer.commands.making import CreateRequest
     from sandboxer.dirs import Dirs
     from sandboxer.plan import Plan
 
@@ -57,7 +57,8 @@ def claim(request: CreateRequest, registry: Registry) -> tuple[str, int, dict[st
 
     Stale ones met on the way are removed; None when there is none to take.
     """
-    from sandboxer.commands.sandbox import destroy, plan_for
+    from sandboxer.commands.destroy import destroy
+    from sandboxer.commands.making import plan_for
 
     for sandbox_id in _candidates(registry, request.profile.name):
         lock = _try_lock(registry, sandbox_id)
@@ -89,7 +90,7 @@ def _host_ids(record: dict[str, Any]) -> tuple[int, int] | None:
 
 def finish(request: CreateRequest, registry: Registry, record: dict[str, Any], plan: Plan) -> None:
     """The rest of a create that took a warm container: clone, inspect again, deliver."""
-    from sandboxer.commands.sandbox import clone_workspace, deliver_requested
+    from sandboxer.commands.making import clone_workspace, deliver_requested
 
     # Host-side git works only in a directory of the host root's (it refuses one of another
     # owner's): the container root's empty workspace is the host root's until the clone gives it
@@ -105,7 +106,8 @@ def finish(request: CreateRequest, registry: Registry, record: dict[str, Any], p
 def fill(dirs: Dirs, profile_name: str) -> dict[str, Any]:
     """Bring the profile's warm containers to the extension's `warm` count: remove the stale
     and the surplus, start the missing. One fill per profile runs at a time."""
-    from sandboxer.commands.sandbox import CreateRequest, destroy, plan_for
+    from sandboxer.commands.destroy import destroy
+    from sandboxer.commands.making import CreateRequest, plan_for
     from sandboxer.config import PROFILE_NAME
 
     if not PROFILE_NAME.fullmatch(profile_name):
@@ -210,7 +212,9 @@ def is_current(dirs: Dirs, record: dict[str, Any]) -> bool:
 
 def _start_one(request: CreateRequest, registry: Registry) -> str:
     """Start, verify and record one warm container; nothing is left of it if any step fails."""
-    from sandboxer.commands.sandbox import destroy, now_text, plan_for, start_docker
+    from sandboxer.commands.destroy import destroy
+    from sandboxer.commands.docker_start import start_docker
+    from sandboxer.commands.making import now_text, plan_for
 
     sandbox_id, lock = registry.allocate()
     record: dict[str, Any] = {
@@ -381,7 +385,7 @@ def _try_lock(registry: Registry, sandbox_id: str) -> int | None:
 
 def _drain(registry: Registry, profile_name: str) -> list[str]:
     """Remove every warm container of the profile; the ids removed."""
-    from sandboxer.commands.sandbox import destroy
+    from sandboxer.commands.destroy import destroy
 
     removed = []
     for sandbox_id in _candidates(registry, profile_name):

@@ -290,7 +290,7 @@ CREATE_MARKS: dict[str, Mark] = {
     "container-recorded": lambda s: "container_id" in s.record(),
 }
 
-# The steps each variant goes through, in order (sandboxer/commands/sandbox.py: _make).
+# The steps each variant goes through, in order (sandboxer/commands/create.py: _make).
 CREATE_STEPS = {
     "bwrap-root": [
         "directory-made",

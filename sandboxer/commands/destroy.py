@@ -1,0 +1,102 @@
+"""Destroying a sandbox: its processes or container, limits, mounts and directory (teardown,
+gc, a failed create, a stale warm container)."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from sandboxer import workspace
+from sandboxer.registry import Registry
+
+if TYPE_CHECKING:
+    pass
+
+
+def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Remove everything a sandbox owns: processes, cgroups, clone, directory. (removed, residue)."""
+    from sandboxer.backends.stop import stop
+
+    record = {**record, "id": sandbox_id}
+    # A create killed mid-clone: git died with it, a helper of git may still write below.
+    stray = workspace.stop_git(registry.path(sandbox_id, workspace.GIT_HOME))
+    removed, residue = stop(record)
+    residue += [f"host git process {pid}" for pid in stray]
+    if record.get("backend") == "docker":
+        container_id = record.get("container_id")
+        if not container_id:  # a create that died before recording it: find it by its label
+            from sandboxer.backends import docker as docker_backend
+
+            container_id = docker_backend.labelled(registry.state_dir).get(sandbox_id)
+        if container_id:
+            from sandboxer.dockerexec import remove_container  # no SDK, no plan code: teardown stays lean
+
+            problem = remove_container(str(container_id))
+            if problem is None or problem == "gone":
+                removed.append(f"container {str(container_id)[:12]}")
+            else:
+                residue.append(f"container {str(container_id)[:12]}: {problem}")
+    still_running = list(residue)  # processes that survived, a container the Engine kept
+    if os.path.isdir(registry.path(sandbox_id, "leases")):  # no process or container uses them now
+        from sandboxer import leases
+
+        leases.unstage(registry.path(sandbox_id))  # what stays mounted is residue, found below
+    if isinstance(record.get("bootstrap"), dict) and not residue:
+        removed.append(f"bootstrap file {record['bootstrap'].get('target')} (with the sandbox's private state)")
+    if isinstance(record.get("manifest"), dict):
+        from sandboxer import leases
+
+        # The assignment's own files go only once the sandbox had consumed it (it was ready).
+        lease_removed, lease_residue = leases.remove(
+            record["manifest"],
+            backend=str(record.get("backend")),
+            sandbox_id=sandbox_id,
+            materializations=record.get("state") == "ready" or bool(record.get("consumed")),
+        )
+        removed.extend(lease_removed)
+        residue.extend(lease_residue)
+    if record.get("backend") != "docker":  # Docker's cgroups are the Engine's
+        from sandboxer import limits
+
+        groups = tuple(record.get("limits", {}).get("groups", ()))
+        if not groups:
+            groups = limits.leftover_groups(sandbox_id)
+        left = limits.remove(groups)
+        removed.extend(f"cgroup {g}" for g in groups if g not in left)
+        residue.extend(f"cgroup {g}" for g in left)
+    if not still_running:  # no process or container can hold the workspace filesystem now
+        from sandboxer import workspace_volume
+
+        fs_removed, fs_residue = workspace_volume.unmount(registry.path(sandbox_id))
+        removed.extend(fs_removed)
+        residue.extend(fs_residue)
+    more_removed, more_residue = _remove_directory(registry.path(sandbox_id))
+    return removed + more_removed, residue + more_residue
+
+
+def _remove_directory(directory: str) -> tuple[list[str], list[str]]:
+    """The sandbox's own directory: its clone, replay ledger and the rest, unless something is
+    still mounted below it (then all of it is residue)."""
+    removed: list[str] = []
+    mounted = _host_mounts_below(directory)
+    residue = [f"mount {m}" for m in mounted]
+    clone_dir = os.path.join(directory, "workspace")
+    if os.path.lexists(clone_dir):
+        if workspace.remove_tree(clone_dir):
+            removed.append(f"workspace {clone_dir}")
+        else:
+            residue.append(f"workspace {clone_dir}")
+    ledger = os.path.join(directory, "ledger")
+    if os.path.isdir(ledger) and not mounted and workspace.remove_tree(ledger):
+        removed.append(f"replay ledger {ledger}")
+    if not mounted and workspace.remove_tree(directory):
+        removed.append(f"sandbox dir {directory}")
+    elif os.path.lexists(directory):
+        residue.append(f"sandbox dir {directory}")
+    return removed, residue
+
+
+def _host_mounts_below(directory: str) -> list[str]:
+    from sandboxer.fsutil import mount_points
+
+    return [point for point in mount_points() if point == directory or point.startswith(directory + "/")]

@@ -1,0 +1,193 @@
+"""`teardown`, `list` and `gc`: they run often and need little, so what only create and inspect
+use is never imported here (no YAML, netlink or plan checker)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+from sandboxer import procs
+from sandboxer.commands.destroy import destroy
+from sandboxer.errors import BackendError, NotFoundError, ResidueError, SandboxerError
+from sandboxer.registry import HIDDEN_STATES, Registry, check_id
+
+if TYPE_CHECKING:
+    from sandboxer.dirs import Dirs
+
+
+def teardown(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
+    """Tear a sandbox down and return the receipt; ResidueError (6) carries it if anything is left."""
+    registry = Registry(dirs.state)
+    check_id(sandbox_id)
+    lock = registry.lock(sandbox_id)
+    if lock is None:
+        raise BackendError(f"sandbox {sandbox_id}: its lock could not be taken")
+    try:
+        record = registry.read_or_none(sandbox_id) or {"id": sandbox_id}
+        if record.get("state") in HIDDEN_STATES:
+            raise NotFoundError(f"no such sandbox: {sandbox_id}")
+        if "state" in record:
+            if record["state"] == "ready":
+                record["consumed"] = True  # the assignment was used: its materializations go too
+            record["state"] = "tearing-down"
+            with contextlib.suppress(OSError, SandboxerError):
+                registry.write(sandbox_id, record)
+        removed, residue = destroy(registry, sandbox_id, record)
+    finally:
+        os.close(lock)
+    if record.get("warm_profile") and isinstance(record.get("profile"), str):
+        from sandboxer.commands.warm import spawn_fill
+
+        spawn_fill(dirs, record["profile"])
+    return {"id": sandbox_id, "removed": removed, "residue": residue}
+
+
+def receipt_or_raise(receipt: dict[str, Any]) -> dict[str, Any]:
+    """A receipt with residue is exit status 6."""
+    if receipt["residue"]:
+        raise ResidueError(f"teardown of {receipt['id']} left residue: {'; '.join(receipt['residue'])}")
+    return receipt
+
+
+def is_running(record: dict[str, Any]) -> bool | None:
+    """Whether the sandbox's processes run; None when that cannot be known (Engine silent)."""
+    if record.get("backend") == "docker":
+        from sandboxer import dockerexec
+
+        try:
+            status, content = dockerexec.engine_request("GET", f"/containers/{record.get('container_id')}/json")
+        except (OSError, dockerexec.EngineError):
+            return None
+        if status == 404:
+            return False
+        if status != 200:
+            return None
+        return bool((json.loads(content).get("State") or {}).get("Running"))
+    return all(
+        isinstance(record.get(f"{key}_pid"), int) and procs.alive(record[f"{key}_pid"], record.get(f"{key}_start"))
+        for key in ("init", "holder")
+    )
+
+
+def list_sandboxes(dirs: Dirs) -> dict[str, Any]:
+    """Every sandbox in the registry with its state."""
+    registry = Registry(dirs.state)
+    entries = []
+    for sandbox_id in registry.ids():
+        record = registry.read_or_none(sandbox_id)
+        if record is None:
+            entries.append(
+                {"id": sandbox_id, "profile": None, "backend": None, "status": "unknown", "created_at": None}
+            )
+            continue
+        status = record.get("state", "unknown")
+        if status in HIDDEN_STATES:
+            continue
+        if status == "ready":
+            running = is_running(record)
+            status = "unknown" if running is None else "running" if running else "dead"
+        entries.append(
+            {
+                "id": sandbox_id,
+                "profile": record.get("profile"),
+                "backend": record.get("backend"),
+                "status": status,
+                "created_at": record.get("created_at"),
+            }
+        )
+    return {"sandboxes": entries}
+
+
+def gc(dirs: Dirs) -> dict[str, Any]:
+    """Finish what crashed creates and teardowns left; never touch a healthy or busy sandbox.
+
+    Each sandbox is collected on its own: whatever goes wrong with one (a tree it made hostile, a
+    broken record) is that sandbox's residue in its receipt, and the others are still collected.
+    """
+    registry = Registry(dirs.state)
+    collected, healthy, busy, warm = [], [], [], []
+    collected += _collect_orphan_containers(registry)
+    for sandbox_id in registry.ids():
+        try:
+            lock = registry.try_lock_for_gc(sandbox_id)
+            if lock is None:
+                busy.append(sandbox_id)
+                continue
+            try:
+                record = registry.read_or_none(sandbox_id)
+                state = record.get("state") if record is not None else None
+                running = is_running(record) if record is not None and state in ("ready", "warm") else False
+                if running is None:  # the Engine does not answer: never destroy what may be healthy
+                    busy.append(sandbox_id)
+                    continue
+                if running and state == "warm":
+                    from sandboxer.commands.warm import is_current
+
+                    if is_current(dirs, record or {}):
+                        warm.append(sandbox_id)
+                        continue
+                elif running:
+                    healthy.append(sandbox_id)
+                    continue
+                removed, residue = destroy(registry, sandbox_id, record or {"id": sandbox_id})
+                collected.append({"id": sandbox_id, "removed": removed, "residue": residue})
+            finally:
+                os.close(lock)
+        except Exception as exc:  # one sandbox's failure is its own residue, never gc's end
+            problem = " ".join(f"{type(exc).__name__}: {exc}".split())
+            collected.append({"id": sandbox_id, "removed": [], "residue": [f"gc failed ({problem})"]})
+    return {"collected": collected, "healthy": healthy, "busy": busy, "warm": warm}
+
+
+def _collect_orphan_containers(registry: Registry) -> list[dict[str, Any]]:
+    """Containers labelled with this state dir whose sandbox directory is gone (found by label).
+
+    A container or volume that cannot be removed is residue of its sandbox id; when the Engine
+    cannot even list them, nothing is collected this time (as when no Engine answers at all).
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("docker") is None or not os.path.exists("/var/run/docker.sock"):
+        return []
+    from sandboxer.backends import docker as docker_backend
+
+    receipts: list[dict[str, Any]] = []
+    # Containers first, then directories: a create (or a warm fill) makes its directory before its
+    # container, so a container whose directory is absent after this order is really an orphan.
+    try:
+        labelled = docker_backend.labelled(registry.state_dir)
+    except Exception:  # the Engine stopped answering: like no Engine, nothing to collect
+        labelled = {}
+    present = set(registry.ids())
+    for sandbox_id, container_id in labelled.items():
+        if sandbox_id in present:
+            continue
+        try:
+            residue = docker_backend.remove(container_id)
+        except Exception as exc:  # residue of this sandbox, not the end of gc
+            residue = [f"container {container_id[:12]}: {type(exc).__name__}: {exc}"]
+        removed = [] if residue else [f"container {container_id[:12]}"]
+        receipts.append({"id": sandbox_id, "removed": removed, "residue": residue})
+    from sandboxer import leases
+
+    try:
+        volumes = leases.orphan_volumes(registry.state_dir, lambda: set(registry.ids()))
+    except Exception:  # as above
+        volumes = []
+    for volume, sandbox_id in volumes:
+        item = f"spool volume {volume}"
+        try:
+            problem = leases.remove_volume(volume, sandbox_id=sandbox_id)
+        except Exception as exc:  # residue of this sandbox, not the end of gc
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem != "gone":
+            receipts.append(
+                {
+                    "id": sandbox_id,
+                    "removed": [] if problem else [item],
+                    "residue": [f"{item}: {problem}"] if problem else [],
+                }
+            )
+    return receipts
