@@ -8,7 +8,6 @@ credential.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable
@@ -110,20 +109,17 @@ def parse(data: bytes, *, file: str) -> Bootstrap:
 
 def _decode(data: bytes, fail: Callable[[str, str], NoReturn]) -> JsonObject:
     """One JSON object of at most MAX_BYTES (checked before parsing) with exactly the fields."""
-    if len(data) > MAX_BYTES:
-        fail("", f"larger than {MAX_BYTES} bytes")
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        fail("", "not UTF-8")
-    try:
-        document = strictjson.loads(text)
-    except RecursionError:
-        fail("", "nested too deeply")
-    except ValueError as exc:
-        rule = "NaN and Infinity are not JSON" if "non-standard" in str(exc) else "not one valid JSON object"
-        where = f" (line {exc.lineno} column {exc.colno})" if isinstance(exc, json.JSONDecodeError) else ""
-        fail("", rule + where)
+        document = strictjson.document(data, max_bytes=MAX_BYTES)
+    except strictjson.Malformed as exc:
+        rules = {
+            "size": f"larger than {MAX_BYTES} bytes",
+            "utf8": "not UTF-8",
+            "depth": "nested too deeply",
+            "constant": "NaN and Infinity are not JSON",
+            "syntax": f"not one valid JSON object (line {exc.line} column {exc.column})",
+        }
+        fail("", rules[exc.kind])
     if not isinstance(document, JsonObject):
         fail("", "the bootstrap must be one JSON object")
     if document.duplicates:

@@ -57,8 +57,8 @@ class Refused(PolicyError):
 
 def _strict_json(data: bytes, what: str) -> JsonObject:
     try:
-        document = strictjson.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        document = strictjson.document(data)
+    except strictjson.Malformed:
         raise Refused(f"{what}: not one valid JSON object") from None
     if not isinstance(document, JsonObject) or document.duplicates:
         raise Refused(f"{what}: must be one JSON object without duplicate keys")

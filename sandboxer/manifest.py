@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
 import re
 import stat
@@ -302,20 +301,17 @@ def _join(path: str, key: str) -> str:
 
 
 def _decode(data: bytes, file: str) -> Any:
-    if len(data) > MAX_DOCUMENT:
-        raise ManifestError(file, "", f"larger than {MAX_DOCUMENT} bytes")
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ManifestError(file, "", "not UTF-8") from None
-    try:
-        return strictjson.loads(text)
-    except RecursionError:
-        raise ManifestError(file, "", "nested too deeply") from None
-    except ValueError as exc:  # JSONDecodeError included; the position only, never the text
-        where = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
-        rule = "NaN and Infinity are not JSON" if "non-standard" in str(exc) else "not valid JSON"
-        raise ManifestError(file, "", f"{rule}{where} (one JSON object and nothing after it)") from None
+        return strictjson.document(data, max_bytes=MAX_DOCUMENT)
+    except strictjson.Malformed as exc:  # the position only, never the text
+        rules = {
+            "size": f"larger than {MAX_DOCUMENT} bytes",
+            "utf8": "not UTF-8",
+            "depth": "nested too deeply",
+            "constant": "NaN and Infinity are not JSON (one JSON object and nothing after it)",
+            "syntax": f"not valid JSON at line {exc.line} column {exc.column} (one JSON object and nothing after it)",
+        }
+        raise ManifestError(file, "", rules[exc.kind]) from None
 
 
 _TOP_REQUIRED = (
