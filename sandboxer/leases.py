@@ -430,7 +430,7 @@ def _walk(directory_fd: int, relative: str) -> int:
 def create_volume(name: str, *, sandbox_id: str, state_dir: str) -> str:
     """Create the named volume of a spool; returns its host mount point (the broker is root)."""
     from sandboxer import dockerexec
-    from sandboxer.backends.docker_render import LABEL, STATE_LABEL
+    from sandboxer.backends.docker.render import LABEL, STATE_LABEL
 
     body: dict[str, object] = {"Name": name, "Driver": "local", "Labels": {LABEL: sandbox_id, STATE_LABEL: state_dir}}
     try:
@@ -457,7 +457,7 @@ def orphan_volumes(state_dir: str, present: Callable[[], set[str]]) -> list[tupl
     from urllib.parse import quote
 
     from sandboxer import dockerexec
-    from sandboxer.backends.docker_render import LABEL, STATE_LABEL
+    from sandboxer.backends.docker.render import LABEL, STATE_LABEL
 
     filters = quote(json.dumps({"label": [f"{STATE_LABEL}={state_dir}"]}))
     try:
@@ -482,7 +482,7 @@ def remove_volume(name: str, *, sandbox_id: str) -> str | None:
     """Remove this sandbox's spool volume: None when removed, "gone" when it was not there (or is
     another sandbox's, which is never touched), else what went wrong."""
     from sandboxer import dockerexec
-    from sandboxer.backends.docker_render import LABEL
+    from sandboxer.backends.docker.render import LABEL
 
     try:
         status, content = dockerexec.engine_request("GET", f"/volumes/{name}")

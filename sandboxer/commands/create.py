@@ -89,7 +89,7 @@ def create(
 
 def _make(request: CreateRequest, registry: Registry, record: dict[str, Any]) -> None:
     """Plan, clone, spools, start and verify, deliver: the body of a create."""
-    from sandboxer.backends import bwrap
+    from sandboxer.backends.bwrap import namespace as bwrap
 
     sandbox_id = str(record["id"])
     assignment = request.assignment

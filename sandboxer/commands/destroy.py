@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tuple[list[str], list[str]]:
     """Remove everything a sandbox owns: processes, cgroups, clone, directory. (removed, residue)."""
-    from sandboxer.backends.stop import stop
+    from sandboxer.backends.bwrap.stop import stop
 
     record = {**record, "id": sandbox_id}
     # A create killed mid-clone: git died with it, a helper of git may still write below.
@@ -25,7 +25,7 @@ def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tupl
     if record.get("backend") == "docker":
         container_id = record.get("container_id")
         if not container_id:  # a create that died before recording it: find it by its label
-            from sandboxer.backends import docker as docker_backend
+            from sandboxer.backends.docker import container as docker_backend
 
             container_id = docker_backend.labelled(registry.state_dir).get(sandbox_id)
         if container_id:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 def start_docker(plan: Plan, image: str, registry: Registry, record: dict[str, Any]) -> tuple[ProbeSeen, list[str]]:
     """Start the container, record it, and refuse it unless Docker and the container itself
     show exactly the plan; returns what its pid 1 saw (the probe and the interfaces)."""
-    from sandboxer.backends import docker as docker_backend
+    from sandboxer.backends.docker import container as docker_backend
     from sandboxer.observe import process_differences
 
     sandbox_id = plan.sandbox_id
@@ -70,7 +70,7 @@ def docker_probe(container_id: str, plan: Plan) -> tuple[ProbeSeen, list[str], l
     """The probe run as an exec is (inspect's view): one `cat` of what a process reads about
     itself — environment, status, cgroups, mounts, interfaces."""
     from sandboxer import dockerexec
-    from sandboxer.backends.docker_render import PROBE_FILES
+    from sandboxer.backends.docker.render import PROBE_FILES
 
     try:
         data = dockerexec.capture(

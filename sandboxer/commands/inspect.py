@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 def inspect(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
     """Evidence observed from the live sandbox, compared with its plan."""
     from sandboxer import limits
-    from sandboxer.backends import bwrap
-    from sandboxer.backends.bwrap_argv import HOLDER_TARGET
+    from sandboxer.backends.bwrap import namespace as bwrap
+    from sandboxer.backends.bwrap.argv import HOLDER_TARGET
     from sandboxer.netview import observe_network
     from sandboxer.observe import differences, read_mountinfo
 
@@ -191,8 +191,8 @@ def _inspect_docker(dirs: Dirs, record: dict[str, Any]) -> dict[str, Any]:
     from dataclasses import replace
 
     from sandboxer import leases, seccomp
-    from sandboxer.backends import docker as docker_backend
-    from sandboxer.backends.docker_render import short_option
+    from sandboxer.backends.docker import container as docker_backend
+    from sandboxer.backends.docker.render import short_option
     from sandboxer.observe import process_differences
 
     registry = Registry(dirs.state)

@@ -14,7 +14,7 @@ from sandboxer.registry import Registry
 if TYPE_CHECKING:
     from sandboxer import limits
     from sandboxer.approvals import Ledger
-    from sandboxer.backends import bwrap
+    from sandboxer.backends.bwrap import namespace as bwrap
     from sandboxer.bootstrap import Bootstrap
     from sandboxer.config import ExtensionConfig, Profile
     from sandboxer.dirs import Dirs
@@ -48,7 +48,7 @@ def now_text() -> str:
 def _admit(dirs: Dirs, profile_name: str) -> tuple[str, Profile, ExtensionConfig]:
     """Every check before anything is made: approvals, backend, runtime pin, reachability."""
     from sandboxer.approvals import Ledger
-    from sandboxer.backends import bwrap
+    from sandboxer.backends.bwrap import namespace as bwrap
     from sandboxer.configdir import load_extension, load_profile
     from sandboxer.runtime import verify_pin
 
@@ -104,7 +104,7 @@ def plan_for(
     """The plan of the sandbox `sandbox_id` for this request. `docker_ids`: the host ids of a
     container that already runs (a warm one's, checked on its pid 1 before it is taken), which
     spares asking the daemon for its remapping again."""
-    from sandboxer.backends import bwrap
+    from sandboxer.backends.bwrap import namespace as bwrap
     from sandboxer.plan import SANDBOX_GID, SANDBOX_UID, build_plan
 
     assignment, delivery = request.assignment, request.delivery
@@ -117,7 +117,7 @@ def plan_for(
     else:
         # The daemon remaps user namespaces: the container's user is a subordinate host id of the
         # daemon's remapping, no account's (checked again on the running container's pid 1).
-        from sandboxer.backends import docker as docker_backend
+        from sandboxer.backends.docker import container as docker_backend
 
         inside = (grants.uid or SANDBOX_UID, grants.gid or SANDBOX_GID) if grants else (SANDBOX_UID, SANDBOX_GID)
         ids = docker_ids or docker_backend.remap().host_ids(*inside)
@@ -141,7 +141,7 @@ def plan_for(
 
 def clone_workspace(request: CreateRequest, plan: Plan) -> None:
     """The workspace: the profile's repository (or the manifest's revision) cloned for this plan."""
-    from sandboxer.backends import bwrap
+    from sandboxer.backends.bwrap import namespace as bwrap
 
     assignment = request.assignment
     host_uid, host_gid = bwrap.host_ids(plan)
@@ -172,7 +172,7 @@ def start_bwrap(plan: Plan, registry: Registry, record: dict[str, Any]) -> None:
     import hashlib
 
     from sandboxer import limits, seccomp
-    from sandboxer.backends import bwrap
+    from sandboxer.backends.bwrap import namespace as bwrap
     from sandboxer.plan import MountKind
 
     limit_setup = limits.setup(plan.sandbox_id, plan.limits)
@@ -230,11 +230,11 @@ def _deliver_bootstrap(plan: Plan, record: dict[str, Any], data: bytes) -> None:
     from sandboxer.bootstrap import TARGET
 
     if plan.backend == "docker":
-        from sandboxer.backends import docker as docker_backend
+        from sandboxer.backends.docker import container as docker_backend
 
         docker_backend.deliver(str(record["container_id"]), plan, data, TARGET)
         return
-    from sandboxer.backends import bwrap
+    from sandboxer.backends.bwrap import namespace as bwrap
 
     live = bwrap.Live(
         bwrap_pid=record["bwrap_pid"],
@@ -267,8 +267,8 @@ def _admit_manifest(dirs: Dirs, path: str | None, *, backend: str, repository: s
 
 def _verify(plan: Plan, live: bwrap.Live, limit_setup: limits.LimitSetup, program: bytes) -> None:
     """Refuse to hand out a sandbox whose observed state differs from its plan (exit 5)."""
-    from sandboxer.backends import bwrap
-    from sandboxer.backends.bwrap_argv import HOLDER_TARGET
+    from sandboxer.backends.bwrap import namespace as bwrap
+    from sandboxer.backends.bwrap.argv import HOLDER_TARGET
     from sandboxer.observe import differences, interfaces_from_proc, read_mountinfo
 
     observed = bwrap.probe(

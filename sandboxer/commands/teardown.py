@@ -151,7 +151,7 @@ def _collect_orphan_containers(registry: Registry) -> list[dict[str, Any]]:
 
     if importlib.util.find_spec("docker") is None or not os.path.exists("/var/run/docker.sock"):
         return []
-    from sandboxer.backends import docker as docker_backend
+    from sandboxer.backends.docker import container as docker_backend
 
     receipts: list[dict[str, Any]] = []
     # Containers first, then directories: a create (or a warm fill) makes its directory before its

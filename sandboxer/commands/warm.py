@@ -229,7 +229,7 @@ def _start_one(request: CreateRequest, registry: Registry) -> str:
     since = int(time.time()) - 1  # whole seconds: the Engine's event history is asked from here on
     try:
         registry.write(sandbox_id, record)
-        from sandboxer.backends import docker as docker_backend
+        from sandboxer.backends.docker import container as docker_backend
 
         plan = plan_for(request, registry, sandbox_id)
         # Its own sized filesystem (as every create's), empty until a create clones into it, and
@@ -277,7 +277,7 @@ def _start_one(request: CreateRequest, registry: Registry) -> str:
 
 def _stamp(request: CreateRequest, registry: Registry, plan: Plan) -> dict[str, str]:
     """What a warm container was made from, to compare with what a create would make."""
-    from sandboxer.backends.docker_render import create_body
+    from sandboxer.backends.docker.render import create_body
 
     body = create_body(
         plan, image=request.image, etc_dir=registry.path(plan.sandbox_id, "etc"), state_dir=registry.state_dir
@@ -325,8 +325,8 @@ def _problems(request: CreateRequest, registry: Registry, record: dict[str, Any]
 def _container_problems(registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
     """The final inspection of a warm container: the Engine's view against the plan, and the
     same pid 1 that was probed when it started, with no exec ever run in it."""
-    from sandboxer.backends import docker as docker_backend
-    from sandboxer.backends.docker_render import verify
+    from sandboxer.backends.docker import container as docker_backend
+    from sandboxer.backends.docker.render import verify
 
     try:
         attrs = docker_backend.inspect(str(record.get("container_id")))

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sandboxer.backends import docker
+from sandboxer.backends.docker import container as docker
 from sandboxer.errors import BackendError
 
 INFO = {"SecurityOptions": ["name=seccomp,profile=default", "name=userns"], "DockerRootDir": "/d/100000.100000"}

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxer.backends.bwrap_argv import needs_fd, render_lines
-from sandboxer.backends.docker_render import binds, create_body, verify, volumes
+from sandboxer.backends.bwrap.argv import needs_fd, render_lines
+from sandboxer.backends.docker.render import binds, create_body, verify, volumes
 from sandboxer.observe import MountSeen, differences
 from sandboxer.plan import Grants, Mount, MountKind, Plan, build_plan
 from tests.unit.test_plan_and_argv import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxer.backends.bwrap_argv import (
+from sandboxer.backends.bwrap.argv import (
     HOLDER,
     HOLDER_TARGET,
     SHM_BYTES,

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sandboxer import joiner, procs
-from sandboxer.backends import stop
-from sandboxer.backends.bwrap_argv import HOLDER_SOURCE, HOLDER_TARGET, BwrapFds, needs_fd, render
+from sandboxer.backends.bwrap import stop
+from sandboxer.backends.bwrap.argv import HOLDER_SOURCE, HOLDER_TARGET, BwrapFds, needs_fd, render
 from sandboxer.errors import BackendError, EntryError, PolicyError, UsageError
 from sandboxer.limits import CGROUP_ROOT, LimitSetup
 from sandboxer.observe import ProbeSeen, parse_probe

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from sandboxer.backends.docker_render import LABEL, PROBE_END, STATE_LABEL, create_body, verify
+from sandboxer.backends.docker.render import LABEL, PROBE_END, STATE_LABEL, create_body, verify
 from sandboxer.errors import BackendError
 from sandboxer.plan import MountKind, Plan
 
