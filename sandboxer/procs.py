@@ -134,3 +134,46 @@ def terminate(pids: list[int], *, grace: float) -> list[int]:
         signal_all(survivors, signal.SIGKILL)
         survivors = wait_gone(survivors, 5.0)
     return survivors
+
+
+def stop_sandbox(record: dict[str, object], *, grace: float = 1.0) -> tuple[list[str], list[str]]:
+    """Kill every process of the sandbox whose record this is: those it names (bwrap, init,
+    holder), all of its pid namespace while its init lives, and any that carries its id in its
+    environment (a bwrap whose pids never reached the record, a container's processes): TERM,
+    grace, KILL. Returns (removed, residue)."""
+    removed: list[str] = []
+    residue: list[str] = []
+    targets: set[int] = set()
+    pid_namespace = record.get("pid_namespace")
+    init_pid, init_start = record.get("init_pid"), record.get("init_start")
+    # A namespace number is reused by the kernel once the namespace is gone, so it is trusted
+    # only while the sandbox's own init (checked by start time) still lives in it. When that
+    # init is dead, the kernel has already killed every process of the namespace.
+    namespace_is_ours = (
+        isinstance(pid_namespace, int)
+        and isinstance(init_pid, int)
+        and isinstance(init_start, int)
+        and alive(init_pid, init_start)
+        and namespace_inode(init_pid, "pid") == pid_namespace
+    )
+    if namespace_is_ours and isinstance(pid_namespace, int):
+        targets.update(in_pid_namespace(pid_namespace))
+    for key in ("bwrap", "init", "holder"):
+        pid, started = record.get(f"{key}_pid"), record.get(f"{key}_start")
+        if isinstance(pid, int) and isinstance(started, int) and alive(pid, started):
+            targets.add(pid)
+    sandbox_id = record.get("id")
+    if isinstance(sandbox_id, str):
+        # A bwrap whose pids never reached the record still carries the id in its argv.
+        targets.update(with_marker(f"SANDBOXER_SANDBOX_ID\0{sandbox_id}\0".encode()))
+    targets.discard(os.getpid())
+    if targets:
+        survivors = terminate(sorted(targets), grace=grace)
+        removed.append(f"processes: {len(targets) - len(survivors)}")
+        residue.extend(f"process {pid} still running" for pid in survivors)
+    if namespace_is_ours and isinstance(pid_namespace, int):
+        late = in_pid_namespace(pid_namespace)
+        if late:
+            survivors = terminate(late, grace=0.0)
+            residue.extend(f"process {pid} still running" for pid in survivors)
+    return removed, residue

@@ -6,10 +6,9 @@ import contextlib
 import os
 from typing import TYPE_CHECKING, Any
 
-from sandboxer import procs, workspace
+from sandboxer import procs
 from sandboxer.commands.destroy import destroy
-from sandboxer.commands.docker_start import start_docker
-from sandboxer.commands.making import CreateRequest, clone_workspace, deliver_requested, now_text, plan_for, start_bwrap
+from sandboxer.commands.making import CreateRequest, clone_workspace, deliver_requested, now_text, plan_for
 from sandboxer.errors import SandboxerError
 from sandboxer.registry import Registry
 
@@ -26,12 +25,10 @@ def create(
 
     request = CreateRequest(dirs, profile_name, manifest_path, bootstrap_path)
     registry = Registry(dirs.state)
-    warm_count, taken = 0, None
-    if request.backend == "docker":
-        from sandboxer.commands import warm
+    from sandboxer.commands import warm
 
-        warm_count = warm.wanted(request)
-        taken = warm.claim(request, registry) if warm_count else None
+    warm_count = warm.wanted(request)  # 0 unless the backend keeps warm sandboxes for the profile
+    taken = warm.claim(request, registry) if warm_count else None
     if taken is None:
         sandbox_id, lock = registry.allocate()
         record: dict[str, Any] = {}
@@ -89,7 +86,7 @@ def create(
 
 def _make(request: CreateRequest, registry: Registry, record: dict[str, Any]) -> None:
     """Plan, clone, spools, start and verify, deliver: the body of a create."""
-    from sandboxer.backends.bwrap import namespace as bwrap
+    from sandboxer.backends import backend_for
 
     sandbox_id = str(record["id"])
     assignment = request.assignment
@@ -103,20 +100,8 @@ def _make(request: CreateRequest, registry: Registry, record: dict[str, Any]) ->
         record["workspace_fs"] = {"mib": plan.limits.workspace_mib, "enforced": bounded, "kind": "ext4"}
     clone_workspace(request, plan)
     if assignment is not None:
-        host_uid, host_gid = bwrap.host_ids(plan)
         record["manifest"] = assignment.record(plan)
         registry.write(sandbox_id, record)
-        assignment.make_spools(plan, request.state_dir, consumer=(host_uid, host_gid))
-    if plan.backend == "docker":
-        start_docker(plan, request.image, registry, record)
-    else:
-        start_bwrap(plan, registry, record)
-    if plan.workspace_in_memory:
-        workspace.seed(
-            str(plan.workspace_source),
-            holder_pid=int(record["holder_pid"]),
-            holder_start=record.get("holder_start"),
-            profile_file=request.profile_file,
-            size_mib=plan.limits.workspace_mib,
-        )
+        assignment.make_spools(plan, request.state_dir, consumer=(plan.host_uid, plan.host_gid))
+    backend_for(plan.backend).start(plan, registry, record, image=request.image, profile_file=request.profile_file)
     deliver_requested(request, plan, record)

@@ -15,27 +15,14 @@ if TYPE_CHECKING:
 
 def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tuple[list[str], list[str]]:
     """Remove everything a sandbox owns: processes, cgroups, clone, directory. (removed, residue)."""
-    from sandboxer.backends.bwrap.stop import stop
+    from sandboxer.backends import backend_for
 
     record = {**record, "id": sandbox_id}
+    backend = backend_for(record.get("backend") or "bwrap")  # a record cut short is a bwrap create's
     # A create killed mid-clone: git died with it, a helper of git may still write below.
     stray = workspace.stop_git(registry.path(sandbox_id, workspace.GIT_HOME))
-    removed, residue = stop(record)
+    removed, residue = backend.stop(registry, record)
     residue += [f"host git process {pid}" for pid in stray]
-    if record.get("backend") == "docker":
-        container_id = record.get("container_id")
-        if not container_id:  # a create that died before recording it: find it by its label
-            from sandboxer.backends.docker import container as docker_backend
-
-            container_id = docker_backend.labelled(registry.state_dir).get(sandbox_id)
-        if container_id:
-            from sandboxer.dockerexec import remove_container  # no SDK, no plan code: teardown stays lean
-
-            problem = remove_container(str(container_id))
-            if problem is None or problem == "gone":
-                removed.append(f"container {str(container_id)[:12]}")
-            else:
-                residue.append(f"container {str(container_id)[:12]}: {problem}")
     still_running = list(residue)  # processes that survived, a container the Engine kept
     if os.path.isdir(registry.path(sandbox_id, "leases")):  # no process or container uses them now
         from sandboxer import leases
@@ -55,15 +42,9 @@ def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tupl
         )
         removed.extend(lease_removed)
         residue.extend(lease_residue)
-    if record.get("backend") != "docker":  # Docker's cgroups are the Engine's
-        from sandboxer import limits
-
-        groups = tuple(record.get("limits", {}).get("groups", ()))
-        if not groups:
-            groups = limits.leftover_groups(sandbox_id)
-        left = limits.remove(groups)
-        removed.extend(f"cgroup {g}" for g in groups if g not in left)
-        residue.extend(f"cgroup {g}" for g in left)
+    limits_removed, limits_residue = backend.release(record)
+    removed.extend(limits_removed)
+    residue.extend(limits_residue)
     if not still_running:  # no process or container can hold the workspace filesystem now
         from sandboxer import workspace_volume
 

@@ -2,65 +2,31 @@
 
 from __future__ import annotations
 
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from sandboxer.commands.docker_start import docker_probe
-from sandboxer.commands.teardown import is_running
 from sandboxer.errors import BackendError
 from sandboxer.registry import Registry, check_id
 
 if TYPE_CHECKING:
     from sandboxer.dirs import Dirs
     from sandboxer.observe import MountSeen, ProbeSeen
-    from sandboxer.plan import Plan
 
 
 def inspect(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
     """Evidence observed from the live sandbox, compared with its plan."""
-    from sandboxer import limits
-    from sandboxer.backends.bwrap import namespace as bwrap
-    from sandboxer.backends.bwrap.argv import HOLDER_TARGET
-    from sandboxer.netview import observe_network
-    from sandboxer.observe import differences, read_mountinfo
+    from sandboxer.backends import backend_for
 
     registry = Registry(dirs.state)
     record = registry.read_caller(check_id(sandbox_id))
-    if record.get("state") != "ready" or not is_running(record):
+    backend = backend_for(record.get("backend"))
+    if record.get("state") != "ready" or not backend.is_running(record):
         raise BackendError(f"sandbox {sandbox_id} is not running (state {record.get('state')})", hint="sandboxer gc")
-    if record.get("backend") == "docker":
-        return _inspect_docker(dirs, record)
-    holder = int(record["holder_pid"])
-    mounts = read_mountinfo(holder)
-    network = observe_network(holder)
-    plan = plan_from_record(record, registry.path(sandbox_id, "workspace"))
-    live = bwrap.Live(
-        bwrap_pid=record["bwrap_pid"],
-        init_pid=record["init_pid"],
-        holder_pid=holder,
-        pid_namespace=record["pid_namespace"],
-        holder_start=record["holder_start"],
-    )
-    limit_record = record["limits"]
-    limit_setup = limits.LimitSetup(
-        mechanism=limit_record["mechanism"],
-        groups=tuple(limit_record["groups"]),
-        procs_files=tuple(limit_record["procs_files"]),
-        rlimits=tuple((int(a), int(b)) for a, b in limit_record["rlimits"]),
-    )
-    probe = bwrap.probe(
-        live,
-        plan,
-        procs_files=limit_setup.procs_files,
-        rlimits=limit_setup.rlimits,
-        seccomp=bwrap.load_seccomp(registry.path(sandbox_id)),
-    )
-    problems = differences(plan, mounts, network["interfaces"], probe, backend_files=(HOLDER_TARGET,))
-    problems += bwrap.confinement_problems(live, limit_setup)
-    evidence = _evidence(record, state_dir=dirs.state, mounts=mounts, probe=probe, problems=problems)
-    evidence["network"] = network
-    evidence["limits"]["cgroups"] = list(probe.cgroups) if limit_record["groups"] else []
+    seen = backend.observe(dirs, record)
+    evidence = _evidence(record, state_dir=dirs.state, mounts=seen.mounts, probe=seen.probe, problems=seen.problems)
+    evidence["network"] = seen.network
+    evidence["limits"].update(seen.limits)
+    evidence.update(seen.sections)
     return evidence
 
 
@@ -143,93 +109,3 @@ def _lease_evidence(record: dict[str, Any], mounts: list[MountSeen]) -> dict[str
             for m in assignment.get("mounts", [])
         ],
     }
-
-
-def plan_from_record(record: dict[str, Any], workspace_source: str) -> Plan:
-    """The plan a sandbox was made from, as its record keeps it (what verification compares)."""
-    from sandboxer.config import DEFAULT_WORKSPACE_MIB, Limits
-    from sandboxer.plan import Mount, MountKind, Plan
-
-    return Plan(
-        sandbox_id=record["id"],
-        profile=record["profile"],
-        backend=record["backend"],
-        runtime_path=record["runtime_path"],
-        runtime_sha256=record["runtime_sha256"],
-        workspace_source=workspace_source,
-        uid=record["uid"],
-        gid=record["gid"],
-        host_uid=record["host_uid"],
-        host_gid=record["host_gid"],
-        user="sandbox",
-        hostname="sandbox",
-        mounts=tuple(
-            Mount(
-                kind=MountKind(m["kind"]),
-                target=m["target"],
-                source=m.get("source"),
-                mode=m.get("mode"),
-                size_bytes=m.get("size_bytes"),
-                content=b"" if m["kind"] == "file" else None,
-                lease=m.get("lease"),
-                beneath=m.get("beneath"),
-            )
-            for m in record["mounts"]
-        ),
-        env=tuple((k, v) for k, v in record["env"]),
-        limits=Limits(
-            memory_mib=record["limits"]["memory_mib"],
-            pids=record["limits"]["pids"],
-            workspace_mib=(record.get("workspace_fs") or {}).get("mib", DEFAULT_WORKSPACE_MIB),
-        ),
-        allow_ptrace=bool(record.get("allow_ptrace", False)),
-    )
-
-
-def _inspect_docker(dirs: Dirs, record: dict[str, Any]) -> dict[str, Any]:
-    """inspect on the Docker backend: what the Engine shows and what the container itself shows."""
-    from dataclasses import replace
-
-    from sandboxer import leases, seccomp
-    from sandboxer.backends.docker import container as docker_backend
-    from sandboxer.backends.docker.render import short_option
-    from sandboxer.observe import process_differences
-
-    registry = Registry(dirs.state)
-    sandbox_id = str(record["id"])
-    container_id = str(record["container_id"])
-    allow_ptrace = bool((record.get("seccomp") or {}).get("allow_ptrace"))
-    plan = replace(plan_from_record(record, registry.path(sandbox_id, "workspace")), allow_ptrace=allow_ptrace)
-    probe, interfaces, mounts, routes = docker_probe(container_id, plan)
-    attrs = docker_backend.inspect(container_id)
-    problems = docker_backend.check(container_id, plan, etc_dir=registry.path(sandbox_id, "etc"))
-    problems += process_differences(plan, interfaces, probe)
-    if os.path.isdir(registry.path(sandbox_id, "leases")):
-        problems += leases.staged_mismatches(plan, mounts)
-    problems += leases.spool_mismatches(plan, mounts)
-    host = attrs.get("HostConfig") or {}
-    seen = docker_backend.host_view((attrs.get("State") or {}).get("Pid"))
-    evidence = _evidence(record, state_dir=dirs.state, mounts=mounts, probe=probe, problems=problems)
-    evidence["network"] = {"interfaces": interfaces, "routes": routes, "mode": host.get("NetworkMode")}
-    evidence["limits"]["engine"] = {"memory": host.get("Memory"), "pids": host.get("PidsLimit")}
-    # The filter the container's pid 1 runs under (the kernel's Seccomp: line), and the identity
-    # of the policy the Engine was given (the final inspection compares the rendered profile).
-    evidence["seccomp"] = {
-        "mode": seen.seccomp if seen else None,
-        "sha256": seccomp.digest(allow_ptrace=allow_ptrace),
-        "allow_ptrace": allow_ptrace,
-    }
-    evidence["docker"] = {
-        "container": container_id,
-        "image": record.get("image"),
-        "read_only_root": host.get("ReadonlyRootfs"),
-        "cap_drop": host.get("CapDrop"),
-        "security_opt": [short_option(option) for option in host.get("SecurityOpt") or []],
-        "user": (attrs.get("Config") or {}).get("User"),
-        # The ids the container's pid 1 has on the host: the daemon's remapping of the sandbox
-        # user, never an account's (docs/docker.md).
-        "host_uid": seen.uid if seen else None,
-        "host_gid": seen.gid if seen else None,
-        "userns_mode": host.get("UsernsMode") or None,
-    }
-    return evidence

@@ -4,11 +4,9 @@ use is never imported here (no YAML, netlink or plan checker)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from sandboxer import procs
 from sandboxer.commands.destroy import destroy
 from sandboxer.errors import BackendError, NotFoundError, ResidueError, SandboxerError
 from sandboxer.registry import HIDDEN_STATES, Registry, check_id
@@ -53,22 +51,9 @@ def receipt_or_raise(receipt: dict[str, Any]) -> dict[str, Any]:
 
 def is_running(record: dict[str, Any]) -> bool | None:
     """Whether the sandbox's processes run; None when that cannot be known (Engine silent)."""
-    if record.get("backend") == "docker":
-        from sandboxer import dockerexec
+    from sandboxer.backends import backend_for
 
-        try:
-            status, content = dockerexec.engine_request("GET", f"/containers/{record.get('container_id')}/json")
-        except (OSError, dockerexec.EngineError):
-            return None
-        if status == 404:
-            return False
-        if status != 200:
-            return None
-        return bool((json.loads(content).get("State") or {}).get("Running"))
-    return all(
-        isinstance(record.get(f"{key}_pid"), int) and procs.alive(record[f"{key}_pid"], record.get(f"{key}_start"))
-        for key in ("init", "holder")
-    )
+    return backend_for(record.get("backend")).is_running(record)
 
 
 def list_sandboxes(dirs: Dirs) -> dict[str, Any]:

@@ -68,7 +68,7 @@ def claim(request: CreateRequest, registry: Registry) -> tuple[str, int, dict[st
         if record is None or record.get("state") != WARM:
             os.close(lock)
             continue
-        plan = plan_for(request, registry, sandbox_id, docker_ids=_host_ids(record))
+        plan = plan_for(request, registry, sandbox_id, known_ids=_host_ids(record))
         if _problems(request, registry, record, plan):
             with contextlib.suppress(SandboxerError, OSError):
                 destroy(registry, sandbox_id, {**record, "state": "failed"})
@@ -212,8 +212,8 @@ def is_current(dirs: Dirs, record: dict[str, Any]) -> bool:
 
 def _start_one(request: CreateRequest, registry: Registry) -> str:
     """Start, verify and record one warm container; nothing is left of it if any step fails."""
+    from sandboxer.backends.docker.backend import start_docker
     from sandboxer.commands.destroy import destroy
-    from sandboxer.commands.docker_start import start_docker
     from sandboxer.commands.making import now_text, plan_for
 
     sandbox_id, lock = registry.allocate()

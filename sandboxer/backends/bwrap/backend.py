@@ -1,0 +1,174 @@
+"""The bubblewrap backend: a sandbox is one long-lived namespace (namespace.py) started from the
+plan inside its limits, verified against it, observed and stopped (BwrapBackend)."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from sandboxer import procs
+from sandboxer.backends.bwrap import namespace as bwrap
+from sandboxer.backends.bwrap.argv import HOLDER_TARGET
+from sandboxer.backends.protocol import Observed
+from sandboxer.errors import BackendError
+from sandboxer.record import plan_fields, plan_from_record
+from sandboxer.registry import Registry
+
+if TYPE_CHECKING:
+    from sandboxer import limits
+    from sandboxer.config import ExtensionConfig
+    from sandboxer.dirs import Dirs
+    from sandboxer.plan import Plan
+
+
+class BwrapBackend:
+    """One bubblewrap namespace per sandbox, for a root or an unprivileged broker."""
+
+    def preflight(self, extension: ExtensionConfig) -> None:
+        bwrap.find_bwrap()
+
+    def admit(self, extension: ExtensionConfig, *, state_dir: str) -> None:
+        """As root, the sandbox's host uid is no account's: "others" permission bits are what it
+        gets of the runtime and the state dir's parent."""
+        if os.geteuid() == 0:
+            anyone = bwrap.HOST_ID_RANGE[0] - 1
+            bwrap.check_reachable(extension.runtime.path, uid=anyone, gid=anyone, what="runtime")
+            bwrap.check_reachable(os.path.dirname(state_dir), uid=anyone, gid=anyone, what="state dir")
+
+    def host_ids(self, inside: tuple[int, int], *, known: tuple[int, int] | None = None) -> tuple[int, int]:
+        return known or bwrap.allocate_host_ids()
+
+    def workspace_in_memory(self) -> bool:
+        """Only root can mount a sized filesystem on the host: an unprivileged broker's sandbox
+        gets a sized tmpfs of its own instead."""
+        return os.geteuid() != 0
+
+    def start(self, plan: Plan, registry: Registry, record: dict[str, Any], *, image: str, profile_file: str) -> None:
+        _start(plan, registry, record)
+        if plan.workspace_in_memory:  # the clone goes into the sandbox's own tmpfs, the host keeps none
+            from sandboxer import workspace
+
+            workspace.seed(
+                str(plan.workspace_source),
+                holder_pid=int(record["holder_pid"]),
+                holder_start=record.get("holder_start"),
+                profile_file=profile_file,
+                size_mib=plan.limits.workspace_mib,
+            )
+
+    def deliver(self, plan: Plan, record: dict[str, Any], data: bytes, target: str) -> None:
+        live = bwrap.Live(
+            bwrap_pid=record["bwrap_pid"],
+            init_pid=record["init_pid"],
+            holder_pid=record["holder_pid"],
+            pid_namespace=record["pid_namespace"],
+            holder_start=record["holder_start"],
+        )
+        program = bwrap.load_seccomp(os.path.dirname(plan.workspace_source))  # the sandbox's directory
+        bwrap.deliver(live, plan, data, target, procs_files=tuple(record["limits"]["procs_files"]), seccomp=program)
+
+    def stop(self, registry: Registry, record: dict[str, Any]) -> tuple[list[str], list[str]]:
+        from sandboxer.backends.bwrap.stop import stop
+
+        return stop(record)
+
+    def release(self, record: dict[str, Any]) -> tuple[list[str], list[str]]:
+        """The sandbox's cgroups (those recorded, or left by a create that died first)."""
+        from sandboxer import limits
+
+        groups = tuple(record.get("limits", {}).get("groups", ()))
+        if not groups:
+            groups = limits.leftover_groups(str(record["id"]))
+        left = limits.remove(groups)
+        return [f"cgroup {g}" for g in groups if g not in left], [f"cgroup {g}" for g in left]
+
+    def is_running(self, record: dict[str, Any]) -> bool | None:
+        return all(
+            isinstance(record.get(f"{key}_pid"), int) and procs.alive(record[f"{key}_pid"], record.get(f"{key}_start"))
+            for key in ("init", "holder")
+        )
+
+    def observe(self, dirs: Dirs, record: dict[str, Any]) -> Observed:
+        from sandboxer import limits
+        from sandboxer.netview import observe_network
+        from sandboxer.observe import differences, read_mountinfo
+
+        registry = Registry(dirs.state)
+        sandbox_id = str(record["id"])
+        holder = int(record["holder_pid"])
+        mounts = read_mountinfo(holder)
+        network = observe_network(holder)
+        plan = plan_from_record(record, registry.path(sandbox_id, "workspace"))
+        live = bwrap.Live(
+            bwrap_pid=record["bwrap_pid"],
+            init_pid=record["init_pid"],
+            holder_pid=holder,
+            pid_namespace=record["pid_namespace"],
+            holder_start=record["holder_start"],
+        )
+        limit_record = record["limits"]
+        limit_setup = limits.LimitSetup(
+            mechanism=limit_record["mechanism"],
+            groups=tuple(limit_record["groups"]),
+            procs_files=tuple(limit_record["procs_files"]),
+            rlimits=tuple((int(a), int(b)) for a, b in limit_record["rlimits"]),
+        )
+        probe = bwrap.probe(
+            live,
+            plan,
+            procs_files=limit_setup.procs_files,
+            rlimits=limit_setup.rlimits,
+            seccomp=bwrap.load_seccomp(registry.path(sandbox_id)),
+        )
+        problems = differences(plan, mounts, network["interfaces"], probe, backend_files=(HOLDER_TARGET,))
+        problems += bwrap.confinement_problems(live, limit_setup)
+        return Observed(
+            mounts=mounts,
+            probe=probe,
+            problems=problems,
+            network=network,
+            limits={"cgroups": list(probe.cgroups) if limit_record["groups"] else []},
+        )
+
+
+def _start(plan: Plan, registry: Registry, record: dict[str, Any]) -> None:
+    """Set up the limits, start the namespace inside them, record it, and refuse it unless it is
+    the plan."""
+    import hashlib
+
+    from sandboxer import limits, seccomp
+    from sandboxer.plan import MountKind
+
+    limit_setup = limits.setup(plan.sandbox_id, plan.limits)
+    record["limits"] = {**limit_setup.as_record(), "memory_mib": plan.limits.memory_mib, "pids": plan.limits.pids}
+    program = seccomp.cached_bpf(os.path.join(registry.state_dir, "parsed"), allow_ptrace=plan.allow_ptrace)
+    bwrap.save_seccomp(registry.path(plan.sandbox_id), program)
+    record["seccomp"] = {"sha256": hashlib.sha256(program).hexdigest(), "allow_ptrace": plan.allow_ptrace}
+    started = plan
+    if os.geteuid() == 0 and any(m.lease is not None and m.kind is MountKind.RO_BIND for m in plan.mounts):
+        from sandboxer import leases
+
+        started = leases.stage(plan, registry.path(plan.sandbox_id), owner=int(record["manifest"]["owner_uid"]))
+    live = bwrap.start(started, seccomp_program=program, limit_setup=limit_setup)
+    record.update(live.as_record())
+    record.update(plan_fields(plan))
+    registry.write(plan.sandbox_id, record)
+    _verify(plan, live, limit_setup, program)
+
+
+def _verify(plan: Plan, live: bwrap.Live, limit_setup: limits.LimitSetup, program: bytes) -> None:
+    """Refuse to hand out a sandbox whose observed state differs from its plan (exit 5)."""
+    from sandboxer.observe import differences, interfaces_from_proc, read_mountinfo
+
+    observed = bwrap.probe(
+        live, plan, procs_files=limit_setup.procs_files, rlimits=limit_setup.rlimits, seccomp=program
+    )
+    mounts = read_mountinfo(live.holder_pid)
+    problems = differences(
+        plan, mounts, interfaces_from_proc(live.holder_pid), observed, backend_files=(HOLDER_TARGET,)
+    )
+    problems += bwrap.confinement_problems(live, limit_setup)
+    if limit_setup.groups and not any(plan.sandbox_id in line for line in observed.cgroups):
+        problems.append("limits: the probe is not in the sandbox's cgroup")
+    if problems:
+        raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))

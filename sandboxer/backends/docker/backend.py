@@ -1,0 +1,247 @@
+"""The Docker backend: a sandbox is one container, started from the plan, probed, inspected and
+removed through the Engine (DockerBackend); `start_docker` also serves the warm pool."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from sandboxer.backends.protocol import Observed
+from sandboxer.errors import BackendError
+from sandboxer.record import plan_fields, plan_from_record
+from sandboxer.registry import Registry
+
+if TYPE_CHECKING:
+    from sandboxer.config import ExtensionConfig
+    from sandboxer.dirs import Dirs
+    from sandboxer.observe import MountSeen, ProbeSeen
+    from sandboxer.plan import Plan
+
+
+def start_docker(plan: Plan, image: str, registry: Registry, record: dict[str, Any]) -> tuple[ProbeSeen, list[str]]:
+    """Start the container, record it, and refuse it unless Docker and the container itself
+    show exactly the plan; returns what its pid 1 saw (the probe and the interfaces)."""
+    from sandboxer.backends.docker import container as docker_backend
+    from sandboxer.observe import process_differences
+
+    sandbox_id = plan.sandbox_id
+    etc_dir = registry.path(sandbox_id, "etc")
+    record["limits"] = {
+        "mechanism": "docker",
+        "groups": [],
+        "procs_files": [],
+        "rlimits": [],
+        "memory_mib": plan.limits.memory_mib,
+        "pids": plan.limits.pids,
+    }
+    record["image"] = image
+    # The project's syscall policy, rendered into the container's settings (docker_render); its
+    # digest is computed by inspect, not here: compiling it costs more than a warm create.
+    record["seccomp"] = {"allow_ptrace": plan.allow_ptrace}
+    staged = _staged(plan, registry, record)
+    record.update(plan_fields(staged))  # what the Engine is asked for, and shows
+    registry.write(sandbox_id, record)
+    container_id, output = docker_backend.start(staged, image=image, etc_dir=etc_dir, state_dir=registry.state_dir)
+    record["container_id"] = container_id
+    registry.write(sandbox_id, record)
+    problems = docker_backend.check(container_id, staged, etc_dir=etc_dir)
+    probe, interfaces, mounts, _ = _parse_docker_probe(output)
+    problems += process_differences(plan, interfaces, probe)
+    from sandboxer import leases
+
+    if staged is not plan:
+        problems += leases.staged_mismatches(staged, mounts)
+    problems += leases.spool_mismatches(plan, mounts)
+    if problems:
+        raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))
+    return probe, interfaces
+
+
+def _staged(plan: Plan, registry: Registry, record: dict[str, Any]) -> Plan:
+    """As root, lease binds come from read-only mounts the broker makes of each source it opened
+    and checked (as for bwrap): Docker resolves a bind source by path, so it is never given one
+    in the run directory, which its owner could swap for a symlink after the check."""
+    from sandboxer.plan import MountKind
+
+    if not any(m.lease is not None and m.kind is MountKind.RO_BIND for m in plan.mounts):
+        return plan
+    from sandboxer import leases
+
+    return leases.stage(plan, registry.path(plan.sandbox_id), owner=int(record["manifest"]["owner_uid"]))
+
+
+def docker_probe(container_id: str, plan: Plan) -> tuple[ProbeSeen, list[str], list[MountSeen], list[dict[str, str]]]:
+    """The probe run as an exec is (inspect's view): one `cat` of what a process reads about
+    itself — environment, status, cgroups, mounts, interfaces."""
+    from sandboxer import dockerexec
+    from sandboxer.backends.docker.render import PROBE_FILES
+
+    try:
+        data = dockerexec.capture(
+            container_id, ["cat", *PROBE_FILES], env=dict(plan.env), user=f"{plan.uid}:{plan.gid}"
+        )
+    except (OSError, dockerexec.EngineError) as exc:
+        raise BackendError(f"docker: the probe failed ({exc})") from None
+    return _parse_docker_probe(data)
+
+
+def _parse_docker_probe(data: bytes) -> tuple[ProbeSeen, list[str], list[MountSeen], list[dict[str, str]]]:
+    """The probe's output, its parts told apart by their fixed shapes."""
+    from sandboxer.observe import parse_mountinfo, parse_probe
+
+    split = data.find(b"\0Name:\t")
+    if split < 0:
+        raise BackendError("docker: the probe's output has an unexpected shape")
+    environ, text = data[: split + 1], data[split + 1 :].decode(errors="replace")
+    head, _, netdev = text.partition("Inter-|")
+    status_lines, cgroup_lines, mount_lines = [], [], []
+    for line in head.splitlines():
+        if re.match(r"^[A-Za-z_]+:\s", line):
+            status_lines.append(line)
+        elif re.match(r"^\d+:[^:]*:/", line):
+            cgroup_lines.append(line)
+        elif line.strip():
+            mount_lines.append(line)
+    probe = parse_probe("\n".join(status_lines), environ, "\n".join(cgroup_lines))
+    netdev, _, route_text = netdev.partition("Iface\t")
+    interfaces = sorted(line.split(":", 1)[0].strip() for line in netdev.splitlines()[2:] if ":" in line)
+    routes = []
+    for line in route_text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) == 10 and len(fields[0]) == 32:  # /proc/net/ipv6_route
+            routes.append({"family": "inet6", "dst": f"{fields[0]}/{int(fields[1], 16)}", "dev": fields[9]})
+        elif len(fields) >= 8:  # /proc/net/route: Iface Destination Gateway … Mask
+            routes.append({"family": "inet", "dst": fields[1], "dev": fields[0]})
+    return probe, interfaces, parse_mountinfo("\n".join(mount_lines)), routes
+
+
+class DockerBackend:
+    """One container per sandbox, under the daemon's user-namespace remapping (docs/docker.md)."""
+
+    def preflight(self, extension: ExtensionConfig) -> None:
+        import os
+
+        if os.geteuid() != 0:
+            raise BackendError(
+                "ext.docker: the Docker backend needs a root broker", hint="Docker access is root-equivalent"
+            )
+
+    def admit(self, extension: ExtensionConfig, *, state_dir: str) -> None:
+        """Nothing more: the container reaches the runtime and state as the remapped root."""
+
+    def host_ids(self, inside: tuple[int, int], *, known: tuple[int, int] | None = None) -> tuple[int, int]:
+        """A subordinate id of the daemon's remapping, no account's (checked again on the running
+        container's pid 1)."""
+        from sandboxer.backends.docker import container
+
+        ids = known or container.remap().host_ids(*inside)
+        refused = container.account_problems(*ids)
+        if refused:
+            raise BackendError("docker: " + "; ".join(refused), hint=container.REMAP_HINT)
+        return ids
+
+    def workspace_in_memory(self) -> bool:
+        return False
+
+    def start(self, plan: Plan, registry: Registry, record: dict[str, Any], *, image: str, profile_file: str) -> None:
+        start_docker(plan, image, registry, record)
+
+    def deliver(self, plan: Plan, record: dict[str, Any], data: bytes, target: str) -> None:
+        from sandboxer.backends.docker import container
+
+        container.deliver(str(record["container_id"]), plan, data, target)
+
+    def stop(self, registry: Registry, record: dict[str, Any]) -> tuple[list[str], list[str]]:
+        """Its processes, then the container (found by its label when a create died before
+        recording it)."""
+        from sandboxer import procs
+
+        removed, residue = procs.stop_sandbox(record)
+        container_id = record.get("container_id")
+        if not container_id:
+            from sandboxer.backends.docker import container
+
+            container_id = container.labelled(registry.state_dir).get(str(record["id"]))
+        if container_id:
+            from sandboxer.dockerexec import remove_container  # no SDK, no plan code: teardown stays lean
+
+            problem = remove_container(str(container_id))
+            if problem is None or problem == "gone":
+                removed.append(f"container {str(container_id)[:12]}")
+            else:
+                residue.append(f"container {str(container_id)[:12]}: {problem}")
+        return removed, residue
+
+    def release(self, record: dict[str, Any]) -> tuple[list[str], list[str]]:
+        """Nothing: a container's cgroups are the Engine's, and go with it."""
+        return [], []
+
+    def is_running(self, record: dict[str, Any]) -> bool | None:
+        import json
+
+        from sandboxer import dockerexec
+
+        try:
+            status, content = dockerexec.engine_request("GET", f"/containers/{record.get('container_id')}/json")
+        except (OSError, dockerexec.EngineError):
+            return None
+        if status == 404:
+            return False
+        if status != 200:
+            return None
+        return bool((json.loads(content).get("State") or {}).get("Running"))
+
+    def observe(self, dirs: Dirs, record: dict[str, Any]) -> Observed:
+        """What the Engine shows and what the container itself shows."""
+        import os
+        from dataclasses import replace
+
+        from sandboxer import leases, seccomp
+        from sandboxer.backends.docker import container
+        from sandboxer.backends.docker.render import short_option
+        from sandboxer.observe import process_differences
+
+        registry = Registry(dirs.state)
+        sandbox_id = str(record["id"])
+        container_id = str(record["container_id"])
+        allow_ptrace = bool((record.get("seccomp") or {}).get("allow_ptrace"))
+        plan = replace(plan_from_record(record, registry.path(sandbox_id, "workspace")), allow_ptrace=allow_ptrace)
+        probe, interfaces, mounts, routes = docker_probe(container_id, plan)
+        attrs = container.inspect(container_id)
+        problems = container.check(container_id, plan, etc_dir=registry.path(sandbox_id, "etc"))
+        problems += process_differences(plan, interfaces, probe)
+        if os.path.isdir(registry.path(sandbox_id, "leases")):
+            problems += leases.staged_mismatches(plan, mounts)
+        problems += leases.spool_mismatches(plan, mounts)
+        host = attrs.get("HostConfig") or {}
+        seen = container.host_view((attrs.get("State") or {}).get("Pid"))
+        return Observed(
+            mounts=mounts,
+            probe=probe,
+            problems=problems,
+            network={"interfaces": interfaces, "routes": routes, "mode": host.get("NetworkMode")},
+            limits={"engine": {"memory": host.get("Memory"), "pids": host.get("PidsLimit")}},
+            sections={
+                # The filter the container's pid 1 runs under (the kernel's Seccomp: line), and
+                # the identity of the policy the Engine was given (the final inspection compares
+                # the rendered profile).
+                "seccomp": {
+                    "mode": seen.seccomp if seen else None,
+                    "sha256": seccomp.digest(allow_ptrace=allow_ptrace),
+                    "allow_ptrace": allow_ptrace,
+                },
+                "docker": {
+                    "container": container_id,
+                    "image": record.get("image"),
+                    "read_only_root": host.get("ReadonlyRootfs"),
+                    "cap_drop": host.get("CapDrop"),
+                    "security_opt": [short_option(option) for option in host.get("SecurityOpt") or []],
+                    "user": (attrs.get("Config") or {}).get("User"),
+                    # The ids the container's pid 1 has on the host: the daemon's remapping of
+                    # the sandbox user, never an account's (docs/docker.md).
+                    "host_uid": seen.uid if seen else None,
+                    "host_gid": seen.gid if seen else None,
+                    "userns_mode": host.get("UsernsMode") or None,
+                },
+            },
+        )

@@ -1,0 +1,69 @@
+"""The one interface the core asks of an engine (`Backend`), and what inspect gets from one
+(`Observed`). The implementations are backends/bwrap/backend.py and backends/docker/backend.py;
+sandboxer.backends.backend_for picks one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from sandboxer.config import ExtensionConfig
+    from sandboxer.dirs import Dirs
+    from sandboxer.observe import MountSeen, ProbeSeen
+    from sandboxer.plan import Plan
+    from sandboxer.registry import Registry
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Observed:
+    """What a backend sees of a live sandbox, for inspect: its mounts, the probe of a process
+    started as an exec is, the differences from the plan it found, and its own parts of the
+    evidence (network, extra limit fields, backend sections)."""
+
+    mounts: list[MountSeen]
+    probe: ProbeSeen
+    problems: list[str]
+    network: dict[str, Any]
+    limits: dict[str, Any] = field(default_factory=dict)
+    sections: dict[str, Any] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    """What the core needs of an engine."""
+
+    def preflight(self, extension: ExtensionConfig) -> None:
+        """Refuse (BackendError) before anything is checked further or made: the engine cannot
+        be used by this broker at all."""
+
+    def admit(self, extension: ExtensionConfig, *, state_dir: str) -> None:
+        """Refuse (BackendError) a create whose pinned runtime or state dir the sandbox could not
+        reach; called once the runtime's pin is verified."""
+
+    def host_ids(self, inside: tuple[int, int], *, known: tuple[int, int] | None = None) -> tuple[int, int]:
+        """The host uid and gid of the sandbox user (`inside` in the sandbox); `known` are those
+        of a sandbox already started for it (a warm container), checked again, not asked for."""
+
+    def workspace_in_memory(self) -> bool:
+        """Whether the workspace must be a tmpfs of the sandbox's own (no sized host filesystem)."""
+
+    def start(self, plan: Plan, registry: Registry, record: dict[str, Any], *, image: str, profile_file: str) -> None:
+        """Start the sandbox of `plan` (its workspace cloned at plan.workspace_source; `image` for
+        an engine of images), record it, and refuse it (BackendError) unless what runs is the
+        plan and its workspace is in place; `profile_file` is named in a refusal of the profile."""
+
+    def deliver(self, plan: Plan, record: dict[str, Any], data: bytes, target: str) -> None:
+        """Write `data` at `target` inside the started sandbox, as its user, before anything else
+        runs there (a runtime bootstrap)."""
+
+    def stop(self, registry: Registry, record: dict[str, Any]) -> tuple[list[str], list[str]]:
+        """End every process (or the container) of the sandbox: (removed, residue)."""
+
+    def release(self, record: dict[str, Any]) -> tuple[list[str], list[str]]:
+        """Remove what held the sandbox's limits once its processes are gone: (removed, residue)."""
+
+    def is_running(self, record: dict[str, Any]) -> bool | None:
+        """Whether the sandbox runs; None when that cannot be known (an Engine that is silent)."""
+
+    def observe(self, dirs: Dirs, record: dict[str, Any]) -> Observed:
+        """Observe the live sandbox against its plan."""
