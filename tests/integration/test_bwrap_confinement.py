@@ -226,6 +226,13 @@ def test_create_refuses_sandbox_processes_that_escape_their_confinement(tmp_path
             for _ in range(3)
         ]
     try:
+        # sleep opens and closes its loader's and locale files as it starts: checked during that,
+        # it has a host file at descriptor 3. Wait until each is asleep (clock_nanosleep, 230).
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(
+            Path(f"/proc/{process.pid}/syscall").read_text().split()[0] != "230" for process in escaped
+        ):
+            time.sleep(0.01)
         live = Live(bwrap_pid=escaped[0].pid, init_pid=escaped[1].pid, holder_pid=escaped[2].pid, pid_namespace=0)
         groups = ("/sys/fs/cgroup/memory/sandboxer/0123456789abcdef01234567",)
         problems = confinement_problems(live, LimitSetup(mechanism="cgroup-v1", groups=groups))
