@@ -267,7 +267,7 @@ def test_allow_ptrace_lifts_only_the_ptrace_rules_on_docker(dk: SandboxBroker) -
 def test_the_engine_holds_exactly_the_projects_profile_and_inspect_reports_it(dk: SandboxBroker) -> None:
     from sandboxer import seccomp
     from sandboxer.backends.docker.render import verify
-    from sandboxer.commands.inspect import plan_from_record
+    from sandboxer.record import plan_from_record
 
     sandbox_id = dk.create()
     record = record_of(dk, sandbox_id)

@@ -73,7 +73,7 @@ def make_extension() -> ExtensionConfig:
     )
 
 
-def make_plan() -> Plan:
+def make_plan(*, workspace_in_memory: bool = False) -> Plan:
     return build_plan(
         sandbox_id=SANDBOX_ID,
         profile=make_profile(),
@@ -81,6 +81,7 @@ def make_plan() -> Plan:
         workspace_source=WORKSPACE_SOURCE,
         host_links=HOST_LINKS,
         host_etc=HOST_ETC,
+        workspace_in_memory=workspace_in_memory,
     )
 
 
@@ -508,15 +509,7 @@ def test_check_id_refuses_anything_else(bad: str) -> None:
 def test_an_in_memory_workspace_is_a_sized_tmpfs_and_binds_no_host_directory() -> None:
     """An unprivileged broker cannot mount on the host: its workspace is a tmpfs of
     limits.workspace_mib in the sandbox's own mount namespace, and the host clone is not bound."""
-    plan = build_plan(
-        sandbox_id=SANDBOX_ID,
-        profile=make_profile(),
-        extension=make_extension(),
-        workspace_source=WORKSPACE_SOURCE,
-        host_links=HOST_LINKS,
-        host_etc=HOST_ETC,
-        workspace_in_memory=True,
-    )
+    plan = make_plan(workspace_in_memory=True)
     workspace = plan.mount_at(WORKSPACE_TARGET)
     assert plan.workspace_in_memory
     assert not make_plan().workspace_in_memory
