@@ -1,0 +1,69 @@
+"""A Backend that starts nothing, for unit tests of the core (create, teardown, list, gc).
+
+It keeps its "running" sandboxes in memory, records what it was asked to do, and can be told to
+fail a start, to lose a sandbox (as if its processes died) or to be unable to tell.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandboxer.backends.protocol import Observed
+from sandboxer.config import ExtensionConfig
+from sandboxer.dirs import Dirs
+from sandboxer.errors import BackendError
+from sandboxer.plan import Plan
+from sandboxer.registry import Registry
+
+
+@dataclass
+class FakeBackend:
+    running: set[str] = field(default_factory=set)
+    unknown: set[str] = field(default_factory=set)  # is_running cannot tell (a silent Engine)
+    fail_start: str | None = None  # the message of a start that fails, after recording itself
+    calls: list[tuple[str, str]] = field(default_factory=list)  # (verb, sandbox id)
+
+    def preflight(self, extension: ExtensionConfig) -> None:
+        self.calls.append(("preflight", extension.extension))
+
+    def admit(self, extension: ExtensionConfig, *, state_dir: str) -> None:
+        self.calls.append(("admit", extension.extension))
+
+    def host_ids(self, inside: tuple[int, int], *, known: tuple[int, int] | None = None) -> tuple[int, int]:
+        return known or (1_700_000_123, 1_700_000_123)
+
+    def workspace_in_memory(self) -> bool:
+        return True  # no sized filesystem to mount: the clone stays in the sandbox's directory
+
+    def start(self, plan: Plan, registry: Registry, record: dict[str, Any], *, image: str, profile_file: str) -> None:
+        self.calls.append(("start", plan.sandbox_id))
+        record["limits"] = {"mechanism": "fake", "memory_mib": plan.limits.memory_mib, "pids": plan.limits.pids}
+        record["fake"] = {"started": True}
+        registry.write(plan.sandbox_id, record)
+        if self.fail_start is not None:
+            raise BackendError(self.fail_start)
+        self.running.add(plan.sandbox_id)
+
+    def deliver(self, plan: Plan, record: dict[str, Any], data: bytes, target: str) -> None:
+        self.calls.append(("deliver", plan.sandbox_id))
+
+    def stop(self, registry: Registry, record: dict[str, Any]) -> tuple[list[str], list[str]]:
+        sandbox_id = str(record["id"])
+        self.calls.append(("stop", sandbox_id))
+        was = sandbox_id in self.running
+        self.running.discard(sandbox_id)
+        return (["fake processes"] if was else []), []
+
+    def release(self, record: dict[str, Any]) -> tuple[list[str], list[str]]:
+        self.calls.append(("release", str(record["id"])))
+        return [], []
+
+    def is_running(self, record: dict[str, Any]) -> bool | None:
+        sandbox_id = str(record["id"])
+        if sandbox_id in self.unknown:
+            return None
+        return sandbox_id in self.running
+
+    def observe(self, dirs: Dirs, record: dict[str, Any]) -> Observed:
+        raise BackendError("the fake backend observes nothing")
