@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandboxer.backends.protocol import Observed
+from sandboxer.backends.protocol import Backend, Observed
 from sandboxer.config import ExtensionConfig
 from sandboxer.dirs import Dirs
 from sandboxer.errors import BackendError
@@ -67,3 +67,7 @@ class FakeBackend:
 
     def observe(self, dirs: Dirs, record: dict[str, Any]) -> Observed:
         raise BackendError("the fake backend observes nothing")
+
+
+def _conforms(backend: FakeBackend) -> Backend:
+    return backend  # mypy checks the fake against the protocol
