@@ -90,3 +90,16 @@ def make_runtime(path: Path) -> Path:
     python.write_bytes(b"#!/bin/sh\nexit 0\n")
     python.chmod(0o755)
     return path
+
+
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "-c", "init.defaultBranch=main"]
+
+
+def make_repository(path: Path, files: dict[str, bytes], message: str = "init") -> Path:
+    """A git repository at `path` with one commit of `files` (name -> content) on main."""
+    subprocess.run([*GIT, "init", "-q", str(path)], check=True)
+    for name, content in files.items():
+        (path / name).write_bytes(content)
+    subprocess.run([*GIT, "-C", str(path), "add", "-A"], check=True)
+    subprocess.run([*GIT, "-C", str(path), "commit", "-qm", message], check=True)
+    return path

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, Result
+from tests.conftest import REPO, Result, make_repository
 from tests.samples import profile_yaml
 
 UNPRIVILEGED_UID = 65534
@@ -138,11 +138,7 @@ def make_broker(runtime: Path, *, as_user: bool) -> SandboxBroker:
     for directory in (broker.config / "extensions", broker.config / "profiles", root / "home"):
         directory.mkdir(parents=True)
     broker.config.chmod(0o700)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "-c", "init.defaultBranch=main"]
-    subprocess.run([*git, "init", "-q", str(broker.repo)], check=True)
-    (broker.repo / "README.md").write_text("workspace\n")
-    subprocess.run([*git, "-C", str(broker.repo), "add", "README.md"], check=True)
-    subprocess.run([*git, "-C", str(broker.repo), "commit", "-qm", "init"], check=True)
+    make_repository(broker.repo, {"README.md": b"workspace\n"})
     if as_user:
         for path in (root, root / "home", broker.config, broker.config / "extensions", broker.config / "profiles"):
             os.chown(path, UNPRIVILEGED_UID, UNPRIVILEGED_UID)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from sandboxer import seccomp
+from tests.conftest import make_repository
 from tests.integration.conftest import SandboxBroker, profile_text
 from tests.integration.test_manifest_sandboxes import INHERITED, create, make_run, run_env
 
@@ -120,13 +121,9 @@ def test_a_clone_larger_than_the_workspace_is_refused_and_leaves_nothing(sb: San
     leaves no sandbox, directory or process behind. As root the checkout meets the limit (git
     checkout exits 0 with files cut short: the work tree is checked); unprivileged, the copy into
     the tmpfs does."""
-    big = sb.root / "big"
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "-c", "init.defaultBranch=main"]
-    subprocess.run([*git, "init", "-q", str(big)], check=True)
-    for n in range(3):  # incompressible, so the packed history is as large as the checkout
-        (big / f"blob{n}").write_bytes(os.urandom(4 * 1024 * 1024))
-    subprocess.run([*git, "-C", str(big), "add", "-A"], check=True)
-    subprocess.run([*git, "-C", str(big), "commit", "-qm", "big"], check=True)
+    # Incompressible, so the packed history is as large as the checkout.
+    blobs = {f"blob{n}": os.urandom(4 * 1024 * 1024) for n in range(3)}
+    big = make_repository(sb.root / "big", blobs, "big")
     sb.write_profile("cramped", profile_text("cramped", big, "limits:\n  workspace_mib: 16\n"))
     assert sb.run("ext", "approve", "cramped").status == 0
     refused = sb.run("create", "--profile", "cramped")

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import Result
+from tests.conftest import Result, make_repository
 from tests.integration.conftest import SandboxBroker
 from tests.manifest_samples import (
     CREDENTIAL,
@@ -510,12 +510,7 @@ def test_project_variables_and_workspace_revision(sbx_root: SandboxBroker, base:
 
 def test_create_refusals_leave_nothing(sbx_root: SandboxBroker, base: Path) -> None:
     broker = sbx_root
-    other = base / "other-repo"
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "-c", "init.defaultBranch=main"]
-    subprocess.run([*git, "init", "-q", str(other)], check=True)
-    (other / "x.txt").write_text("other\n")
-    subprocess.run([*git, "-C", str(other), "add", "x.txt"], check=True)
-    subprocess.run([*git, "-C", str(other), "commit", "-qm", "other"], check=True)
+    other = make_repository(base / "other-repo", {"x.txt": b"other\n"}, "other")
     (base / "runs").mkdir()
     run = make_run(base / "runs", broker)
     good = json.loads(json.dumps(run.doc))

@@ -6,14 +6,13 @@ container, so each test takes a fraction of a second.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from sandboxer import Broker
 from sandboxer.errors import BackendError, PolicyError
-from tests.conftest import make_runtime
+from tests.conftest import make_repository, make_runtime
 from tests.samples import profile_yaml
 from tests.unit.fake_backend import FakeBackend
 
@@ -29,12 +28,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeBackend:
 def broker(tmp_path: Path, fake: FakeBackend) -> Broker:
     """A config dir with an approved extension and profile, and a repository to clone."""
     runtime = make_runtime(tmp_path / "runtime")
-    repo = tmp_path / "repo"
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "-c", "init.defaultBranch=main"]
-    subprocess.run([*git, "init", "-q", str(repo)], check=True)
-    (repo / "README.md").write_text("workspace\n")
-    subprocess.run([*git, "-C", str(repo), "add", "README.md"], check=True)
-    subprocess.run([*git, "-C", str(repo), "commit", "-qm", "init"], check=True)
+    repo = make_repository(tmp_path / "repo", {"README.md": b"workspace\n"})
     config = tmp_path / "config"
     (config / "extensions").mkdir(parents=True)
     (config / "profiles").mkdir()
