@@ -31,3 +31,15 @@ def test_the_exec_path_loads_no_heavy_module(module: str) -> None:
     new = loaded.stdout.split()
     assert module in new
     assert [name for name in new if name in BUDGET[module]] == []
+
+
+@pytest.mark.parametrize(
+    "module", ["sandboxer.backends.bwrap.backend", "sandboxer.backends.docker.backend", "sandboxer.commands.teardown"]
+)
+def test_teardown_list_and_gc_load_no_plan_or_yaml(module: str) -> None:
+    """teardown, list and gc reach a backend for is_running, stop and release only: neither the
+    namespace code nor the plan and config (which bring YAML) load with it."""
+    code = f"import sys\nimport {module}\nprint(*sorted(sys.modules))"
+    loaded = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    heavy = {"sandboxer.config", "sandboxer.plan", "sandboxer.backends.bwrap.namespace", "ruamel.yaml"}
+    assert heavy & set(loaded.stdout.split()) == set()

@@ -7,35 +7,40 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from sandboxer import procs
-from sandboxer.backends.bwrap import namespace as bwrap
-from sandboxer.backends.bwrap.argv import HOLDER_TARGET
-from sandboxer.backends.protocol import Observed
-from sandboxer.errors import BackendError
-from sandboxer.record import plan_fields, plan_from_record
-from sandboxer.registry import Registry
 
+# teardown, list and gc ask only is_running, stop and release: what else a method needs (the
+# namespace code, the plan, YAML through the config) is imported inside it.
 if TYPE_CHECKING:
     from sandboxer import limits
+    from sandboxer.backends.bwrap import namespace as bwrap
+    from sandboxer.backends.protocol import Observed
     from sandboxer.config import ExtensionConfig
     from sandboxer.dirs import Dirs
     from sandboxer.plan import Plan
+    from sandboxer.registry import Registry
 
 
 class BwrapBackend:
     """One bubblewrap namespace per sandbox, for a root or an unprivileged broker."""
 
     def preflight(self, extension: ExtensionConfig) -> None:
+        from sandboxer.backends.bwrap import namespace as bwrap
+
         bwrap.find_bwrap()
 
     def admit(self, extension: ExtensionConfig, *, state_dir: str) -> None:
         """As root, the sandbox's host uid is no account's: "others" permission bits are what it
         gets of the runtime and the state dir's parent."""
+        from sandboxer.backends.bwrap import namespace as bwrap
+
         if os.geteuid() == 0:
             anyone = bwrap.HOST_ID_RANGE[0] - 1
             bwrap.check_reachable(extension.runtime.path, uid=anyone, gid=anyone, what="runtime")
             bwrap.check_reachable(os.path.dirname(state_dir), uid=anyone, gid=anyone, what="state dir")
 
     def host_ids(self, inside: tuple[int, int], *, known: tuple[int, int] | None = None) -> tuple[int, int]:
+        from sandboxer.backends.bwrap import namespace as bwrap
+
         return known or bwrap.allocate_host_ids()
 
     def workspace_in_memory(self) -> bool:
@@ -57,6 +62,8 @@ class BwrapBackend:
             )
 
     def deliver(self, plan: Plan, record: dict[str, Any], data: bytes, target: str) -> None:
+        from sandboxer.backends.bwrap import namespace as bwrap
+
         live = bwrap.Live(
             bwrap_pid=record["bwrap_pid"],
             init_pid=record["init_pid"],
@@ -90,8 +97,13 @@ class BwrapBackend:
 
     def observe(self, dirs: Dirs, record: dict[str, Any]) -> Observed:
         from sandboxer import limits
+        from sandboxer.backends.bwrap import namespace as bwrap
+        from sandboxer.backends.bwrap.argv import HOLDER_TARGET
+        from sandboxer.backends.protocol import Observed
         from sandboxer.netview import observe_network
         from sandboxer.observe import differences, read_mountinfo
+        from sandboxer.record import plan_from_record
+        from sandboxer.registry import Registry
 
         registry = Registry(dirs.state)
         sandbox_id = str(record["id"])
@@ -137,7 +149,9 @@ def _start(plan: Plan, registry: Registry, record: dict[str, Any]) -> None:
     import hashlib
 
     from sandboxer import limits, seccomp
+    from sandboxer.backends.bwrap import namespace as bwrap
     from sandboxer.plan import MountKind
+    from sandboxer.record import plan_fields
 
     limit_setup = limits.setup(plan.sandbox_id, plan.limits)
     record["limits"] = {**limit_setup.as_record(), "memory_mib": plan.limits.memory_mib, "pids": plan.limits.pids}
@@ -158,6 +172,9 @@ def _start(plan: Plan, registry: Registry, record: dict[str, Any]) -> None:
 
 def _verify(plan: Plan, live: bwrap.Live, limit_setup: limits.LimitSetup, program: bytes) -> None:
     """Refuse to hand out a sandbox whose observed state differs from its plan (exit 5)."""
+    from sandboxer.backends.bwrap import namespace as bwrap
+    from sandboxer.backends.bwrap.argv import HOLDER_TARGET
+    from sandboxer.errors import BackendError
     from sandboxer.observe import differences, interfaces_from_proc, read_mountinfo
 
     observed = bwrap.probe(

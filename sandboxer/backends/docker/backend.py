@@ -6,12 +6,13 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from sandboxer.backends.protocol import Observed
 from sandboxer.errors import BackendError
-from sandboxer.record import plan_fields, plan_from_record
 from sandboxer.registry import Registry
 
+# teardown, list and gc ask only is_running, stop and release: the plan and the config (YAML)
+# are imported by the methods that need them.
 if TYPE_CHECKING:
+    from sandboxer.backends.protocol import Observed
     from sandboxer.config import ExtensionConfig
     from sandboxer.dirs import Dirs
     from sandboxer.observe import MountSeen, ProbeSeen
@@ -23,6 +24,7 @@ def start_docker(plan: Plan, image: str, registry: Registry, record: dict[str, A
     show exactly the plan; returns what its pid 1 saw (the probe and the interfaces)."""
     from sandboxer.backends.docker import container as docker_backend
     from sandboxer.observe import process_differences
+    from sandboxer.record import plan_fields
 
     sandbox_id = plan.sandbox_id
     etc_dir = registry.path(sandbox_id, "etc")
@@ -199,7 +201,9 @@ class DockerBackend:
         from sandboxer import leases, seccomp
         from sandboxer.backends.docker import container
         from sandboxer.backends.docker.render import short_option
+        from sandboxer.backends.protocol import Observed
         from sandboxer.observe import process_differences
+        from sandboxer.record import plan_from_record
 
         registry = Registry(dirs.state)
         sandbox_id = str(record["id"])
