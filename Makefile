@@ -13,7 +13,7 @@ system-deps:
 $(STAMP): pyproject.toml
 	@test -x $(PY) || /usr/bin/python3 -m venv $(VENV)
 	@$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
-	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,docker]'
+	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
 
 deps: system-deps $(STAMP)

@@ -171,6 +171,8 @@ class Sandbox:
         """The CLI's exec with pipes for stdio: its broker failures (status 125) raise ExecError;
         a command it cannot start ends with the CLI's status and line on stderr."""
         from sandboxer import fastexec
+        from sandboxer.errors import ExecUsage
+        from sandboxer.stdio import Program
 
         if not argv:
             raise ExecError("exec: no command")
@@ -181,8 +183,8 @@ class Sandbox:
         if timeout is not None:
             options["timeout"] = repr(float(timeout))
         try:
-            return fastexec.execute(self.broker.dirs, options, list(argv), fastexec.Program(stdin, sink))
-        except fastexec.ExecUsage as exc:
+            return fastexec.execute(self.broker.dirs, options, list(argv), Program(stdin, sink))
+        except ExecUsage as exc:
             raise ExecError(str(exc)) from None
         except EntryError as exc:
             sink("stderr", f"sandboxer: exec: {exc.message}\n".encode())

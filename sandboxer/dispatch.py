@@ -107,12 +107,12 @@ class _Target:
         name = spool_name(self.manifest.run_id, self.lease.lease_id)
         if self.record.get("backend") != "docker":
             return registry.path(sandbox_id, "spools", name)
-        from sandboxer import dockerexec
+        from sandboxer.backends.docker import engine
 
         try:
-            status, content = dockerexec.engine_request("GET", f"/volumes/{name}")
+            status, content = engine.request("GET", f"/volumes/{name}")
             mountpoint = json.loads(content).get("Mountpoint") if status == 200 else None
-        except (OSError, ValueError, dockerexec.EngineError) as exc:
+        except (OSError, ValueError, engine.EngineError) as exc:
             raise BackendError(f"docker: the spool volume cannot be inspected ({exc})") from None
         if not isinstance(mountpoint, str):
             raise BackendError(f"docker: spool volume {name} is gone")

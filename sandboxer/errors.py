@@ -134,3 +134,8 @@ class EntryError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+class ExecUsage(Exception):
+    """An exec the broker refuses or cannot run, as the exec path reports it: one line, status 125
+    (the CLI prints it; the Python API raises ExecError with its message)."""

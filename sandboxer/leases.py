@@ -429,16 +429,16 @@ def _walk(directory_fd: int, relative: str) -> int:
 
 def create_volume(name: str, *, sandbox_id: str, state_dir: str) -> str:
     """Create the named volume of a spool; returns its host mount point (the broker is root)."""
-    from sandboxer import dockerexec
+    from sandboxer.backends.docker import engine
     from sandboxer.backends.docker.render import LABEL, STATE_LABEL
 
     body: dict[str, object] = {"Name": name, "Driver": "local", "Labels": {LABEL: sandbox_id, STATE_LABEL: state_dir}}
     try:
-        status, content = dockerexec.engine_request("GET", f"/volumes/{name}")
+        status, content = engine.request("GET", f"/volumes/{name}")
         if status == 200:
             raise PolicyError(f"spool volume {name} already exists: a run's spool belongs to one sandbox")
-        status, content = dockerexec.engine_request("POST", "/volumes/create", body)
-    except (OSError, dockerexec.EngineError) as exc:
+        status, content = engine.request("POST", "/volumes/create", body)
+    except (OSError, engine.EngineError) as exc:
         raise BackendError(f"docker: the spool volume could not be created ({exc})") from None
     if status != 201:
         raise BackendError(f"docker: the spool volume could not be created (HTTP {status})")
@@ -456,14 +456,14 @@ def orphan_volumes(state_dir: str, present: Callable[[], set[str]]) -> list[tupl
     """
     from urllib.parse import quote
 
-    from sandboxer import dockerexec
+    from sandboxer.backends.docker import engine
     from sandboxer.backends.docker.render import LABEL, STATE_LABEL
 
     filters = quote(json.dumps({"label": [f"{STATE_LABEL}={state_dir}"]}))
     try:
-        status, content = dockerexec.engine_request("GET", f"/volumes?filters={filters}")
+        status, content = engine.request("GET", f"/volumes?filters={filters}")
         found = json.loads(content).get("Volumes") or [] if status == 200 else []
-    except (OSError, ValueError, dockerexec.EngineError):
+    except (OSError, ValueError, engine.EngineError):
         return []
     orphans = []
     present_ids = present()
@@ -481,11 +481,11 @@ def orphan_volumes(state_dir: str, present: Callable[[], set[str]]) -> list[tupl
 def remove_volume(name: str, *, sandbox_id: str) -> str | None:
     """Remove this sandbox's spool volume: None when removed, "gone" when it was not there (or is
     another sandbox's, which is never touched), else what went wrong."""
-    from sandboxer import dockerexec
+    from sandboxer.backends.docker import engine
     from sandboxer.backends.docker.render import LABEL
 
     try:
-        status, content = dockerexec.engine_request("GET", f"/volumes/{name}")
+        status, content = engine.request("GET", f"/volumes/{name}")
         if status == 404:
             return "gone"
         document = json.loads(content) if status == 200 else {}
@@ -495,8 +495,8 @@ def remove_volume(name: str, *, sandbox_id: str) -> str | None:
         # Its tmpfs goes first: the Engine removes a volume's directory, not what is mounted on it.
         if isinstance(mountpoint, str) and mountpoint.startswith("/") and unmount_below(mountpoint):
             return f"its tmpfs at {mountpoint} cannot be unmounted"
-        status, _ = dockerexec.engine_request("DELETE", f"/volumes/{name}")
-    except (OSError, ValueError, dockerexec.EngineError) as exc:
+        status, _ = engine.request("DELETE", f"/volumes/{name}")
+    except (OSError, ValueError, engine.EngineError) as exc:
         return f"the Engine cannot be reached ({exc})"
     return None if status in (204, 404) else f"the Engine answered HTTP {status}"
 
@@ -507,7 +507,7 @@ def spool_mismatches(plan: Plan, inside: list[MountSeen]) -> list[str]:
     spools = [m for m in plan.mounts if m.kind is MountKind.SPOOL]
     if plan.backend != "docker" or not spools:
         return []
-    from sandboxer import dockerexec
+    from sandboxer.backends.docker import engine
     from sandboxer.observe import parse_mountinfo
 
     with open("/proc/self/mountinfo") as stream:
@@ -516,9 +516,9 @@ def spool_mismatches(plan: Plan, inside: list[MountSeen]) -> list[str]:
     problems = []
     for mount in spools:
         try:
-            status, content = dockerexec.engine_request("GET", f"/volumes/{mount.source}")
+            status, content = engine.request("GET", f"/volumes/{mount.source}")
             mountpoint = json.loads(content).get("Mountpoint") if status == 200 else None
-        except (OSError, ValueError, dockerexec.EngineError):
+        except (OSError, ValueError, engine.EngineError):
             mountpoint = None
         ours, theirs = host.get(str(mountpoint)), seen.get(mount.target)
         if (

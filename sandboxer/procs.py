@@ -177,3 +177,43 @@ def stop_sandbox(record: dict[str, object], *, grace: float = 1.0) -> tuple[list
             survivors = terminate(late, grace=0.0)
             residue.extend(f"process {pid} still running" for pid in survivors)
     return removed, residue
+
+
+def kill_cgroup(group: str) -> None:
+    """Kill every process in the exec's cgroup until it is empty."""
+    kill_file = os.path.join(group, "cgroup.kill")
+    for _ in range(200):
+        try:
+            with open(os.path.join(group, "cgroup.procs")) as stream:
+                members = [int(line) for line in stream if line.strip()]
+        except OSError:
+            return
+        if not members:
+            return
+        if os.path.exists(kill_file):
+            try:
+                with open(kill_file, "w") as stream:
+                    stream.write("1")
+            except OSError:
+                pass
+        signal_all(members, signal.SIGKILL)
+        wait_gone(members, 0.2)
+
+
+def kill_session(command_pid: int) -> None:
+    """Kill the exec's session and every descendant of its command, until none is left."""
+    for _ in range(100):
+        victims = set(in_session(command_pid))
+        frontier = [command_pid]
+        while frontier:
+            pid = frontier.pop()
+            victims.add(pid)
+            frontier.extend(children(pid))
+        victims = {pid for pid in victims if start_time(pid) is not None}
+        if not victims:
+            return
+        signal_all(victims, signal.SIGKILL)
+        if not wait_gone(victims, 0.5):
+            still = [p for p in in_session(command_pid) if start_time(p) is not None]
+            if not still:
+                return

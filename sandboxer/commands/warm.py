@@ -351,17 +351,17 @@ def _execs_since(container_id: str, since: object) -> bool:
     its last 256 events), so this catches what a running-exec check alone would miss, not all."""
     from urllib.parse import quote
 
-    from sandboxer import dockerexec
+    from sandboxer.backends.docker import engine
 
     if not isinstance(since, int):
         return True
     filters = quote(json.dumps({"type": ["container"], "container": [container_id], "event": ["exec_create"]}))
     try:
-        status, content = dockerexec.engine_request(
+        status, content = engine.request(
             "GET",
             f"/events?since={since}&until={time.time():.9f}&filters={filters}",  # now: never a wait
         )
-    except (OSError, dockerexec.EngineError):
+    except (OSError, engine.EngineError):
         return True
     return status != 200 or bool(content.strip())
 

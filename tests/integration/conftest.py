@@ -218,7 +218,7 @@ def docker_skip_reason() -> str | None:
         client.ping()
         client.close()
     except ImportError:
-        return "the docker SDK is not installed (make check installs sandboxer[docker])"
+        return "the docker SDK is not installed (make check installs it with the dev extra)"
     except Exception as exc:  # any reason the daemon cannot be reached
         return f"no Docker daemon answers ({type(exc).__name__}); scripts/start-dockerd says why"
     return None

@@ -25,7 +25,7 @@ def _engine() -> Any:
     try:
         import docker
     except ImportError:
-        pytest.skip("the docker SDK is not installed (make check installs sandboxer[docker])")
+        pytest.skip("the docker SDK is not installed (make check installs it with the dev extra)")
     try:
         client = docker.from_env(timeout=30)
         client.ping()

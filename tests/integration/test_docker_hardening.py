@@ -313,7 +313,7 @@ def test_no_variable_of_the_container_reaches_the_perl_that_makes_the_domain(bas
     container's environment (a plan's, say through a project-env lease) would run code in it
     before the domain exists — outside it, able to ptrace every other exec. They never reach that
     Perl, yet the command still has them; and the command is in a domain of its own."""
-    from sandboxer import dockerexec
+    from sandboxer.backends.docker import execs
 
     started = subprocess.run(
         [
@@ -330,13 +330,11 @@ def test_no_variable_of_the_container_reaches_the_perl_that_makes_the_domain(bas
     try:
         env = {"PATH": "/usr/bin:/bin", "PERL5OPT": "-d", "PERL5DB": PERL_HOOK}
         script = 'echo "$PERL5OPT"; cat /proc/1/environ >/dev/null 2>&1 && echo pid1-readable || echo pid1-refused'
-        exec_id = dockerexec.create_exec(container, ["sh", "-c", script], env=env, user="1000:1000", cwd="/")
+        exec_id = execs.create_exec(container, ["sh", "-c", script], env=env, user="1000:1000", cwd="/")
         read_out, write_out = os.pipe()
         read_err, write_err = os.pipe()
         with open(os.devnull, "rb") as null:
-            assert dockerexec.run(
-                exec_id, stdin=null.fileno(), output=dockerexec.to_fds(write_out, write_err), timeout=60
-            )
+            assert execs.run(exec_id, stdin=null.fileno(), output=execs.to_fds(write_out, write_err), timeout=60)
         os.close(write_out)
         os.close(write_err)
         with os.fdopen(read_out) as out, os.fdopen(read_err) as err:

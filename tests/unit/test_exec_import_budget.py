@@ -1,6 +1,7 @@
 """The exec hot path's import budget: what `sandboxer exec` loads before the command runs.
 
-The exec path (sandboxer.fastexec, sandboxer.joiner, sandboxer.dockerexec) avoids modules that
+The exec path (sandboxer.fastexec, and each backend's entry: sandboxer.backends.bwrap.enter with
+its joiner, sandboxer.backends.docker.enter with the Engine client) avoids modules that
 cost milliseconds at every exec (`signal` and `enum`, `typing`, `collections`, `re`, `json`,
 `dataclasses`): this test fails when one comes back.
 """
@@ -18,8 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 HEAVY = {"enum", "signal", "typing", "collections", "re", "json", "dataclasses", "subprocess", "pathlib"}
 BUDGET = {
     "sandboxer.fastexec": HEAVY,
-    "sandboxer.joiner": HEAVY,
-    "sandboxer.dockerexec": HEAVY - {"collections"},  # threading (the stdin pump) brings it
+    "sandboxer.backends.bwrap.enter": HEAVY,
+    "sandboxer.backends.bwrap.joiner": HEAVY,
+    "sandboxer.backends.docker.enter": HEAVY - {"collections"},  # threading (the stdin pump) brings it
 }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from sandboxer import joiner
+from sandboxer.backends.bwrap import joiner
 
 _libc = ctypes.CDLL(None, use_errno=True)
 KEYCTL_GET_KEYRING_ID = 0

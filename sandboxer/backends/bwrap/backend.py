@@ -99,8 +99,8 @@ class BwrapBackend:
         from sandboxer import limits
         from sandboxer.backends.bwrap import namespace as bwrap
         from sandboxer.backends.bwrap.argv import HOLDER_TARGET
+        from sandboxer.backends.bwrap.netview import observe_network
         from sandboxer.backends.protocol import Observed
-        from sandboxer.netview import observe_network
         from sandboxer.observe import differences, read_mountinfo
         from sandboxer.record import plan_from_record
         from sandboxer.registry import Registry

@@ -18,8 +18,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from sandboxer import joiner, procs
-from sandboxer.backends.bwrap import stop
+from sandboxer import procs
+from sandboxer.backends.bwrap import joiner, stop
 from sandboxer.backends.bwrap.argv import HOLDER_SOURCE, HOLDER_TARGET, BwrapFds, needs_fd, render
 from sandboxer.errors import BackendError, EntryError, PolicyError, UsageError
 from sandboxer.limits import CGROUP_ROOT, LimitSetup

@@ -75,14 +75,12 @@ def _staged(plan: Plan, registry: Registry, record: dict[str, Any]) -> Plan:
 def docker_probe(container_id: str, plan: Plan) -> tuple[ProbeSeen, list[str], list[MountSeen], list[dict[str, str]]]:
     """The probe run as an exec is (inspect's view): one `cat` of what a process reads about
     itself — environment, status, cgroups, mounts, interfaces."""
-    from sandboxer import dockerexec
+    from sandboxer.backends.docker import engine, execs
     from sandboxer.backends.docker.render import PROBE_FILES
 
     try:
-        data = dockerexec.capture(
-            container_id, ["cat", *PROBE_FILES], env=dict(plan.env), user=f"{plan.uid}:{plan.gid}"
-        )
-    except (OSError, dockerexec.EngineError) as exc:
+        data = execs.capture(container_id, ["cat", *PROBE_FILES], env=dict(plan.env), user=f"{plan.uid}:{plan.gid}")
+    except (OSError, engine.EngineError) as exc:
         raise BackendError(f"docker: the probe failed ({exc})") from None
     return _parse_docker_probe(data)
 
@@ -165,7 +163,7 @@ class DockerBackend:
 
             container_id = container.labelled(registry.state_dir).get(str(record["id"]))
         if container_id:
-            from sandboxer.dockerexec import remove_container  # no SDK, no plan code: teardown stays lean
+            from sandboxer.backends.docker.engine import remove_container  # no SDK, no plan code: teardown stays lean
 
             problem = remove_container(str(container_id))
             if problem is None or problem == "gone":
@@ -181,11 +179,11 @@ class DockerBackend:
     def is_running(self, record: dict[str, Any]) -> bool | None:
         import json
 
-        from sandboxer import dockerexec
+        from sandboxer.backends.docker import engine
 
         try:
-            status, content = dockerexec.engine_request("GET", f"/containers/{record.get('container_id')}/json")
-        except (OSError, dockerexec.EngineError):
+            status, content = engine.request("GET", f"/containers/{record.get('container_id')}/json")
+        except (OSError, engine.EngineError):
             return None
         if status == 404:
             return False

@@ -1,7 +1,7 @@
 """The Docker backend: the same plan as a container, checked through the Engine API after start.
 
-The Docker SDK is an optional extra (`pip install 'sandboxer[docker]'`); without it, Docker
-profiles fail with that hint. Images are inspected locally and never pulled.
+Every Engine call goes through sandboxer.backends.docker.engine, the broker's one Docker client.
+Images are inspected locally and never pulled.
 
 The daemon must remap user namespaces (`dockerd --userns-remap=default`): a container's uid
 1000 is then the subordinate uid 100000+1000 on the host, no account's, and everything the
@@ -178,21 +178,6 @@ def host_problems(attrs: dict[str, Any], plan: Plan) -> list[str]:
     return problems
 
 
-def client() -> Any:
-    """A Docker SDK client that has answered a ping."""
-    try:
-        import docker
-    except ImportError:
-        raise BackendError("the Docker backend needs the Docker SDK", hint="pip install 'sandboxer[docker]'") from None
-    try:
-        # The same fixed endpoint as sandboxer.dockerexec: never DOCKER_HOST from the environment.
-        engine = docker.DockerClient(base_url="unix:///var/run/docker.sock", timeout=60)
-        engine.ping()
-    except docker.errors.DockerException as exc:
-        raise BackendError(f"cannot reach the Docker daemon ({type(exc).__name__})", hint="start dockerd") from None
-    return engine
-
-
 def write_etc(plan: Plan, etc_dir: str, *, owner: tuple[int, int]) -> None:
     """The generated /etc files, bound read-only into the container, owned by `owner` (the
     container's root as the host knows it)."""
@@ -211,21 +196,13 @@ def write_etc(plan: Plan, etc_dir: str, *, owner: tuple[int, int]) -> None:
                 os.close(fd)
 
 
-def require_sdk() -> None:
-    """Docker profiles need the `docker` extra (gc lists containers through it); a clear hint if absent."""
-    import importlib.util
-
-    if importlib.util.find_spec("docker") is None:
-        raise BackendError("the Docker backend needs the Docker SDK", hint="pip install 'sandboxer[docker]'")
-
-
 def _engine(method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
     """One Engine API call over the fixed socket: (status, decoded JSON body or None)."""
-    from sandboxer import dockerexec
+    from sandboxer.backends.docker import engine
 
     try:
-        status, content = dockerexec.engine_request(method, path, body)
-    except (OSError, dockerexec.EngineError) as exc:
+        status, content = engine.request(method, path, body)
+    except (OSError, engine.EngineError) as exc:
         raise BackendError(f"cannot reach the Docker daemon ({exc})", hint="start dockerd") from None
     try:
         return status, json.loads(content) if content.strip() else None
@@ -245,7 +222,6 @@ def start(plan: Plan, *, image: str, etc_dir: str, state_dir: str) -> tuple[str,
     The create hot path speaks the Engine API itself: importing the SDK costs ~70 ms here,
     more than creating the container does.
     """
-    require_sdk()
     status, document = _engine("GET", f"/images/{quote(image, safe='/:@')}/json")
     if status == 404:
         raise BackendError(f"image {image}: not present locally (images are never pulled)")
@@ -257,16 +233,16 @@ def start(plan: Plan, *, image: str, etc_dir: str, state_dir: str) -> tuple[str,
     if status != 201 or not isinstance(document, dict) or not isinstance(document.get("Id"), str):
         raise BackendError(f"docker: the container could not be created ({_message(document)})")
     container_id = str(document["Id"])
-    from sandboxer import dockerexec
+    from sandboxer.backends.docker import engine
 
     try:
-        attached = dockerexec.attach(container_id)
+        attached = engine.attach(container_id)
         status, document = _engine("POST", f"/containers/{container_id}/start")
         if status not in (204, 304):
             attached[0].close()
             raise BackendError(f"docker: the container could not be started ({_message(document)})")
-        probe = dockerexec.read_until(attached, PROBE_END, timeout=30)
-    except (OSError, dockerexec.EngineError) as exc:
+        probe = engine.read_until(attached, PROBE_END, timeout=30)
+    except (OSError, engine.EngineError) as exc:
         remove(container_id)
         raise BackendError(f"docker: the container's probe failed ({exc})") from None
     except BaseException:
@@ -278,23 +254,23 @@ def start(plan: Plan, *, image: str, etc_dir: str, state_dir: str) -> tuple[str,
 def deliver(container_id: str, plan: Plan, data: bytes, target: str) -> None:
     """Write `data` to `target` inside the container as the sandbox user (mode 0600, a new file),
     through the stdin of an exec: never its command line, environment or the host's disk."""
-    from sandboxer import dockerexec
+    from sandboxer.backends.docker import engine, execs
 
     source = os.memfd_create("sandboxer-delivery", os.MFD_CLOEXEC)
     devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
         os.write(source, data)
         os.lseek(source, 0, os.SEEK_SET)
-        exec_id = dockerexec.create_exec(
+        exec_id = execs.create_exec(
             container_id,
             ["/bin/sh", "-c", 'umask 077 && set -C && exec cat > "$0"', target],
             env=dict(plan.env),
             user=f"{plan.uid}:{plan.gid}",
             cwd="/",
         )
-        finished = dockerexec.run(exec_id, stdin=source, output=dockerexec.to_fds(devnull, devnull), timeout=30)
-        status = dockerexec.exit_code(exec_id) if finished else 124
-    except (OSError, dockerexec.EngineError) as exc:
+        finished = execs.run(exec_id, stdin=source, output=execs.to_fds(devnull, devnull), timeout=30)
+        status = execs.exit_code(exec_id) if finished else 124
+    except (OSError, engine.EngineError) as exc:
         raise BackendError(f"delivery of {target}: the Engine failed ({exc})") from None
     finally:
         os.close(source)
@@ -324,21 +300,25 @@ def check(container_id: str, plan: Plan, *, etc_dir: str) -> list[str]:
 
 def remove(container_id: str) -> list[str]:
     """Remove the container and its anonymous volumes; returns residue."""
-    from sandboxer.dockerexec import remove_container
+    from sandboxer.backends.docker.engine import remove_container
 
     problem = remove_container(container_id)
     return [] if problem is None or problem == "gone" else [f"container {container_id[:12]}: {problem}"]
 
 
 def labelled(state_dir: str) -> dict[str, str]:
-    """Every container this broker (this state dir) made on the Engine: sandbox id -> container id."""
+    """Every container this broker (this state dir) made on the Engine: sandbox id -> container id
+    (none when the Engine does not answer)."""
+    from sandboxer.backends.docker import engine
+
     try:
-        engine = client()
-    except BackendError:
+        listed = engine.containers(f"{STATE_LABEL}={state_dir}")
+    except (OSError, ValueError, engine.EngineError):
         return {}
     found: dict[str, str] = {}
-    for container in engine.api.containers(all=True, filters={"label": f"{STATE_LABEL}={state_dir}"}):
-        sandbox_id = (container.get("Labels") or {}).get(LABEL)
+    for container in listed:
+        labels = container.get("Labels")
+        sandbox_id = labels.get(LABEL) if isinstance(labels, dict) else None
         if sandbox_id:
             found[str(sandbox_id)] = str(container["Id"])
     return found

@@ -12,7 +12,7 @@ import os
 import socket
 from typing import Any
 
-from sandboxer import joiner
+from sandboxer.backends.bwrap import joiner
 from sandboxer.errors import BackendError
 
 

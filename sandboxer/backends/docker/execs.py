@@ -1,10 +1,9 @@
-"""`exec` on the Docker backend: the Engine API spoken directly over its Unix socket.
+"""Execs in a Docker sandbox's container, through the Engine: made, streamed, waited for.
 
-The Docker SDK (requests, urllib3) costs more to import than a `docker exec` takes, so the hot
-path talks HTTP/1.1 to /var/run/docker.sock itself: create the exec, start it with an upgraded
-(hijacked) connection, pump stdin in and demultiplex stdout/stderr frames out as they arrive,
-then read the exit code. The command runs under `env -i`, so its environment is exactly the
-plan's: nothing of the container's (Docker adds HOSTNAME) or of the caller's.
+An exec's command runs under `env -i`, so its environment is exactly the plan's: nothing of the
+container's (Docker adds HOSTNAME) or of the caller's. It is started on an upgraded (hijacked)
+connection; stdin is pumped in and the multiplexed stdout/stderr frames are handed out as they
+arrive, then the exit code is read. Create also uses this for its probe of a new container.
 """
 
 from __future__ import annotations
@@ -12,10 +11,10 @@ from __future__ import annotations
 import _socket
 import os
 import select
-import struct
 import threading
 import time
 
+from sandboxer.backends.docker.engine import EngineError, frames, hijack, inspect_exec, request
 from sandboxer.fastjson import dumps, loads
 
 TYPE_CHECKING = False  # `typing` costs ~1.5 ms to import on the exec path; mypy knows the name
@@ -23,63 +22,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     Socket = _socket.socket
-
-SOCKET = "/var/run/docker.sock"
-API = "/v1.41"
-
-
-class EngineError(Exception):
-    """The Engine refused or failed."""
-
-
-def _connect() -> Socket:
-    """A stream socket to the Engine (`_socket` itself: the `socket` module imports `enum`)."""
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    try:
-        sock.connect(SOCKET)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def _request(method: str, path: str, body: dict[str, object] | None = None) -> tuple[int, bytes]:
-    payload = dumps(body).encode() if body is not None else b""
-    sock = _connect()
-    try:
-        sock.settimeout(60)  # a daemon that never answers must not hang the broker
-        head = f"{method} {API}{path} HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n"
-        head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
-        sock.sendall(head.encode() + payload)
-        chunks = []
-        while data := sock.recv(65536):
-            chunks.append(data)
-    finally:
-        sock.close()
-    raw = b"".join(chunks)
-    header, _, content = raw.partition(b"\r\n\r\n")
-    try:
-        status = int(header.split(b" ", 2)[1])
-    except (IndexError, ValueError):
-        raise EngineError("the Engine sent a malformed response") from None
-    if b"transfer-encoding: chunked" in header.lower():
-        try:
-            content = _dechunk(content)
-        except ValueError:
-            raise EngineError("the Engine sent a damaged response") from None
-    return status, content
-
-
-def _dechunk(data: bytes) -> bytes:
-    out: list[bytes] = []
-    i = 0
-    while True:
-        end = data.index(b"\r\n", i)
-        size = int(data[i:end].split(b";")[0], 16)
-        if size == 0:
-            return b"".join(out)
-        out.append(data[end + 2 : end + 2 + size])
-        i = end + 2 + size + 2
 
 
 # Every exec is a Landlock domain of its own, as on bwrap (joiner.own_landlock_domain): the kernel
@@ -228,19 +170,10 @@ def create_exec(
         "Privileged": False,
         **extra,
     }
-    status, content = _request("POST", f"/containers/{container}/exec", body)
+    status, content = request("POST", f"/containers/{container}/exec", body)
     if status != 201:
         raise EngineError(f"exec create: HTTP {status}")
     return str(loads(content)["Id"])
-
-
-def inspect_exec(exec_id: str) -> dict[str, object]:
-    """The Engine's view of an exec (Running, ExitCode, Pid)."""
-    status, content = _request("GET", f"/exec/{exec_id}/json")
-    if status != 200:
-        raise EngineError(f"exec inspect: HTTP {status}")
-    result: dict[str, object] = loads(content)
-    return result
 
 
 def _pump_stdin(sock: Socket, stdin: int) -> None:
@@ -254,44 +187,6 @@ def _pump_stdin(sock: Socket, stdin: int) -> None:
             sock.shutdown(_socket.SHUT_WR)
         except OSError:
             pass
-
-
-def _hijack(path: str, body: bytes) -> tuple[Socket, bytes]:
-    """POST `path` asking for the raw stream (HTTP upgrade); returns the socket and what already
-    arrived after the response head."""
-    what = path.partition("?")[0]
-    sock = _connect()
-    try:
-        head = f"POST {API}{path} HTTP/1.1\r\nHost: docker\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n"
-        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-        sock.sendall(head.encode() + body)
-        buffer = b""
-        while b"\r\n\r\n" not in buffer:
-            data = sock.recv(4096)
-            if not data:
-                raise EngineError(f"{what}: the Engine closed the connection")
-            buffer += data
-        header, _, buffer = buffer.partition(b"\r\n\r\n")
-        status = header.split(b" ", 2)[1] if header.count(b" ") >= 1 else b"?"
-        if status not in (b"101", b"200"):
-            raise EngineError(f"{what}: HTTP {status.decode(errors='replace')}")
-    except BaseException:
-        sock.close()
-        raise
-    return sock, buffer
-
-
-def _frames(buffer: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
-    """Split the multiplexed stream (8-byte headers: stream, 3 zero bytes, size) into whole
-    frames and the incomplete rest."""
-    frames = []
-    while len(buffer) >= 8:
-        stream, size = buffer[0], struct.unpack(">I", buffer[4:8])[0]
-        if len(buffer) < 8 + size:
-            break
-        frames.append((stream, buffer[8 : 8 + size]))
-        buffer = buffer[8 + size :]
-    return frames, buffer
 
 
 def to_fds(stdout: int, stderr: int) -> Callable[[int, bytes], None]:
@@ -318,15 +213,15 @@ def run(
     """Start the exec and stream until it ends; False if `timeout` expired first. What it
     writes goes to `output` (stream 1 or 2, bytes) as it arrives. `started` is called once the
     exec runs, before any of its output is read."""
-    sock, buffer = _hijack(f"/exec/{exec_id}/start", dumps({"Detach": False, "Tty": False}).encode())
+    sock, buffer = hijack(f"/exec/{exec_id}/start", dumps({"Detach": False, "Tty": False}).encode())
     try:
         if started is not None:
             started()
         threading.Thread(target=_pump_stdin, args=(sock, stdin), daemon=True).start()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            frames, buffer = _frames(buffer)
-            for stream, payload in frames:
+            ready_frames, buffer = frames(buffer)
+            for stream, payload in ready_frames:
                 output(stream, payload)
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
@@ -339,35 +234,6 @@ def run(
                 if buffer:
                     raise EngineError("the Engine closed the stream in the middle of a frame")
                 return True
-            buffer += data
-    finally:
-        sock.close()
-
-
-def attach(container: str) -> tuple[Socket, bytes]:
-    """Attach to a created container's stdout before it starts (nothing it writes is missed)."""
-    return _hijack(f"/containers/{container}/attach?stream=1&stdout=1&stderr=1", b"")
-
-
-def read_until(attached: tuple[Socket, bytes], mark: bytes, *, timeout: float, limit: int = 1 << 20) -> bytes:
-    """What the container writes to stdout before the line `mark`; closes the attachment."""
-    sock, buffer = attached
-    deadline = time.monotonic() + timeout
-    out = bytearray()
-    try:
-        while True:
-            frames, buffer = _frames(buffer)
-            out += b"".join(payload for stream, payload in frames if stream == 1)
-            end = out.find(b"\n" + mark + b"\n")
-            if end >= 0:
-                return bytes(out[: end + 1])
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or len(out) > limit:
-                raise EngineError("the container's probe did not finish")
-            ready, _, _ = select.select([sock], [], [], remaining)
-            data = sock.recv(65536) if ready else b""
-            if ready and not data:
-                raise EngineError("the container's output ended before its probe finished")
             buffer += data
     finally:
         sock.close()
@@ -399,23 +265,3 @@ def exit_code(exec_id: str, *, wait: float = 10.0) -> int:
             code = state.get("ExitCode")
             return int(code) if isinstance(code, int) else 125
         time.sleep(0.002)
-
-
-def remove_container(container: str) -> str | None:
-    """Remove a container and its anonymous volumes: None when removed now, "gone" when it
-    already was, else what went wrong.
-
-    Teardown uses this rather than the SDK, whose import costs more than the removal.
-    """
-    try:
-        status, _ = _request("DELETE", f"/containers/{container}?force=true&v=true")
-    except OSError as exc:
-        return f"the Engine cannot be reached ({exc.strerror})"
-    if status == 404:
-        return "gone"
-    return None if status == 204 else f"the Engine answered HTTP {status}"
-
-
-def engine_request(method: str, path: str, body: dict[str, object] | None = None) -> tuple[int, bytes]:
-    """One Engine API call (status, body); raises OSError when the Engine does not answer."""
-    return _request(method, path, body)
