@@ -7,6 +7,7 @@ that both directions stay one pair.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from sandboxer.config import DEFAULT_WORKSPACE_MIB, Limits
@@ -76,3 +77,8 @@ def plan_from_record(record: dict[str, Any], workspace_source: str) -> Plan:
         ),
         allow_ptrace=bool(record.get("allow_ptrace", False)),
     )
+
+
+def now_text() -> str:
+    """A record's time stamp: UTC, to the second (`created_at`)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -67,3 +67,18 @@ class Backend(Protocol):
 
     def observe(self, dirs: Dirs, record: dict[str, Any]) -> Observed:
         """Observe the live sandbox against its plan."""
+
+    def warm_fingerprint(self, plan: Plan, registry: Registry, image: str) -> str:
+        """What the engine would be asked for to start `plan`, as a digest: a warm sandbox is
+        taken only by a create whose plan has the same (sandboxer.warmpool). Engines that keep no
+        warm sandboxes raise BackendError (their extensions accept no `config.warm`)."""
+
+    def start_warm(self, plan: Plan, registry: Registry, record: dict[str, Any], *, image: str) -> dict[str, Any]:
+        """Start and verify a warm sandbox of `plan` (its workspace empty) and return what it
+        showed, for `warm_problems` to compare when a create takes it."""
+
+    def warm_problems(self, registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
+        """Every reason the warm sandbox of `record` may not become the sandbox of `plan`."""
+
+    def taken_warm_problems(self, registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
+        """The final inspection of a warm sandbox a create took, once its workspace is cloned."""

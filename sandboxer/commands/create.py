@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 from sandboxer import procs
 from sandboxer.commands.destroy import destroy
-from sandboxer.commands.making import CreateRequest, clone_workspace, deliver_requested, now_text, plan_for
+from sandboxer.commands.making import CreateRequest, clone_workspace, deliver_requested, plan_for
 from sandboxer.errors import SandboxerError
+from sandboxer.record import now_text
 from sandboxer.registry import Registry
 
 if TYPE_CHECKING:

@@ -4,7 +4,6 @@ bwrap, delivering its bootstrap. Shared by create and the warm pool."""
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from sandboxer import workspace
@@ -42,10 +41,6 @@ def _require_approved(ledger: Ledger, name: str, file_sha256: str) -> None:
 def backend_name(extension: ExtensionConfig) -> str:
     """The backend an extension config runs its sandboxes on."""
     return extension.extension.removeprefix("ext.")
-
-
-def now_text() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _admit(dirs: Dirs, profile_name: str) -> tuple[str, Profile, ExtensionConfig]:

@@ -16,6 +16,8 @@ from sandboxer.errors import BackendError
 from sandboxer.plan import Plan
 from sandboxer.registry import Registry
 
+NO_WARM = "the fake backend keeps no warm sandboxes"
+
 
 @dataclass
 class FakeBackend:
@@ -67,6 +69,18 @@ class FakeBackend:
 
     def observe(self, dirs: Dirs, record: dict[str, Any]) -> Observed:
         raise BackendError("the fake backend observes nothing")
+
+    def warm_fingerprint(self, plan: Plan, registry: Registry, image: str) -> str:
+        raise BackendError(NO_WARM)
+
+    def start_warm(self, plan: Plan, registry: Registry, record: dict[str, Any], *, image: str) -> dict[str, Any]:
+        raise BackendError(NO_WARM)
+
+    def warm_problems(self, registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
+        raise BackendError(NO_WARM)
+
+    def taken_warm_problems(self, registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
+        raise BackendError(NO_WARM)
 
 
 def _conforms(backend: FakeBackend) -> Backend:

@@ -7,6 +7,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from sandboxer import procs
+from sandboxer.errors import BackendError
 
 # teardown, list and gc ask only is_running, stop and release: what else a method needs (the
 # namespace code, the plan, YAML through the config) is imported inside it.
@@ -18,6 +19,9 @@ if TYPE_CHECKING:
     from sandboxer.dirs import Dirs
     from sandboxer.plan import Plan
     from sandboxer.registry import Registry
+
+
+NO_WARM = "ext.bwrap keeps no warm sandboxes"
 
 
 class BwrapBackend:
@@ -141,6 +145,18 @@ class BwrapBackend:
             network=network,
             limits={"cgroups": list(probe.cgroups) if limit_record["groups"] else []},
         )
+
+    def warm_fingerprint(self, plan: Plan, registry: Registry, image: str) -> str:
+        raise BackendError(NO_WARM)
+
+    def start_warm(self, plan: Plan, registry: Registry, record: dict[str, Any], *, image: str) -> dict[str, Any]:
+        raise BackendError(NO_WARM)
+
+    def warm_problems(self, registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
+        raise BackendError(NO_WARM)
+
+    def taken_warm_problems(self, registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
+        raise BackendError(NO_WARM)
 
 
 def _start(plan: Plan, registry: Registry, record: dict[str, Any]) -> None:

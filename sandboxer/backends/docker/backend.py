@@ -1,5 +1,5 @@
 """The Docker backend: a sandbox is one container, started from the plan, probed, inspected and
-removed through the Engine (DockerBackend); `start_docker` also serves the warm pool."""
+removed through the Engine (DockerBackend), and its warm containers (warm.py)."""
 
 from __future__ import annotations
 
@@ -247,3 +247,23 @@ class DockerBackend:
                 },
             },
         )
+
+    def warm_fingerprint(self, plan: Plan, registry: Registry, image: str) -> str:
+        from sandboxer.backends.docker import warm
+
+        return warm.fingerprint(plan, registry, image)
+
+    def start_warm(self, plan: Plan, registry: Registry, record: dict[str, Any], *, image: str) -> dict[str, Any]:
+        from sandboxer.backends.docker import warm
+
+        return warm.start(plan, registry, record, image=image, start_docker=start_docker)
+
+    def warm_problems(self, registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
+        from sandboxer.backends.docker import warm
+
+        return warm.problems(registry, record, plan)
+
+    def taken_warm_problems(self, registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
+        from sandboxer.backends.docker import warm
+
+        return warm.container_problems(registry, record, plan)

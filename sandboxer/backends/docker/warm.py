@@ -1,0 +1,140 @@
+"""What a warm container is on the Engine: started from a plan and probed ahead of a create,
+fingerprinted by its rendered settings, and checked again before a create takes it.
+
+The pool itself (which containers are warm, claiming one, filling, draining) is the core's:
+sandboxer.warmpool. This module is the Docker half it reaches through DockerBackend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from sandboxer.errors import BackendError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from sandboxer.observe import ProbeSeen
+    from sandboxer.plan import Plan
+    from sandboxer.registry import Registry
+
+    Starter = Callable[[Plan, str, Registry, dict[str, Any]], tuple[ProbeSeen, list[str]]]
+
+
+def fingerprint(plan: Plan, registry: Registry, image: str) -> str:
+    """The sha256 of the container settings the plan renders to: a warm container is taken only
+    by a create that would ask the Engine for exactly the same container."""
+    from sandboxer.backends.docker.render import create_body
+
+    body = create_body(plan, image=image, etc_dir=registry.path(plan.sandbox_id, "etc"), state_dir=registry.state_dir)
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def start(
+    plan: Plan, registry: Registry, record: dict[str, Any], *, image: str, start_docker: Starter
+) -> dict[str, Any]:
+    """Start (with `start_docker`, as every create) and verify a warm container for `plan` (its
+    workspace an empty, sized filesystem, the container root's) and return what its pid 1 and
+    the Engine showed, to be checked again when a create takes it."""
+    from sandboxer import workspace_volume
+    from sandboxer.backends.docker import container
+
+    since = int(time.time()) - 1  # whole seconds: the Engine's event history is asked from here on
+    # Its own sized filesystem (as every create's), empty until a create clones into it, and the
+    # container root's (who enters it as the container's working directory before becoming the
+    # sandbox user, who cannot).
+    workspace_volume.make(registry.path(plan.sandbox_id), size_mib=plan.limits.workspace_mib)
+    record["workspace_fs"] = {"mib": plan.limits.workspace_mib, "enforced": True}
+    os.chown(str(plan.workspace_source), *container.remap().root)
+    probe, interfaces = start_docker(plan, image, registry, record)
+    state = container.inspect(str(record["container_id"])).get("State") or {}
+    return {
+        "probe": {
+            "uid": probe.uid,
+            "gid": probe.gid,
+            "groups": list(probe.groups),
+            "cap_eff": probe.cap_eff,
+            "cap_prm": probe.cap_prm,
+            "cap_bnd": probe.cap_bnd,
+            "no_new_privs": probe.no_new_privs,
+            "env_names": list(probe.env_names),
+            "cgroups": list(probe.cgroups),
+            "seccomp": probe.seccomp,
+        },
+        "interfaces": interfaces,
+        "pid": state.get("Pid"),
+        "started_at": state.get("StartedAt"),
+        "since": since,
+    }
+
+
+def problems(registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
+    """Every reason the warm container may not become the sandbox of `plan`: what its pid 1 saw
+    when it started, and the container as the Engine shows it now."""
+    from sandboxer.observe import ProbeSeen, process_differences
+
+    stamp = record.get("warm") or {}
+    try:
+        seen = stamp["probe"]
+        probe = ProbeSeen(
+            uid=int(seen["uid"]),
+            gid=int(seen["gid"]),
+            groups=tuple(int(g) for g in seen["groups"]),
+            cap_eff=int(seen["cap_eff"]),
+            cap_prm=int(seen["cap_prm"]),
+            cap_bnd=int(seen["cap_bnd"]),
+            no_new_privs=bool(seen["no_new_privs"]),
+            env_names=tuple(str(n) for n in seen["env_names"]),
+            cgroups=tuple(str(c) for c in seen["cgroups"]),
+            seccomp=int(seen["seccomp"]),
+        )
+        interfaces = [str(name) for name in stamp["interfaces"]]
+    except (KeyError, TypeError, ValueError):
+        return ["its warm record has an unexpected shape"]
+    return process_differences(plan, interfaces, probe) + container_problems(registry, record, plan)
+
+
+def container_problems(registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
+    """The final inspection of a warm container: the Engine's view against the plan, and the
+    same pid 1 that was probed when it started, with no exec ever run in it."""
+    from sandboxer.backends.docker import container
+    from sandboxer.backends.docker.render import verify
+
+    try:
+        attrs = container.inspect(str(record.get("container_id")))
+    except BackendError as exc:
+        return [exc.message]
+    found = verify(attrs, plan, etc_dir=registry.path(plan.sandbox_id, "etc"))
+    found += container.host_problems(attrs, plan)
+    state = attrs.get("State") or {}
+    stamp = record.get("warm") or {}
+    if not state.get("Running"):
+        found.append("the container is not running")
+    if state.get("Pid") != stamp.get("pid") or state.get("StartedAt") != stamp.get("started_at"):
+        found.append("the container was restarted after it was verified")
+    if attrs.get("ExecIDs") or _execs_since(str(record.get("container_id")), stamp.get("since")):
+        found.append("something was executed in the warm container")
+    return found
+
+
+def _execs_since(container_id: str, since: object) -> bool:
+    """Whether the Engine's event history shows an exec created in the container since it was
+    warmed (or cannot say: then it is taken as yes). The history is bounded (the Engine keeps
+    its last 256 events), so this catches what a running-exec check alone would miss, not all."""
+    from sandboxer.backends.docker import engine
+
+    if not isinstance(since, int):
+        return True
+    filters = engine.quote(json.dumps({"type": ["container"], "container": [container_id], "event": ["exec_create"]}))
+    try:
+        status, content = engine.request(
+            "GET",
+            f"/events?since={since}&until={time.time():.9f}&filters={filters}",  # now: never a wait
+        )
+    except (OSError, engine.EngineError):
+        return True
+    return status != 200 or bool(content.strip())
