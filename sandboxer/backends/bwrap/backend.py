@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from sandboxer import limits
     from sandboxer.backends.bwrap import namespace as bwrap
     from sandboxer.backends.protocol import Observed
-    from sandboxer.config import ExtensionConfig
+    from sandboxer.config_types import ExtensionConfig
     from sandboxer.dirs import Dirs
     from sandboxer.plan import Plan
     from sandboxer.registry import Registry
