@@ -12,7 +12,7 @@ from sandboxer import procs
 # namespace code, the plan, YAML through the config) is imported inside it.
 if TYPE_CHECKING:
     from sandboxer import limits
-    from sandboxer.backends.bwrap import namespace as bwrap
+    from sandboxer.backends.bwrap import live as bwrap
     from sandboxer.backends.protocol import Observed
     from sandboxer.config_types import ExtensionConfig
     from sandboxer.dirs import Dirs
@@ -62,7 +62,7 @@ class BwrapBackend:
             )
 
     def deliver(self, plan: Plan, record: dict[str, Any], data: bytes, target: str) -> None:
-        from sandboxer.backends.bwrap import namespace as bwrap
+        from sandboxer.backends.bwrap import live as bwrap
 
         live = bwrap.Live(
             bwrap_pid=record["bwrap_pid"],
@@ -97,7 +97,7 @@ class BwrapBackend:
 
     def observe(self, dirs: Dirs, record: dict[str, Any]) -> Observed:
         from sandboxer import limits
-        from sandboxer.backends.bwrap import namespace as bwrap
+        from sandboxer.backends.bwrap import live as bwrap
         from sandboxer.backends.bwrap.argv import HOLDER_TARGET
         from sandboxer.backends.protocol import Observed
         from sandboxer.netview import observe_network
@@ -172,7 +172,7 @@ def _start(plan: Plan, registry: Registry, record: dict[str, Any]) -> None:
 
 def _verify(plan: Plan, live: bwrap.Live, limit_setup: limits.LimitSetup, program: bytes) -> None:
     """Refuse to hand out a sandbox whose observed state differs from its plan (exit 5)."""
-    from sandboxer.backends.bwrap import namespace as bwrap
+    from sandboxer.backends.bwrap import live as bwrap
     from sandboxer.backends.bwrap.argv import HOLDER_TARGET
     from sandboxer.errors import BackendError
     from sandboxer.observe import differences, interfaces_from_proc, read_mountinfo
