@@ -11,14 +11,24 @@ import hashlib
 import posixpath
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, get_args
+from typing import TypeVar
 
+from sandboxer.config_types import (
+    DEFAULT_MEMORY_MIB,
+    DEFAULT_PIDS,
+    DEFAULT_WORKSPACE_MIB,
+    EXTENSIONS,
+    ExtensionConfig,
+    ExtensionName,
+    Limits,
+    OwnerFile,
+    Profile,
+    RuntimePin,
+    Security,
+    Workspace,
+)
 from sandboxer.errors import ConfigError, ForbiddenSettingError, UsageError
 from sandboxer.yamlstrict import Mark, YMap, YNode, YScalar, YSeq, parse_yaml
-
-ExtensionName = Literal["ext.bwrap", "ext.docker"]
-EXTENSIONS: tuple[ExtensionName, ...] = get_args(ExtensionName)
 
 PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -32,75 +42,11 @@ IMAGE_REFERENCE = re.compile(
 )
 _GIT_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")
 
-DEFAULT_MEMORY_MIB = 2048
-DEFAULT_PIDS = 512
-DEFAULT_WORKSPACE_MIB = 4096
 MEMORY_MIB_RANGE = (64, 1024 * 1024)
 WORKSPACE_MIB_RANGE = (16, 1024 * 1024)
 PIDS_RANGE = (16, 65536)
 WARM_RANGE = (0, 8)  # containers started ahead for each Docker profile (docs/docker.md, "Warm containers")
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RuntimePin:
-    """The owner's runtime directory and the tree digest v1 it must have."""
-
-    path: str
-    sha256: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ExtensionConfig:
-    """One `extensions/<name>.yaml` file."""
-
-    extension: ExtensionName
-    runtime: RuntimePin
-    image: str | None
-    file_sha256: str
-    warm: int = 0  # ext.docker only: containers kept started ahead for each of its profiles
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Workspace:
-    """The Git repository each sandbox clones, and the ref it checks out."""
-
-    repository: str
-    ref: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Limits:
-    """Resource limits of every sandbox of a profile."""
-
-    memory_mib: int = DEFAULT_MEMORY_MIB
-    pids: int = DEFAULT_PIDS
-    workspace_mib: int = DEFAULT_WORKSPACE_MIB  # the workspace's own filesystem: ENOSPC past it
-    best_effort: bool = False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Security:
-    """What a profile may relax of the sandbox's syscall policy (docs/seccomp.md)."""
-
-    allow_ptrace: bool = False  # debuggers inside: ptrace within one exec's own processes
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Profile:
-    """One `profiles/<name>.yaml` file."""
-
-    name: str
-    extension: ExtensionName
-    workspace: Workspace
-    network_default: Literal["deny"]
-    egress: tuple[()]
-    secrets: tuple[()]
-    limits: Limits
-    file_sha256: str
-    security: Security = Security()
-
-
-OwnerFile = ExtensionConfig | Profile
 T = TypeVar("T")
 
 
@@ -346,67 +292,3 @@ def validate_name(name: str) -> str:
     raise UsageError(
         f"{name!r} is not a configuration name: use {' or '.join(EXTENSIONS)} or a profile name (a-z 0-9 _ -)"
     )
-
-
-def meaning(item: OwnerFile) -> dict[str, Any]:
-    """The normalized meaning of a valid owner file, shaped like the file, defaults filled in."""
-    if isinstance(item, Profile):
-        return {
-            "kind": "profile",
-            "profile": item.name,
-            "extension": item.extension,
-            "workspace": {"repository": item.workspace.repository, "ref": item.workspace.ref},
-            "network": {"default": item.network_default, "egress": list(item.egress)},
-            "setup": {"secrets": list(item.secrets)},
-            "limits": {
-                "memory_mib": item.limits.memory_mib,
-                "pids": item.limits.pids,
-                "workspace_mib": item.limits.workspace_mib,
-                "best_effort": item.limits.best_effort,
-            },
-            "security": {"allow_ptrace": item.security.allow_ptrace},
-        }
-    config: dict[str, Any] = {"runtime": {"path": item.runtime.path, "sha256": item.runtime.sha256}}
-    if item.image is not None:
-        config["image"] = item.image
-        config["warm"] = item.warm
-    return {"kind": "extension", "extension": item.extension, "config": config}
-
-
-def from_meaning(document: dict[str, Any], file_sha256: str) -> OwnerFile:
-    """Rebuild a parsed owner file from `meaning()` output (the broker's own parse cache)."""
-    if document["kind"] == "profile":
-        limits = document["limits"]
-        return Profile(
-            name=str(document["profile"]),
-            extension=_extension(document["extension"]),
-            workspace=Workspace(
-                repository=str(document["workspace"]["repository"]), ref=str(document["workspace"]["ref"])
-            ),
-            network_default="deny",
-            egress=(),
-            secrets=(),
-            limits=Limits(
-                memory_mib=int(limits["memory_mib"]),
-                pids=int(limits["pids"]),
-                workspace_mib=int(limits["workspace_mib"]),
-                best_effort=bool(limits["best_effort"]),
-            ),
-            file_sha256=file_sha256,
-            security=Security(allow_ptrace=bool(document["security"]["allow_ptrace"])),
-        )
-    config = document["config"]
-    return ExtensionConfig(
-        extension=_extension(document["extension"]),
-        runtime=RuntimePin(path=str(config["runtime"]["path"]), sha256=str(config["runtime"]["sha256"])),
-        image=str(config["image"]) if "image" in config else None,
-        file_sha256=file_sha256,
-        warm=int(config.get("warm", 0)),
-    )
-
-
-def _extension(value: object) -> ExtensionName:
-    for name in EXTENSIONS:
-        if value == name:
-            return name
-    raise ValueError("unknown extension in parse cache")

@@ -11,17 +11,9 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
-from sandboxer.config import (
-    EXTENSIONS,
-    PROFILE_NAME,
-    ExtensionConfig,
-    OwnerFile,
-    Profile,
-    from_meaning,
-    meaning,
-    parse_owner_file,
-)
+from sandboxer.config import PROFILE_NAME, parse_owner_file
 from sandboxer.config import validate_name as file_for_name
+from sandboxer.config_types import EXTENSIONS, ExtensionConfig, OwnerFile, Profile, from_meaning, meaning
 from sandboxer.errors import PolicyError, SandboxerError, UsageError
 from sandboxer.fsutil import atomic_write, ensure_private_dir
 from sandboxer.yamlstrict import MAX_FILE_BYTES

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sandboxer.config import Limits
+    from sandboxer.config_types import Limits
 from sandboxer.errors import BackendError, PolicyError
 
 CGROUP_ROOT = "/sys/fs/cgroup"

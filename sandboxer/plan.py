@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
-from sandboxer.config import ExtensionConfig, Limits, Profile
+from sandboxer.config_types import ExtensionConfig, Limits, Profile
 
 RUNTIME_TARGET = "/opt/sandboxer/runtime"
 WORKSPACE_TARGET = "/workspace"

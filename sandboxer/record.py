@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sandboxer.config import DEFAULT_WORKSPACE_MIB, Limits
+from sandboxer.config_types import DEFAULT_WORKSPACE_MIB, Limits
 from sandboxer.plan import Mount, MountKind, Plan
 
 

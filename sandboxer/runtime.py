@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-from sandboxer.config import RuntimePin
+from sandboxer.config_types import RuntimePin
 from sandboxer.digest import RuntimeArtifactError, TreeDigest, tree_digest
 from sandboxer.digest_cache import StatCache
 from sandboxer.errors import PolicyError, SandboxerError

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from sandboxer.errors import BackendError, PolicyError, UsageError
-from sandboxer.fsutil import remove_tree
+from sandboxer.fstree import remove_tree
 
 if TYPE_CHECKING:
     import subprocess
@@ -143,7 +143,7 @@ def seed(source: str, *, holder_pid: int, holder_start: int | None, profile_file
     clone is copied by descriptors, through the holder's root, before any sandbox code has run.
     """
     from sandboxer import procs
-    from sandboxer.fsutil import copy_tree
+    from sandboxer.fstree import copy_tree
     from sandboxer.plan import WORKSPACE_TARGET
 
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from sandboxer.config import ExtensionConfig
+    from sandboxer.config_types import ExtensionConfig
     from sandboxer.dirs import Dirs
     from sandboxer.observe import MountSeen, ProbeSeen
     from sandboxer.plan import Plan

@@ -13,7 +13,7 @@ from sandboxer.registry import Registry
 if TYPE_CHECKING:
     from sandboxer.approvals import Ledger
     from sandboxer.bootstrap import Bootstrap
-    from sandboxer.config import ExtensionConfig, Profile
+    from sandboxer.config_types import ExtensionConfig, Profile
     from sandboxer.dirs import Dirs
     from sandboxer.leases import Assignment
     from sandboxer.plan import Grants, Plan

@@ -8,7 +8,8 @@ import os
 from typing import Any
 
 from sandboxer.approvals import Ledger, Status
-from sandboxer.config import ExtensionConfig, OwnerFile, meaning, parse_owner_file, validate_name
+from sandboxer.config import parse_owner_file, validate_name
+from sandboxer.config_types import ExtensionConfig, OwnerFile, meaning
 from sandboxer.configdir import load_owner_file, present_names, read_file, read_owner_file
 from sandboxer.dirs import Dirs
 from sandboxer.errors import SandboxerError

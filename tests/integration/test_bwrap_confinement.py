@@ -213,7 +213,7 @@ def test_the_callers_stdout_file_cannot_be_reopened_for_reading(sb: SandboxBroke
 def test_create_refuses_sandbox_processes_that_escape_their_confinement(tmp_path: Path) -> None:
     """What `create` and `inspect` check of bwrap, its init and the holder, against processes that
     escape every rule: outside the sandbox's cgroups, dumpable, unfiltered, a host file open."""
-    from sandboxer.backends.bwrap.namespace import Live, confinement_problems
+    from sandboxer.backends.bwrap.live import Live, confinement_problems
     from sandboxer.limits import LimitSetup
 
     log = tmp_path / "bwrap.log"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxer import seccomp
+from sandboxer import seccomp, seccomp_rules
 from sandboxer.seccomp_install import install
 
 pytestmark = pytest.mark.integration
@@ -124,7 +124,7 @@ PROBES = [
     Probe("setns", "setns", _call(308, -1, 0), EPERM),
     *(
         Probe(f"clone-{name}", "clone", _call(56, flag | CLONE_THREAD, 0, 0, 0, 0), EPERM)
-        for name, flag in seccomp.CLONE_NEW_FLAGS
+        for name, flag in seccomp_rules.CLONE_NEW_FLAGS
     ),
     Probe("clone-newns-high-bits", "clone", _call(56, 1 << 40 | 0x0002_0000 | CLONE_THREAD, 0, 0, 0, 0), EPERM),
     Probe("clone3", "clone3", _call(435, 0, 0), ENOSYS),
@@ -197,10 +197,10 @@ PROBES = [
     Probe("lsm_list_modules", "lsm_list_modules", _call(461, 0, 0, 0), ENOSYS),
     Probe("file_getattr", "file_getattr", _call(468, -1, 0, 0, 0, 0), ENOSYS),
     Probe("file_setattr", "file_setattr", _call(469, -1, 0, 0, 0, 0), ENOSYS),
-    Probe("ioctl-TIOCSTI", "ioctl", _ioctl(seccomp.TIOCSTI), EPERM),
-    Probe("ioctl-TIOCSTI-high-bits", "ioctl", _ioctl(1 << 32 | seccomp.TIOCSTI), EPERM),
-    Probe("ioctl-TIOCLINUX", "ioctl", _ioctl(seccomp.TIOCLINUX), EPERM),
-    Probe("ioctl-TIOCLINUX-high-bits", "ioctl", _ioctl(0xFFFF_FFFF << 32 | seccomp.TIOCLINUX), EPERM),
+    Probe("ioctl-TIOCSTI", "ioctl", _ioctl(seccomp_rules.TIOCSTI), EPERM),
+    Probe("ioctl-TIOCSTI-high-bits", "ioctl", _ioctl(1 << 32 | seccomp_rules.TIOCSTI), EPERM),
+    Probe("ioctl-TIOCLINUX", "ioctl", _ioctl(seccomp_rules.TIOCLINUX), EPERM),
+    Probe("ioctl-TIOCLINUX-high-bits", "ioctl", _ioctl(0xFFFF_FFFF << 32 | seccomp_rules.TIOCLINUX), EPERM),
 ]
 SOCKET_PROBES = [  # no baseline run: an unfiltered socket() would load protocol modules on the host
     Probe("socket-AF_VSOCK", "socket", _call(41, 40, socket.SOCK_STREAM, 0), errno.EAFNOSUPPORT),
@@ -224,7 +224,7 @@ def _ids(probes: list[Probe]) -> list[str]:
 
 def test_every_rule_has_a_kernel_probe() -> None:
     probed = {probe.syscall for probe in PROBES + SOCKET_PROBES}
-    assert probed | UNPROBED == {rule.syscall for rule in seccomp.RULES}
+    assert probed | UNPROBED == {rule.syscall for rule in seccomp_rules.RULES}
 
 
 @pytest.mark.parametrize("probe", PROBES + SOCKET_PROBES, ids=_ids(PROBES + SOCKET_PROBES))
@@ -263,7 +263,7 @@ def test_probes_answer_otherwise_without_the_policy(probe: Probe) -> None:
 
 
 def test_allowed_personalities_still_work() -> None:
-    for value in (*seccomp.PERSONALITY_ALLOWED, 1 << 32):  # the kernel reads 1<<32 as 0
+    for value in (*seccomp_rules.PERSONALITY_ALLOWED, 1 << 32):  # the kernel reads 1<<32 as 0
         assert under_policy(_call(135, value)) == 0, hex(value)
 
 

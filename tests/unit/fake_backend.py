@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandboxer.backends.protocol import Backend, Observed
-from sandboxer.config import ExtensionConfig
+from sandboxer.config_types import ExtensionConfig
 from sandboxer.dirs import Dirs
 from sandboxer.errors import BackendError
 from sandboxer.plan import Plan

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxer.config import from_meaning, meaning, parse_owner_file
+from sandboxer.config import parse_owner_file
+from sandboxer.config_types import from_meaning, meaning
 from sandboxer.configdir import OwnerFileBytes, load_owner_file
 from sandboxer.errors import ConfigError
 from tests.samples import profile_yaml

@@ -17,7 +17,7 @@ from sandboxer.backends.bwrap.argv import (
     render,
     render_lines,
 )
-from sandboxer.config import ExtensionConfig, Limits, Profile, RuntimePin, Workspace
+from sandboxer.config_types import ExtensionConfig, Limits, Profile, RuntimePin, Workspace
 from sandboxer.errors import NotFoundError
 from sandboxer.observe import MountSeen, ProbeSeen, differences, parse_mountinfo
 from sandboxer.plan import (

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxer.backends.bwrap import namespace as bwrap
+from sandboxer.backends.bwrap import live as bwrap
 
 
 def test_an_empty_environment_is_read_again_until_the_exec_has_finished(tmp_path: Path) -> None:

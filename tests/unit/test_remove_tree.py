@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from sandboxer import workspace
-from sandboxer.fsutil import mount_points, remove_tree
+from sandboxer.fstree import remove_tree
+from sandboxer.fsutil import mount_points
 
 NOBODY = 65534
 

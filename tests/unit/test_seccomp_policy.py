@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sandboxer import seccomp
-from sandboxer.seccomp import Condition, Op, Rule
+from sandboxer import seccomp, seccomp_rules
+from sandboxer.seccomp_types import Condition, Op, Rule
 from tests.conftest import REPO
 
 AUDIT_ARCH_X86_64 = 0xC000_003E
@@ -151,7 +151,7 @@ def test_i386_and_x32_calls_get_enosys() -> None:
 INTERESTING = [0, 1, 2, 3, 8, 9, 10, 15, 16, 17, 38, 40, 0x5412, 0x541C, 0x2_0000, 0x2_0008, 0x4_0000, 0xFFFF_FFFF]
 INTERESTING += [value | 1 << 32 for value in INTERESTING] + [U64, 1 << 63, 0x7E02_0000, 0x1000_0011]
 ARGUMENT = st.one_of(st.sampled_from(INTERESTING), st.integers(0, 0xFFFF_FFFF), st.integers(0, U64))
-NUMBERS = sorted({rule.number for rule in seccomp.RULES} | {0, 39, 57, 59})
+NUMBERS = sorted({rule.number for rule in seccomp_rules.RULES} | {0, 39, 57, 59})
 
 
 @settings(max_examples=2000, deadline=None)
@@ -163,8 +163,8 @@ def test_program_decides_as_the_definition(nr: int, args: list[int], allow_ptrac
 
 def _personality_cases() -> list[int]:
     bits = [1 << bit for bit in range(32)]
-    cases = [*seccomp.PERSONALITY_ALLOWED, *bits, *(0xFFFF_FFFF ^ bit for bit in bits)]
-    cases += [allowed | bit for allowed in seccomp.PERSONALITY_ALLOWED[:4] for bit in bits]
+    cases = [*seccomp_rules.PERSONALITY_ALLOWED, *bits, *(0xFFFF_FFFF ^ bit for bit in bits)]
+    cases += [allowed | bit for allowed in seccomp_rules.PERSONALITY_ALLOWED[:4] for bit in bits]
     return cases
 
 
@@ -172,13 +172,13 @@ def test_personality_allows_exactly_the_default_set() -> None:
     program = seccomp.bpf(allow_ptrace=False)
     for value in _personality_cases():
         for high in (0, 0xDEAD << 32):  # the kernel reads an unsigned int: high bits change nothing
-            expected = None if value in seccomp.PERSONALITY_ALLOWED else errno.EPERM
+            expected = None if value in seccomp_rules.PERSONALITY_ALLOWED else errno.EPERM
             assert verdict(run_filter(program, 135, [value | high, 0, 0, 0, 0, 0])) == expected, hex(value | high)
 
 
 def test_tiocsti_is_matched_on_the_low_32_bits() -> None:
     program = seccomp.bpf(allow_ptrace=False)
-    for request in (seccomp.TIOCSTI, seccomp.TIOCLINUX):
+    for request in (seccomp_rules.TIOCSTI, seccomp_rules.TIOCLINUX):
         for high in (0, 1 << 32, 0xFFFF_FFFF << 32):
             assert verdict(run_filter(program, 16, [0, request | high, 0, 0, 0, 0])) == errno.EPERM
     assert verdict(run_filter(program, 16, [0, 0x5413, 0, 0, 0, 0])) is None  # TIOCGWINSZ
@@ -241,7 +241,7 @@ DOCKER_DEFAULT_REFUSES = {
 
 
 def test_the_definition_covers_the_issue_and_dockers_default() -> None:
-    names = {rule.syscall for rule in seccomp.RULES}
+    names = {rule.syscall for rule in seccomp_rules.RULES}
     assert names >= REQUIRED
     unconditional = {rule.syscall for rule in seccomp.rules(allow_ptrace=True) if not rule.conditions}
     assert unconditional >= DOCKER_DEFAULT_REFUSES
@@ -250,23 +250,23 @@ def test_the_definition_covers_the_issue_and_dockers_default() -> None:
 def test_rule_numbers_are_x86_64s() -> None:
     import pyseccomp  # type: ignore[import-untyped]
 
-    for rule in seccomp.RULES:
-        assert 0 <= rule.number <= seccomp.REVIEWED_THROUGH
+    for rule in seccomp_rules.RULES:
+        assert 0 <= rule.number <= seccomp_rules.REVIEWED_THROUGH
         known = pyseccomp.resolve_syscall(pyseccomp.Arch.X86_64, rule.syscall)
         if known >= 0:  # libseccomp 2.5 does not know the newest calls by name
             assert known == rule.number, rule.syscall
     by_name = {}
-    for rule in seccomp.RULES:
+    for rule in seccomp_rules.RULES:
         assert by_name.setdefault(rule.syscall, rule.number) == rule.number
 
 
 def test_each_rule_reads_as_documented() -> None:
-    for rule in seccomp.RULES:
+    for rule in seccomp_rules.RULES:
         assert rule.errno in (errno.EPERM, errno.ENOSYS, errno.EAFNOSUPPORT, errno.EPROTONOSUPPORT)
         assert rule.reason
         assert "\n" not in rule.reason
     doc = (REPO / "docs" / "seccomp.md").read_text(encoding="utf-8")
-    for rule in seccomp.RULES:
+    for rule in seccomp_rules.RULES:
         assert f"`{rule.syscall}`" in doc, f"docs/seccomp.md does not list {rule.syscall}"
 
 

@@ -1,2 +1,3 @@
-"""bubblewrap: one long-lived namespace per sandbox (namespace.py), its argv (argv.py), stopping
-it (stop.py), and the Backend the core uses (backend.py)."""
+"""bubblewrap: one long-lived namespace per sandbox, started (namespace.py) from its argv (argv.py),
+probed and checked while it runs (live.py), stopped (stop.py), and the Backend the core uses
+(backend.py)."""

@@ -13,9 +13,9 @@ from sandboxer.errors import BackendError
 # namespace code, the plan, YAML through the config) is imported inside it.
 if TYPE_CHECKING:
     from sandboxer import limits
-    from sandboxer.backends.bwrap import namespace as bwrap
+    from sandboxer.backends.bwrap import live as bwrap
     from sandboxer.backends.protocol import Observed
-    from sandboxer.config import ExtensionConfig
+    from sandboxer.config_types import ExtensionConfig
     from sandboxer.dirs import Dirs
     from sandboxer.plan import Plan
     from sandboxer.registry import Registry
@@ -66,7 +66,7 @@ class BwrapBackend:
             )
 
     def deliver(self, plan: Plan, record: dict[str, Any], data: bytes, target: str) -> None:
-        from sandboxer.backends.bwrap import namespace as bwrap
+        from sandboxer.backends.bwrap import live as bwrap
 
         live = bwrap.Live(
             bwrap_pid=record["bwrap_pid"],
@@ -101,7 +101,7 @@ class BwrapBackend:
 
     def observe(self, dirs: Dirs, record: dict[str, Any]) -> Observed:
         from sandboxer import limits
-        from sandboxer.backends.bwrap import namespace as bwrap
+        from sandboxer.backends.bwrap import live as bwrap
         from sandboxer.backends.bwrap.argv import HOLDER_TARGET
         from sandboxer.backends.bwrap.netview import observe_network
         from sandboxer.backends.protocol import Observed
@@ -188,7 +188,7 @@ def _start(plan: Plan, registry: Registry, record: dict[str, Any]) -> None:
 
 def _verify(plan: Plan, live: bwrap.Live, limit_setup: limits.LimitSetup, program: bytes) -> None:
     """Refuse to hand out a sandbox whose observed state differs from its plan (exit 5)."""
-    from sandboxer.backends.bwrap import namespace as bwrap
+    from sandboxer.backends.bwrap import live as bwrap
     from sandboxer.backends.bwrap.argv import HOLDER_TARGET
     from sandboxer.errors import BackendError
     from sandboxer.observe import differences, interfaces_from_proc, read_mountinfo

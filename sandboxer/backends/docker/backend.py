@@ -13,7 +13,7 @@ from sandboxer.registry import Registry
 # are imported by the methods that need them.
 if TYPE_CHECKING:
     from sandboxer.backends.protocol import Observed
-    from sandboxer.config import ExtensionConfig
+    from sandboxer.config_types import ExtensionConfig
     from sandboxer.dirs import Dirs
     from sandboxer.observe import MountSeen, ProbeSeen
     from sandboxer.plan import Plan

@@ -1,0 +1,144 @@
+"""What a valid owner file is: the frozen values `config` parses extension configs and profiles
+into, and their normalized meaning (`meaning`, and `from_meaning` back, for the parse cache).
+
+Pure and free of YAML: the plan, the record and the backends read these values without loading
+the parser.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+ExtensionName = Literal["ext.bwrap", "ext.docker"]
+EXTENSIONS: tuple[ExtensionName, ...] = get_args(ExtensionName)
+
+DEFAULT_MEMORY_MIB = 2048
+DEFAULT_PIDS = 512
+DEFAULT_WORKSPACE_MIB = 4096
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimePin:
+    """The owner's runtime directory and the tree digest v1 it must have."""
+
+    path: str
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExtensionConfig:
+    """One `extensions/<name>.yaml` file."""
+
+    extension: ExtensionName
+    runtime: RuntimePin
+    image: str | None
+    file_sha256: str
+    warm: int = 0  # ext.docker only: containers kept started ahead for each of its profiles
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workspace:
+    """The Git repository each sandbox clones, and the ref it checks out."""
+
+    repository: str
+    ref: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    """Resource limits of every sandbox of a profile."""
+
+    memory_mib: int = DEFAULT_MEMORY_MIB
+    pids: int = DEFAULT_PIDS
+    workspace_mib: int = DEFAULT_WORKSPACE_MIB  # the workspace's own filesystem: ENOSPC past it
+    best_effort: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Security:
+    """What a profile may relax of the sandbox's syscall policy (docs/seccomp.md)."""
+
+    allow_ptrace: bool = False  # debuggers inside: ptrace within one exec's own processes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Profile:
+    """One `profiles/<name>.yaml` file."""
+
+    name: str
+    extension: ExtensionName
+    workspace: Workspace
+    network_default: Literal["deny"]
+    egress: tuple[()]
+    secrets: tuple[()]
+    limits: Limits
+    file_sha256: str
+    security: Security = Security()
+
+
+OwnerFile = ExtensionConfig | Profile
+
+
+def meaning(item: OwnerFile) -> dict[str, Any]:
+    """The normalized meaning of a valid owner file, shaped like the file, defaults filled in."""
+    if isinstance(item, Profile):
+        return {
+            "kind": "profile",
+            "profile": item.name,
+            "extension": item.extension,
+            "workspace": {"repository": item.workspace.repository, "ref": item.workspace.ref},
+            "network": {"default": item.network_default, "egress": list(item.egress)},
+            "setup": {"secrets": list(item.secrets)},
+            "limits": {
+                "memory_mib": item.limits.memory_mib,
+                "pids": item.limits.pids,
+                "workspace_mib": item.limits.workspace_mib,
+                "best_effort": item.limits.best_effort,
+            },
+            "security": {"allow_ptrace": item.security.allow_ptrace},
+        }
+    config: dict[str, Any] = {"runtime": {"path": item.runtime.path, "sha256": item.runtime.sha256}}
+    if item.image is not None:
+        config["image"] = item.image
+        config["warm"] = item.warm
+    return {"kind": "extension", "extension": item.extension, "config": config}
+
+
+def from_meaning(document: dict[str, Any], file_sha256: str) -> OwnerFile:
+    """Rebuild a parsed owner file from `meaning()` output (the broker's own parse cache)."""
+    if document["kind"] == "profile":
+        limits = document["limits"]
+        return Profile(
+            name=str(document["profile"]),
+            extension=_extension(document["extension"]),
+            workspace=Workspace(
+                repository=str(document["workspace"]["repository"]), ref=str(document["workspace"]["ref"])
+            ),
+            network_default="deny",
+            egress=(),
+            secrets=(),
+            limits=Limits(
+                memory_mib=int(limits["memory_mib"]),
+                pids=int(limits["pids"]),
+                workspace_mib=int(limits["workspace_mib"]),
+                best_effort=bool(limits["best_effort"]),
+            ),
+            file_sha256=file_sha256,
+            security=Security(allow_ptrace=bool(document["security"]["allow_ptrace"])),
+        )
+    config = document["config"]
+    return ExtensionConfig(
+        extension=_extension(document["extension"]),
+        runtime=RuntimePin(path=str(config["runtime"]["path"]), sha256=str(config["runtime"]["sha256"])),
+        image=str(config["image"]) if "image" in config else None,
+        file_sha256=file_sha256,
+        warm=int(config.get("warm", 0)),
+    )
+
+
+def _extension(value: object) -> ExtensionName:
+    for name in EXTENSIONS:
+        if value == name:
+            return name
+    raise ValueError("unknown extension in parse cache")
