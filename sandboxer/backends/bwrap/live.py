@@ -13,7 +13,8 @@ import signal
 import time
 from dataclasses import dataclass
 
-from sandboxer import joiner, procs
+from sandboxer import procs
+from sandboxer.backends.bwrap import joiner
 from sandboxer.errors import BackendError, EntryError
 from sandboxer.limits import CGROUP_ROOT, LimitSetup
 from sandboxer.observe import ProbeSeen, parse_probe
