@@ -31,11 +31,11 @@ import stat
 import time
 from typing import Any, NoReturn
 
-from sandboxer import manifest as mf
 from sandboxer import strictjson
 from sandboxer.errors import BackendError, NotPendingError, PolicyError, UsageError
 from sandboxer.fsutil import atomic_write, open_beneath
 from sandboxer.leases import SPOOL_PENDING_FILES, SPOOL_REQUEST_BYTES, SPOOL_TOTAL_BYTES, spool_name
+from sandboxer.manifest import schema as mf
 from sandboxer.registry import Registry, check_id
 from sandboxer.strictjson import JsonObject
 

@@ -157,7 +157,7 @@ def _admit_bootstrap(path: str | None, assignment: Assignment | None) -> tuple[B
     if document.workspace != bootstrap.PUBLIC_WORKSPACE:
         raise PolicyError(f"{file}: workspace: must be {bootstrap.PUBLIC_WORKSPACE}, where the sandbox serves it")
     if assignment is not None:
-        from sandboxer import manifest
+        from sandboxer.manifest import schema as manifest
 
         for lease in assignment.manifest.leases:
             if lease.scope in (manifest.PROVIDER_ENVIRONMENT, manifest.PROVIDER_CREDENTIAL):

@@ -1,0 +1,1 @@
+"""Lease manifests (docs/manifest.md)."""
