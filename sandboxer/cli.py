@@ -88,7 +88,7 @@ def manifest_check(
     json: JsonOption = False,
 ) -> None:
     """Validate a lease manifest and its sources; print what it grants (never a value)."""
-    from sandboxer.manifest import schema as manifest
+    from sandboxer import manifest
 
     dirs = _dirs(ctx)
     checked = manifest.load(os.path.abspath(file), forbidden=(dirs.config, dirs.state))

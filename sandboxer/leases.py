@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sandboxer import manifest as mf
 from sandboxer.errors import BackendError, PolicyError
-from sandboxer.manifest import schema as mf
 from sandboxer.plan import SAFE_PATH, SANDBOX_GID, SANDBOX_UID, STATE_DIRS, STATE_ROOT, Grants, Mount, MountKind, Plan
 
 if TYPE_CHECKING:
