@@ -36,6 +36,8 @@ from sandboxer import strictjson
 from sandboxer.errors import BackendError, NotPendingError, PolicyError, UsageError
 from sandboxer.fsutil import atomic_write, open_beneath
 from sandboxer.leases import SPOOL_PENDING_FILES, SPOOL_REQUEST_BYTES, SPOOL_TOTAL_BYTES, spool_name
+from sandboxer.manifest.schema import REPLAY_POLICY, TOOL_REQUEST
+from sandboxer.manifest.schema import run_dir as manifest_run_dir
 from sandboxer.registry import Registry, check_id
 from sandboxer.strictjson import JsonObject
 
@@ -85,7 +87,7 @@ class _Target:
         if checked.sha256 != assignment.get("sha256"):
             raise Refused(f"{checked.file}: the manifest changed since the sandbox was created")
         lease = checked.lease(lease_id)
-        if lease is None or lease.scope != mf.TOOL_REQUEST:
+        if lease is None or lease.scope != TOOL_REQUEST:
             raise UsageError(f"--lease {lease_id}: not a tool-request lease of this sandbox's manifest")
         if not _is_request_id(request_id):
             raise UsageError("--request-id: must be 1-128 of [A-Za-z0-9._:-], not . or ..")
@@ -95,7 +97,7 @@ class _Target:
         self.manifest, self.lease, self.request_id = checked, lease, request_id
         self.endpoint = endpoint.materializations[0].source_path
         self.owner = int(assignment["owner_uid"])
-        self.replay = lease.replay_policy == mf.REPLAY_POLICY
+        self.replay = lease.replay_policy == REPLAY_POLICY
         self.consumer_uid = int(self.record["host_uid"])  # who the consumer is on the host (Docker: remapped)
         if int(self.record["uid"]) != lease.consumer_uid or int(self.record["uid"]) == 0:
             raise Refused(f"{lease.field}.consumer_uid: is not the sandbox user's uid")
@@ -397,7 +399,7 @@ def _relay(target: _Target, request: dict[str, Any]) -> dict[str, Any]:
 def _open_endpoint(target: _Target) -> int:
     """The endpoint socket, opened below the run directory without following any symlink on the
     whole path, and still a socket of the assignment's owner."""
-    run_dir = mf.run_dir(target.manifest)
+    run_dir = manifest_run_dir(target.manifest)
     try:
         fd = open_beneath(run_dir, target.endpoint, strict_root=True)
     except OSError as exc:

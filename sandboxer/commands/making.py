@@ -152,10 +152,10 @@ def _admit_bootstrap(path: str | None, assignment: Assignment | None) -> tuple[B
     if document.workspace != bootstrap.PUBLIC_WORKSPACE:
         raise PolicyError(f"{file}: workspace: must be {bootstrap.PUBLIC_WORKSPACE}, where the sandbox serves it")
     if assignment is not None:
-        from sandboxer import manifest
+        from sandboxer.manifest.schema import PROVIDER_CREDENTIAL, PROVIDER_ENVIRONMENT
 
         for lease in assignment.manifest.leases:
-            if lease.scope in (manifest.PROVIDER_ENVIRONMENT, manifest.PROVIDER_CREDENTIAL):
+            if lease.scope in (PROVIDER_ENVIRONMENT, PROVIDER_CREDENTIAL):
                 raise PolicyError(
                     f"{file}: the bootstrap is the launch's only credential source, and the manifest's "
                     f"{lease.field} ({lease.scope}) is another"

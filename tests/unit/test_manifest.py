@@ -26,7 +26,9 @@ from typing import Any
 import pytest
 
 from sandboxer.errors import PolicyError, UsageError
-from sandboxer.manifest import LeaseExpiredError, ManifestError, load, parse
+from sandboxer.manifest import load
+from sandboxer.manifest.parsing import parse
+from sandboxer.manifest.schema import LeaseExpiredError, ManifestError
 from tests.manifest_samples import (
     CREDENTIAL,
     DIGEST_1,
