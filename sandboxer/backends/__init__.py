@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sandboxer.backends.protocol import Backend
 
+NAMES = ("bwrap", "docker")  # every backend, in the order gc asks each for its orphans
+
 
 def backend_for(name: object) -> Backend:
     """The backend a sandbox (its plan or record) names."""
