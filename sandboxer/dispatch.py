@@ -101,24 +101,12 @@ class _Target:
         self.consumer_uid = int(self.record["host_uid"])  # who the consumer is on the host (Docker: remapped)
         if int(self.record["uid"]) != lease.consumer_uid or int(self.record["uid"]) == 0:
             raise Refused(f"{lease.field}.consumer_uid: is not the sandbox user's uid")
-        self.spool = self._spool_root(registry, sandbox_id)
+        from sandboxer.backends import backend_for
+
         name = spool_name(checked.run_id, lease.lease_id)
+        backend = backend_for(self.record.get("backend"))
+        self.spool = backend.spool_directory(name, sandbox_dir=registry.path(sandbox_id))
         self.ledger = registry.path(sandbox_id, "ledger", name)
-
-    def _spool_root(self, registry: Registry, sandbox_id: str) -> str:
-        name = spool_name(self.manifest.run_id, self.lease.lease_id)
-        if self.record.get("backend") != "docker":
-            return registry.path(sandbox_id, "spools", name)
-        from sandboxer.backends.docker import engine
-
-        try:
-            status, content = engine.request("GET", f"/volumes/{name}")
-            mountpoint = json.loads(content).get("Mountpoint") if status == 200 else None
-        except (OSError, ValueError, engine.EngineError) as exc:
-            raise BackendError(f"docker: the spool volume cannot be inspected ({exc})") from None
-        if not isinstance(mountpoint, str):
-            raise BackendError(f"docker: spool volume {name} is gone")
-        return mountpoint
 
 
 def _is_request_id(value: str) -> bool:

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 
     Enter = Callable[..., int]
 
+NAMES = ("bwrap", "docker")  # every backend, in the order gc asks each for its orphans
+
 
 def backend_for(name: object) -> Backend:
     """The backend a sandbox (its plan or record) names."""

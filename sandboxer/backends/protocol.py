@@ -82,3 +82,27 @@ class Backend(Protocol):
 
     def taken_warm_problems(self, registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
         """The final inspection of a warm sandbox a create took, once its workspace is cloned."""
+
+    def admits_service_images(self) -> bool:
+        """Whether a lease manifest's service_images can be honoured (an engine of images)."""
+
+    def spool_place(self, name: str, *, sandbox_dir: str) -> tuple[str, str | None]:
+        """Where the request spool `name` of the sandbox whose directory is `sandbox_dir` lives:
+        the source of its mount (a host path, or a name the engine resolves) and the directory
+        it is opened below without following symlinks (None for a name)."""
+
+    def make_spool_root(self, source: str, *, sandbox_id: str, state_dir: str, group: int) -> str:
+        """Make the empty host directory of a spool (`source` as spool_place gave it) that its
+        bounded tmpfs goes on, before the sandbox starts; returns its path. `group` is the
+        sandbox user's host gid."""
+
+    def spool_directory(self, name: str, *, sandbox_dir: str) -> str:
+        """The host directory of a live sandbox's spool `name` (dispatch-tool works there);
+        BackendError when it cannot be found."""
+
+    def remove_spool(self, source: str, *, sandbox_id: str) -> tuple[list[str], list[str]]:
+        """Remove a spool (its tmpfs first) of a sandbox being destroyed: (removed, residue)."""
+
+    def collect_orphans(self, registry: Registry) -> list[dict[str, Any]]:
+        """gc's receipts ({"id", "removed", "residue"}) for what the engine still holds of
+        sandboxes whose directory is gone; nothing when it cannot tell what that is."""

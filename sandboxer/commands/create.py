@@ -92,6 +92,7 @@ def _make(request: CreateRequest, registry: Registry, record: dict[str, Any]) ->
     sandbox_id = str(record["id"])
     assignment = request.assignment
     plan = plan_for(request, registry, sandbox_id)
+    backend = backend_for(plan.backend)
     from sandboxer import workspace_volume
 
     if plan.workspace_in_memory:
@@ -103,6 +104,6 @@ def _make(request: CreateRequest, registry: Registry, record: dict[str, Any]) ->
     if assignment is not None:
         record["manifest"] = assignment.record(plan)
         registry.write(sandbox_id, record)
-        assignment.make_spools(plan, request.state_dir, consumer=(plan.host_uid, plan.host_gid))
-    backend_for(plan.backend).start(plan, registry, record, image=request.image, profile_file=request.profile_file)
+        assignment.make_spools(plan, backend, request.state_dir, consumer=(plan.host_uid, plan.host_gid))
+    backend.start(plan, registry, record, image=request.image, profile_file=request.profile_file)
     deliver_requested(request, plan, record)

@@ -25,18 +25,18 @@ def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tupl
     residue += [f"host git process {pid}" for pid in stray]
     still_running = list(residue)  # processes that survived, a container the Engine kept
     if os.path.isdir(registry.path(sandbox_id, "leases")):  # no process or container uses them now
-        from sandboxer import leases
+        from sandboxer import lease_mounts
 
-        leases.unstage(registry.path(sandbox_id))  # what stays mounted is residue, found below
+        lease_mounts.unstage(registry.path(sandbox_id))  # what stays mounted is residue, found below
     if isinstance(record.get("bootstrap"), dict) and not residue:
         removed.append(f"bootstrap file {record['bootstrap'].get('target')} (with the sandbox's private state)")
     if isinstance(record.get("manifest"), dict):
-        from sandboxer import leases
+        from sandboxer import lease_removal
 
         # The assignment's own files go only once the sandbox had consumed it (it was ready).
-        lease_removed, lease_residue = leases.remove(
+        lease_removed, lease_residue = lease_removal.remove(
             record["manifest"],
-            backend=str(record.get("backend")),
+            backend=backend,
             sandbox_id=sandbox_id,
             materializations=record.get("state") == "ready" or bool(record.get("consumed")),
         )

@@ -99,7 +99,10 @@ def plan_for(
     backend = backend_for(request.backend)
     assignment, delivery = request.assignment, request.delivery
     links, etc = _host_layout()
-    grants = None if assignment is None else assignment.grants(request.backend, registry.path(sandbox_id))
+    sandbox_dir = registry.path(sandbox_id)
+    grants: Grants | None = None
+    if assignment is not None:  # each spool where this backend keeps it
+        grants = assignment.grants(lambda name: backend.spool_place(name, sandbox_dir=sandbox_dir))
     if delivery is not None and delivery[0].suspend_control:
         grants = _with_suspend_dir(grants)
     inside = (grants.uid or SANDBOX_UID, grants.gid or SANDBOX_GID) if grants else (SANDBOX_UID, SANDBOX_GID)
@@ -187,9 +190,13 @@ def _admit_manifest(dirs: Dirs, path: str | None, *, backend: str, repository: s
     if path is None:
         return None
     from sandboxer import leases
+    from sandboxer.backends import backend_for
 
     assignment = leases.admit_assignment(
-        os.path.abspath(path), forbidden=(dirs.config, dirs.state), backend=backend, repository=repository
+        os.path.abspath(path),
+        forbidden=(dirs.config, dirs.state),
+        images_admitted=backend_for(backend).admits_service_images(),
+        repository=repository,
     )
     registry = Registry(dirs.state)
     for other in registry.ids():  # a run is one sandbox: its spools, ledger and materializations are one

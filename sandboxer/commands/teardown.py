@@ -93,7 +93,7 @@ def gc(dirs: Dirs) -> dict[str, Any]:
     """
     registry = Registry(dirs.state)
     collected, healthy, busy, warm = [], [], [], []
-    collected += _collect_orphan_containers(registry)
+    collected += _collect_orphans(registry)
     for sandbox_id in registry.ids():
         try:
             lock = registry.try_lock_for_gc(sandbox_id)
@@ -126,53 +126,8 @@ def gc(dirs: Dirs) -> dict[str, Any]:
     return {"collected": collected, "healthy": healthy, "busy": busy, "warm": warm}
 
 
-def _collect_orphan_containers(registry: Registry) -> list[dict[str, Any]]:
-    """Containers labelled with this state dir whose sandbox directory is gone (found by label).
+def _collect_orphans(registry: Registry) -> list[dict[str, Any]]:
+    """What each engine still holds of sandboxes whose directory is gone (its own receipts)."""
+    from sandboxer.backends import NAMES, backend_for
 
-    A container or volume that cannot be removed is residue of its sandbox id; when the Engine
-    cannot even list them, nothing is collected this time (as when no Engine answers at all).
-    """
-    import importlib.util
-
-    if importlib.util.find_spec("docker") is None or not os.path.exists("/var/run/docker.sock"):
-        return []
-    from sandboxer.backends.docker import container as docker_backend
-
-    receipts: list[dict[str, Any]] = []
-    # Containers first, then directories: a create (or a warm fill) makes its directory before its
-    # container, so a container whose directory is absent after this order is really an orphan.
-    try:
-        labelled = docker_backend.labelled(registry.state_dir)
-    except Exception:  # the Engine stopped answering: like no Engine, nothing to collect
-        labelled = {}
-    present = set(registry.ids())
-    for sandbox_id, container_id in labelled.items():
-        if sandbox_id in present:
-            continue
-        try:
-            residue = docker_backend.remove(container_id)
-        except Exception as exc:  # residue of this sandbox, not the end of gc
-            residue = [f"container {container_id[:12]}: {type(exc).__name__}: {exc}"]
-        removed = [] if residue else [f"container {container_id[:12]}"]
-        receipts.append({"id": sandbox_id, "removed": removed, "residue": residue})
-    from sandboxer import leases
-
-    try:
-        volumes = leases.orphan_volumes(registry.state_dir, lambda: set(registry.ids()))
-    except Exception:  # as above
-        volumes = []
-    for volume, sandbox_id in volumes:
-        item = f"spool volume {volume}"
-        try:
-            problem = leases.remove_volume(volume, sandbox_id=sandbox_id)
-        except Exception as exc:  # residue of this sandbox, not the end of gc
-            problem = f"{type(exc).__name__}: {exc}"
-        if problem != "gone":
-            receipts.append(
-                {
-                    "id": sandbox_id,
-                    "removed": [] if problem else [item],
-                    "residue": [f"{item}: {problem}"] if problem else [],
-                }
-            )
-    return receipts
+    return [receipt for name in NAMES for receipt in backend_for(name).collect_orphans(registry)]

@@ -1,12 +1,15 @@
-"""A Backend that starts nothing, for unit tests of the core (create, teardown, list, gc).
+"""A Backend that starts nothing, for unit tests of the core (create, teardown, list, gc, leases).
 
 It keeps its "running" sandboxes in memory, records what it was asked to do, and can be told to
-fail a start, to lose a sandbox (as if its processes died) or to be unable to tell.
+fail a start, to lose a sandbox (as if its processes died) or to be unable to tell. Its spools
+are plain directories below `spool_base` (no engine, no tmpfs), and gc finds the `orphans` it is
+given.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sandboxer.backends.protocol import Backend, Observed
@@ -14,6 +17,7 @@ from sandboxer.config_types import ExtensionConfig
 from sandboxer.dirs import Dirs
 from sandboxer.errors import BackendError
 from sandboxer.plan import Plan
+from sandboxer.record import plan_fields
 from sandboxer.registry import Registry
 
 NO_WARM = "the fake backend keeps no warm sandboxes"
@@ -24,7 +28,10 @@ class FakeBackend:
     running: set[str] = field(default_factory=set)
     unknown: set[str] = field(default_factory=set)  # is_running cannot tell (a silent Engine)
     fail_start: str | None = None  # the message of a start that fails, after recording itself
-    calls: list[tuple[str, str]] = field(default_factory=list)  # (verb, sandbox id)
+    calls: list[tuple[str, str]] = field(default_factory=list)  # (verb, its subject: a sandbox id, spool, state dir)
+    images: bool = False  # whether it admits a manifest's service images
+    spool_base: Path = Path("/nonexistent/fake-spools")  # where make_spool_root makes a spool's directory
+    orphans: list[dict[str, Any]] = field(default_factory=list)  # receipts gc gets once, then no more
 
     def preflight(self, extension: ExtensionConfig) -> None:
         self.calls.append(("preflight", extension.extension))
@@ -42,6 +49,7 @@ class FakeBackend:
         self.calls.append(("start", plan.sandbox_id))
         record["limits"] = {"mechanism": "fake", "memory_mib": plan.limits.memory_mib, "pids": plan.limits.pids}
         record["fake"] = {"started": True}
+        record.update(plan_fields(plan))  # as every backend records it
         registry.write(plan.sandbox_id, record)
         if self.fail_start is not None:
             raise BackendError(self.fail_start)
@@ -81,6 +89,32 @@ class FakeBackend:
 
     def taken_warm_problems(self, registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
         raise BackendError(NO_WARM)
+
+    def admits_service_images(self) -> bool:
+        return self.images
+
+    def spool_place(self, name: str, *, sandbox_dir: str) -> tuple[str, str | None]:
+        self.calls.append(("spool_place", name))
+        return f"fake:{name}", f"{sandbox_dir}/fake-spools"
+
+    def make_spool_root(self, source: str, *, sandbox_id: str, state_dir: str, group: int) -> str:
+        self.calls.append(("make_spool_root", source))
+        root = self.spool_base / source.removeprefix("fake:")
+        root.mkdir()
+        return str(root)
+
+    def spool_directory(self, name: str, *, sandbox_dir: str) -> str:
+        self.calls.append(("spool_directory", name))
+        return str(self.spool_base / name)
+
+    def remove_spool(self, source: str, *, sandbox_id: str) -> tuple[list[str], list[str]]:
+        self.calls.append(("remove_spool", source))
+        return [f"fake spool {source}"], []
+
+    def collect_orphans(self, registry: Registry) -> list[dict[str, Any]]:
+        self.calls.append(("collect_orphans", registry.state_dir))
+        found, self.orphans = self.orphans, []
+        return found
 
 
 def _conforms(backend: FakeBackend) -> Backend:

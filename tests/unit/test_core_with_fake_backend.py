@@ -1,18 +1,28 @@
 """The core's own logic, through the Python API, on a fake backend (tests/unit/fake_backend.py):
-admission, the create → ready → teardown states, rollback when a start fails, and what gc
-collects or leaves. Real config files, approvals, runtime pins and git clones; no namespace or
-container, so each test takes a fraction of a second.
+admission, the create → ready → teardown states, rollback when a start fails, what gc collects
+or leaves, and what of a lease manifest is the backend's to decide (service images, where a
+spool lives, making, finding and removing it, an engine's orphans). Real config files,
+approvals, runtime pins, manifests and git clones; no namespace, container or tmpfs, so each
+test takes a fraction of a second.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from sandboxer import Broker
+from sandboxer import Broker, leases
+from sandboxer import manifest as mf
+from sandboxer.backends import NAMES
+from sandboxer.dispatch import dispatch
 from sandboxer.errors import BackendError, PolicyError
+from sandboxer.plan import MountKind
 from tests.conftest import make_repository, make_runtime
+from tests.manifest_samples import IMAGE_APP, REQUEST, RUN_ID, Run, build_run, fake_document, render
 from tests.samples import profile_yaml
 from tests.unit.fake_backend import FakeBackend
 
@@ -118,3 +128,111 @@ def test_a_broken_record_is_collected_as_residue_not_a_crash(broker: Broker, fak
     ids = {receipt.id for receipt in report.collected}
     assert sandbox.id in ids
     assert report.healthy == (other.id,)
+
+
+# ------------------------------------------------------------------ leases: what the backend decides
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a request spool needs a root broker")
+
+
+@pytest.fixture
+def run(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, broker: Broker) -> Run:
+    """The sample run (v2) fitted to the broker's profile: its repository at its head, no images
+    or published ports. (Below a short base: a socket's path is bounded.)"""
+    run = build_run(tmp_path_factory.mktemp("run"))
+    repo = tmp_path / "repo"
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+    run.doc["repository"] = {"path": str(repo), "revision": head.stdout.strip()}
+    run.doc["published_ports"] = []
+    for key in ("service_images", "port_proxy_image", "workspace_folder", "omitted_services"):
+        run.doc.pop(key, None)
+    run.save()
+    return run
+
+
+@pytest.fixture
+def spools(tmp_path: Path, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The fake's spools go below tmp_path/engine; the broker's tmpfs on each is only listed."""
+    mounted: list[str] = []
+    monkeypatch.setattr("sandboxer.lease_mounts.mount_spool_tmpfs", mounted.append)
+    fake.spool_base = tmp_path / "engine"
+    fake.spool_base.mkdir()
+    return mounted
+
+
+def test_grants_take_each_spools_place_from_the_function_given() -> None:
+    manifest = mf.parse(render(fake_document("2")), file="/runs/assignment.json")
+    lease_id = fake_document("2")["leases"][REQUEST]["lease_id"]
+    granted = leases.grants(manifest, spool_place=lambda name: (f"placed:{name}", "/below"), project_env=None)
+    spools = [(m.source, m.beneath, m.lease) for m in granted.mounts if m.kind is MountKind.SPOOL]
+    assert spools == [(f"placed:{leases.spool_name(RUN_ID, lease_id)}", "/below", lease_id)]
+
+
+def test_the_engines_place_spools_as_they_always_have() -> None:
+    from sandboxer.backends.bwrap.backend import BwrapBackend
+    from sandboxer.backends.docker.backend import DockerBackend
+
+    bwrap, docker = BwrapBackend(), DockerBackend()
+    assert bwrap.spool_place("s", sandbox_dir="/st/x") == ("/st/x/spools/s", "/st/x/spools")
+    assert bwrap.spool_directory("s", sandbox_dir="/st/x") == "/st/x/spools/s"
+    assert docker.spool_place("s", sandbox_dir="/st/x") == ("s", None)
+    assert (bwrap.admits_service_images(), docker.admits_service_images()) == (False, True)
+
+
+@pytest.mark.parametrize("admitted", [False, True])
+def test_service_images_are_admitted_as_the_backend_says(
+    run: Run, broker: Broker, fake: FakeBackend, spools: list[str], admitted: bool
+) -> None:
+    run.doc["service_images"] = {"app": IMAGE_APP}
+    run.save()
+    fake.images = admitted
+    if not admitted:
+        with pytest.raises(PolicyError, match="service_images: images need the Docker backend"):
+            broker.create("p", manifest=str(run.assignment))
+        assert [verb for verb, _ in fake.calls] == ["preflight", "admit"]
+        assert _left(broker) == []
+        return
+    if os.geteuid() != 0:
+        pytest.skip("a request spool needs a root broker")
+    receipt = broker.create("p", manifest=str(run.assignment)).teardown()
+    assert receipt.residue == ()
+    assert len(spools) == 1
+
+
+@needs_root
+def test_spools_are_placed_made_found_and_removed_by_the_backend(
+    run: Run, broker: Broker, fake: FakeBackend, spools: list[str]
+) -> None:
+    lease_id = run.doc["leases"][REQUEST]["lease_id"]
+    name = leases.spool_name(RUN_ID, lease_id)
+    sandbox = broker.create("p", manifest=str(run.assignment))
+    # Placed by the backend, made by it, then the broker's tmpfs and layout on what it made.
+    assert ("spool_place", name) in fake.calls
+    assert ("make_spool_root", f"fake:{name}") in fake.calls
+    root = fake.spool_base / name
+    assert spools == [str(root)]
+    assert json.loads((root / ".binding.json").read_text())["lease_id"] == lease_id
+    assert (root / ".capability").read_bytes() == run.source(REQUEST).read_bytes()
+    record = json.loads((Path(broker.state_dir) / "sandboxes" / sandbox.id / "record.json").read_text())
+    assert [spool["source"] for spool in record["manifest"]["spools"]] == [f"fake:{name}"]
+    # dispatch-tool picks a request up in the directory the backend names.
+    (root / "requests" / "r1.json").write_bytes(b"{}")  # root's, not the consumer's: refused once found
+    with pytest.raises(PolicyError, match="request r1: the request file is refused: it does not belong"):
+        dispatch(broker.state_dir, sandbox.id, lease_id=lease_id, request_id="r1", wait_seconds=0)
+    assert ("spool_directory", name) in fake.calls
+    assert not (root / "requests" / "r1.json").exists()
+    # teardown removes it through the backend.
+    receipt = sandbox.teardown()
+    assert ("remove_spool", f"fake:{name}") in fake.calls
+    assert f"fake spool fake:{name}" in receipt.removed
+    assert receipt.residue == ()
+
+
+def test_gc_collects_the_orphans_each_backend_reports(broker: Broker, fake: FakeBackend) -> None:
+    orphan = "0123456789abcdef01234567"
+    fake.orphans = [{"id": orphan, "removed": ["fake container"], "residue": []}]
+    report = broker.gc()
+    assert [(receipt.id, receipt.removed, receipt.residue) for receipt in report.collected] == [
+        (orphan, ("fake container",), ())
+    ]
+    assert [verb for verb, _ in fake.calls].count("collect_orphans") == len(NAMES)

@@ -183,7 +183,7 @@ def test_docker_lease_mount_deviations_are_differences(case: str) -> None:
 def test_a_staged_lease_must_be_the_staged_mount_inside() -> None:
     from types import SimpleNamespace
 
-    from sandboxer.leases import staged_mismatches
+    from sandboxer.lease_mounts import staged_mismatches
     from sandboxer.observe import parse_mountinfo
     from sandboxer.plan import Mount, MountKind
 

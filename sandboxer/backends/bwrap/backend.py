@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 from sandboxer import procs
 from sandboxer.errors import BackendError
 
+SPOOLS = "spools"  # the sandbox directory's subdirectory of request spools
+
 # teardown, list and gc ask only is_running, stop and release: what else a method needs (the
 # namespace code, the plan, YAML through the config) is imported inside it.
 if TYPE_CHECKING:
@@ -158,6 +160,39 @@ class BwrapBackend:
     def taken_warm_problems(self, registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
         raise BackendError(NO_WARM)
 
+    def admits_service_images(self) -> bool:
+        """No: a namespace runs the host's own files, never an image."""
+        return False
+
+    def spool_place(self, name: str, *, sandbox_dir: str) -> tuple[str, str | None]:
+        """A directory below the sandbox's own `spools/`, opened below that."""
+        spools = os.path.join(sandbox_dir, SPOOLS)
+        return os.path.join(spools, name), spools
+
+    def make_spool_root(self, source: str, *, sandbox_id: str, state_dir: str, group: int) -> str:
+        spools = os.path.dirname(source)
+        if not os.path.isdir(spools):  # bwrap walks it as the sandbox's uid and gid; nobody else
+            os.mkdir(spools, 0o700)
+            os.chown(spools, 0, group)
+            os.chmod(spools, 0o710)  # noqa: S103 - root's, passable by the sandbox's own group only
+        os.mkdir(source, 0o755)
+        return source
+
+    def spool_directory(self, name: str, *, sandbox_dir: str) -> str:
+        return os.path.join(sandbox_dir, SPOOLS, name)
+
+    def remove_spool(self, source: str, *, sandbox_id: str) -> tuple[list[str], list[str]]:
+        from sandboxer.fstree import remove_tree
+        from sandboxer.lease_mounts import unmount_below
+
+        if not unmount_below(source) and remove_tree(source):
+            return [f"spool {source}"], []
+        return [], [f"spool {source}"]
+
+    def collect_orphans(self, registry: Registry) -> list[dict[str, Any]]:
+        """Nothing: what a namespace leaves is collected with its sandbox's directory and record."""
+        return []
+
 
 def _start(plan: Plan, registry: Registry, record: dict[str, Any]) -> None:
     """Set up the limits, start the namespace inside them, record it, and refuse it unless it is
@@ -176,9 +211,9 @@ def _start(plan: Plan, registry: Registry, record: dict[str, Any]) -> None:
     record["seccomp"] = {"sha256": hashlib.sha256(program).hexdigest(), "allow_ptrace": plan.allow_ptrace}
     started = plan
     if os.geteuid() == 0 and any(m.lease is not None and m.kind is MountKind.RO_BIND for m in plan.mounts):
-        from sandboxer import leases
+        from sandboxer import lease_mounts
 
-        started = leases.stage(plan, registry.path(plan.sandbox_id), owner=int(record["manifest"]["owner_uid"]))
+        started = lease_mounts.stage(plan, registry.path(plan.sandbox_id), owner=int(record["manifest"]["owner_uid"]))
     live = bwrap.start(started, seccomp_program=program, limit_setup=limit_setup)
     record.update(live.as_record())
     record.update(plan_fields(plan))

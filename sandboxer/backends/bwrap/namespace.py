@@ -123,7 +123,7 @@ def _opened_fds(plan: Plan) -> Iterator[dict[str, int]]:
 def _open_lease(mount: Mount) -> int:
     """A lease source or spool, opened below its run or sandbox directory without following any
     symlink, and refused unless it still is what the manifest check saw."""
-    from sandboxer.leases import open_beneath_checked
+    from sandboxer.lease_mounts import open_beneath_checked
 
     try:
         return open_beneath_checked(mount)

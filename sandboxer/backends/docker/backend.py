@@ -49,11 +49,12 @@ def start_docker(plan: Plan, image: str, registry: Registry, record: dict[str, A
     problems = docker_backend.check(container_id, staged, etc_dir=etc_dir)
     probe, interfaces, mounts, _ = _parse_docker_probe(output)
     problems += process_differences(plan, interfaces, probe)
-    from sandboxer import leases
+    from sandboxer.backends.docker.volumes import spool_mismatches
+    from sandboxer.lease_mounts import staged_mismatches
 
     if staged is not plan:
-        problems += leases.staged_mismatches(staged, mounts)
-    problems += leases.spool_mismatches(plan, mounts)
+        problems += staged_mismatches(staged, mounts)
+    problems += spool_mismatches(plan, mounts)
     if problems:
         raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))
     return probe, interfaces
@@ -67,9 +68,9 @@ def _staged(plan: Plan, registry: Registry, record: dict[str, Any]) -> Plan:
 
     if not any(m.lease is not None and m.kind is MountKind.RO_BIND for m in plan.mounts):
         return plan
-    from sandboxer import leases
+    from sandboxer import lease_mounts
 
-    return leases.stage(plan, registry.path(plan.sandbox_id), owner=int(record["manifest"]["owner_uid"]))
+    return lease_mounts.stage(plan, registry.path(plan.sandbox_id), owner=int(record["manifest"]["owner_uid"]))
 
 
 def docker_probe(container_id: str, plan: Plan) -> tuple[ProbeSeen, list[str], list[MountSeen], list[dict[str, str]]]:
@@ -196,10 +197,12 @@ class DockerBackend:
         import os
         from dataclasses import replace
 
-        from sandboxer import leases, seccomp
+        from sandboxer import seccomp
         from sandboxer.backends.docker import container
         from sandboxer.backends.docker.render import short_option
+        from sandboxer.backends.docker.volumes import spool_mismatches
         from sandboxer.backends.protocol import Observed
+        from sandboxer.lease_mounts import staged_mismatches
         from sandboxer.observe import process_differences
         from sandboxer.record import plan_from_record
 
@@ -213,8 +216,8 @@ class DockerBackend:
         problems = container.check(container_id, plan, etc_dir=registry.path(sandbox_id, "etc"))
         problems += process_differences(plan, interfaces, probe)
         if os.path.isdir(registry.path(sandbox_id, "leases")):
-            problems += leases.staged_mismatches(plan, mounts)
-        problems += leases.spool_mismatches(plan, mounts)
+            problems += staged_mismatches(plan, mounts)
+        problems += spool_mismatches(plan, mounts)
         host = attrs.get("HostConfig") or {}
         seen = container.host_view((attrs.get("State") or {}).get("Pid"))
         return Observed(
@@ -267,3 +270,76 @@ class DockerBackend:
         from sandboxer.backends.docker import warm
 
         return warm.container_problems(registry, record, plan)
+
+    def admits_service_images(self) -> bool:
+        return True
+
+    def spool_place(self, name: str, *, sandbox_dir: str) -> tuple[str, str | None]:
+        """A named volume of the Engine's (volumes.py)."""
+        return name, None
+
+    def make_spool_root(self, source: str, *, sandbox_id: str, state_dir: str, group: int) -> str:
+        """The volume, created; its own directory gets the spool's tmpfs."""
+        from sandboxer.backends.docker.volumes import create_volume
+
+        return create_volume(source, sandbox_id=sandbox_id, state_dir=state_dir)
+
+    def spool_directory(self, name: str, *, sandbox_dir: str) -> str:
+        from sandboxer.backends.docker.volumes import volume_mountpoint
+
+        return volume_mountpoint(name)
+
+    def remove_spool(self, source: str, *, sandbox_id: str) -> tuple[list[str], list[str]]:
+        """The volume, if it is still this sandbox's."""
+        from sandboxer.backends.docker.volumes import remove_volume
+
+        problem = remove_volume(source, sandbox_id=sandbox_id)
+        if problem == "gone":
+            return [], []
+        if problem:
+            return [], [f"spool volume {source}: {problem}"]
+        return [f"spool volume {source}"], []
+
+    def collect_orphans(self, registry: Registry) -> list[dict[str, Any]]:
+        """Containers and spool volumes labelled with this state dir whose sandbox directory is
+        gone. One that cannot be removed is residue of its sandbox id; when the Engine cannot
+        even list them, nothing is collected this time (as when no Engine answers at all)."""
+        import os
+
+        from sandboxer.backends.docker.engine import SOCKET
+
+        if not os.path.exists(SOCKET):
+            return []
+        from sandboxer.backends.docker import container
+        from sandboxer.backends.docker.volumes import orphan_volumes
+
+        receipts: list[dict[str, Any]] = []
+        # Containers first, then directories: a create (or a warm fill) makes its directory before
+        # its container, so a container whose directory is absent after this order is really an
+        # orphan.
+        try:
+            labelled = container.labelled(registry.state_dir)
+        except Exception:  # the Engine stopped answering: like no Engine, nothing to collect
+            labelled = {}
+        present = set(registry.ids())
+        for sandbox_id, container_id in labelled.items():
+            if sandbox_id in present:
+                continue
+            try:
+                residue = container.remove(container_id)
+            except Exception as exc:  # residue of this sandbox, not the end of gc
+                residue = [f"container {container_id[:12]}: {type(exc).__name__}: {exc}"]
+            removed = [] if residue else [f"container {container_id[:12]}"]
+            receipts.append({"id": sandbox_id, "removed": removed, "residue": residue})
+        try:
+            volumes = orphan_volumes(registry.state_dir, lambda: set(registry.ids()))
+        except Exception:  # as above
+            volumes = []
+        for volume, sandbox_id in volumes:
+            try:
+                removed, residue = self.remove_spool(volume, sandbox_id=sandbox_id)
+            except Exception as exc:  # residue of this sandbox, not the end of gc
+                removed, residue = [], [f"spool volume {volume}: {type(exc).__name__}: {exc}"]
+            if removed or residue:
+                receipts.append({"id": sandbox_id, "removed": removed, "residue": residue})
+        return receipts
