@@ -76,11 +76,11 @@ class Broker:
 
     def sandbox(self, sandbox_id: str) -> Sandbox:
         """The sandbox `sandbox_id` of this state directory (NotFoundError, 4, when there is none)."""
-        from sandboxer.registry import HIDDEN_STATES, Registry, check_id
+        from sandboxer.registry import Registry, check_id
 
         check_id(sandbox_id)
         record = Registry(self.dirs.state).read_or_none(sandbox_id)
-        if record is None or record.get("state") in HIDDEN_STATES:
+        if record is None or record.hidden:
             raise NotFoundError(f"no such sandbox: {sandbox_id}")
         return Sandbox(self, None, sandbox_id=sandbox_id)
 

@@ -26,50 +26,22 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import stat
 import time
 from typing import Any, NoReturn
 
 from sandboxer import manifest as mf
-from sandboxer import strictjson
-from sandboxer.errors import BackendError, NotPendingError, PolicyError, UsageError
+from sandboxer.dispatch_endpoint import Refused, canonical, relay, strict_json
+from sandboxer.errors import BackendError, NotPendingError, UsageError
 from sandboxer.fsutil import atomic_write, open_beneath
 from sandboxer.leases import SPOOL_PENDING_FILES, SPOOL_REQUEST_BYTES, SPOOL_TOTAL_BYTES, spool_name
 from sandboxer.manifest.schema import REPLAY_POLICY, TOOL_REQUEST
 from sandboxer.manifest.schema import run_dir as manifest_run_dir
 from sandboxer.registry import Registry, check_id
-from sandboxer.strictjson import JsonObject
 
 MAX_WAIT = 300
 ENVELOPE = ("version", "run_id", "lease_id", "consumer", "request_id", "capability", "payload")
-RESPONSE = ("version", "run_id", "lease_id", "consumer", "request_id", "payload")
-MAX_RESPONSE_BYTES = 1024 * 1024
-CONNECT_SECONDS = 5.0
-WRITE_SECONDS = 5.0
-READ_SECONDS = 30.0
 POLL_SECONDS = 0.05
-
-
-class Refused(PolicyError):
-    """A terminal refusal of one request (exit 3)."""
-
-    kind = "refused"
-
-
-def _strict_json(data: bytes, what: str) -> JsonObject:
-    try:
-        document = strictjson.document(data)
-    except strictjson.Malformed:
-        raise Refused(f"{what}: not one valid JSON object") from None
-    if not isinstance(document, JsonObject) or document.duplicates:
-        raise Refused(f"{what}: must be one JSON object without duplicate keys")
-    return document
-
-
-def canonical(document: dict[str, Any]) -> bytes:
-    """The bytes a fingerprint is taken of: sorted keys, no spaces, UTF-8."""
-    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 class _Target:
@@ -78,13 +50,15 @@ class _Target:
     def __init__(self, state_dir: str, sandbox_id: str, lease_id: str, request_id: str) -> None:
         registry = Registry(state_dir)
         self.record = registry.read_caller(check_id(sandbox_id))
-        if self.record.get("state") != "ready":
-            raise BackendError(f"sandbox {sandbox_id} is not ready (state {self.record.get('state')})")
-        assignment = self.record.get("manifest")
-        if not isinstance(assignment, dict):
+        if self.record.state != "ready":
+            raise BackendError(f"sandbox {sandbox_id} is not ready (state {self.record.state})")
+        assignment = self.record.manifest
+        if assignment is None:
             raise UsageError(f"sandbox {sandbox_id} was not created with a manifest: it has no request spools")
-        checked = mf.load(str(assignment["file"]), forbidden=())
-        if checked.sha256 != assignment.get("sha256"):
+        if self.record.plan is None:
+            raise BackendError(f"sandbox {sandbox_id}: its record has no plan")
+        checked = mf.load(assignment.file, forbidden=())
+        if checked.sha256 != assignment.sha256:
             raise Refused(f"{checked.file}: the manifest changed since the sandbox was created")
         lease = checked.lease(lease_id)
         if lease is None or lease.scope != TOOL_REQUEST:
@@ -96,15 +70,16 @@ class _Target:
             raise Refused(f"{lease.field}.endpoint_lease_id: names no lease")
         self.manifest, self.lease, self.request_id = checked, lease, request_id
         self.endpoint = endpoint.materializations[0].source_path
-        self.owner = int(assignment["owner_uid"])
+        self.owner = assignment.owner_uid
         self.replay = lease.replay_policy == REPLAY_POLICY
-        self.consumer_uid = int(self.record["host_uid"])  # who the consumer is on the host (Docker: remapped)
-        if int(self.record["uid"]) != lease.consumer_uid or int(self.record["uid"]) == 0:
+        self.uid = self.record.plan.uid  # the sandbox user's
+        self.consumer_uid = self.record.plan.host_uid  # who the consumer is on the host (Docker: remapped)
+        if self.uid != lease.consumer_uid or self.uid == 0:
             raise Refused(f"{lease.field}.consumer_uid: is not the sandbox user's uid")
         from sandboxer.backends import backend_for
 
         name = spool_name(checked.run_id, lease.lease_id)
-        backend = backend_for(self.record.get("backend"))
+        backend = backend_for(self.record.backend)
         self.spool = backend.spool_directory(name, sandbox_dir=registry.path(sandbox_id))
         self.ledger = registry.path(sandbox_id, "ledger", name)
 
@@ -278,7 +253,7 @@ def _unlink_staged(target: _Target) -> None:
 def _check_request(target: _Target, data: bytes) -> dict[str, Any]:
     """The envelope, exactly: its fields, its ids, its capability. Returns it without the capability."""
     try:
-        envelope = _strict_json(data, "the request")
+        envelope = strict_json(data, "the request")
     except Refused as exc:
         _reject(target, exc.message)
     if sorted(envelope) != sorted(ENVELOPE):
@@ -296,7 +271,7 @@ def _check_request(target: _Target, data: bytes) -> dict[str, Any]:
     capability = envelope["capability"]
     if not isinstance(capability, str) or not hmac.compare_digest(capability.encode(), _capability(target)):
         _reject(target, "the capability does not match")
-    if int(target.record["uid"]) != target.lease.consumer_uid:
+    if target.uid != target.lease.consumer_uid:
         _reject(target, "the consumer's uid does not match the lease")
     return {key: value for key, value in envelope.items() if key != "capability"}
 
@@ -323,7 +298,12 @@ def _relay_until(target: _Target, entry: dict[str, Any], deadline: float) -> dic
         entry = {**entry, "attempts": int(entry.get("attempts", 0)) + 1}
         _write_ledger(target, entry)  # an attempt is durable before it starts
         try:
-            response = _relay(target, entry["request"])
+            response = relay(
+                entry["request"],
+                run_dir=manifest_run_dir(target.manifest),
+                endpoint=target.endpoint,
+                owner=target.owner,
+            )
         except ConnectionError as exc:
             if not target.replay:
                 _write_ledger(target, {**entry, "state": "blocked", "reason": f"the relay failed ({exc})"})
@@ -345,58 +325,6 @@ def _relay_until(target: _Target, entry: dict[str, Any], deadline: float) -> dic
         _write_ledger(target, entry)
         _write_response(target, response)
         return _result(target, entry, cached=False)
-
-
-def _relay(target: _Target, request: dict[str, Any]) -> dict[str, Any]:
-    """One newline-terminated frame, write-side EOF, then the whole response; ConnectionError
-    for transport failures, Refused for a response that is not the correlated one."""
-    frame = canonical(request) + b"\n"
-    endpoint = _open_endpoint(target)
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
-            sock.settimeout(CONNECT_SECONDS)
-            sock.connect(f"/proc/self/fd/{endpoint}")  # the very socket checked, not a path anew
-            sock.settimeout(WRITE_SECONDS)
-            sock.sendall(frame)
-            sock.shutdown(socket.SHUT_WR)
-            sock.settimeout(READ_SECONDS)
-            chunks, size = [], 0
-            while data := sock.recv(65536):
-                size += len(data)
-                if size > MAX_RESPONSE_BYTES:
-                    raise Refused(f"the endpoint's response is larger than {MAX_RESPONSE_BYTES} bytes")
-                chunks.append(data)
-    except TimeoutError:
-        raise ConnectionError("timed out") from None
-    except OSError as exc:
-        raise ConnectionError(exc.strerror or type(exc).__name__) from None
-    finally:
-        os.close(endpoint)
-    raw = b"".join(chunks)
-    if not raw:
-        raise ConnectionError("the endpoint closed without answering")
-    response = _strict_json(raw.rstrip(b"\n"), "the endpoint's response")
-    if sorted(response) != sorted(RESPONSE):
-        raise Refused(f"the endpoint's response must have exactly the fields {', '.join(RESPONSE)}")
-    for key in ("version", "run_id", "lease_id", "consumer", "request_id"):
-        if response[key] != request[key]:
-            raise Refused(f"the endpoint's response does not correlate ({key} differs)")
-    return dict(response)
-
-
-def _open_endpoint(target: _Target) -> int:
-    """The endpoint socket, opened below the run directory without following any symlink on the
-    whole path, and still a socket of the assignment's owner."""
-    run_dir = manifest_run_dir(target.manifest)
-    try:
-        fd = open_beneath(run_dir, target.endpoint, strict_root=True)
-    except OSError as exc:
-        raise ConnectionError(f"the endpoint cannot be opened ({exc.strerror})") from None
-    info = os.fstat(fd)
-    if not stat.S_ISSOCK(info.st_mode) or info.st_uid != target.owner:
-        os.close(fd)
-        raise Refused("the endpoint is no longer the owner's socket")
-    return fd
 
 
 def _write_response(target: _Target, response: dict[str, Any]) -> None:
@@ -426,7 +354,7 @@ def _write_response(target: _Target, response: dict[str, Any]) -> None:
 def _result(target: _Target, entry: dict[str, Any], *, cached: bool) -> dict[str, Any]:
     return {
         "status": "dispatched",
-        "sandbox": target.record["id"],
+        "sandbox": target.record.id,
         "lease_id": target.lease.lease_id,
         "request_id": target.request_id,
         "fingerprint": entry["fingerprint"],

@@ -18,6 +18,7 @@ from sandboxer.backends import enter_for
 from sandboxer.dirs import resolve_dirs
 from sandboxer.errors import EntryError, ExecUsage
 from sandboxer.fastjson import loads
+from sandboxer.record_exec import ExecView, ExecViewError
 
 TYPE_CHECKING = False  # `typing` itself costs ~1.5 ms to import on this path; mypy knows the name
 if TYPE_CHECKING:
@@ -122,20 +123,22 @@ def _validate(options: dict[str, str]) -> float | None:
     return seconds
 
 
-def _load(state_dir: str, sandbox_id: str) -> dict[str, object]:
+def _load(state_dir: str, sandbox_id: str) -> ExecView:
     if not _is_id(sandbox_id):
         raise ExecUsage("exec: no such sandbox (ids are 24 lowercase hex digits)")
     try:
         with open(os.path.join(state_dir, "sandboxes", sandbox_id, "record.json"), "rb") as stream:
-            record: dict[str, object] = loads(stream.read())
+            record = ExecView(loads(stream.read()))
     except FileNotFoundError:
         raise ExecUsage(f"exec: no such sandbox: {sandbox_id}") from None
+    except ExecViewError as exc:
+        raise ExecUsage(f"exec: sandbox {sandbox_id}: its record is out of shape at {exc}") from None
     except (OSError, ValueError):
         raise ExecUsage(f"exec: sandbox {sandbox_id}: its record cannot be read") from None
-    if record.get("state") in ("warming", "warm"):  # registry.HIDDEN_STATES: nobody's sandbox yet
+    if record.state in ("warming", "warm"):  # record.HIDDEN_STATES: nobody's sandbox yet
         raise ExecUsage(f"exec: no such sandbox: {sandbox_id}")
-    if record.get("state") != "ready":
-        raise ExecUsage(f"exec: sandbox {sandbox_id} is not ready (state {record.get('state')})")
+    if record.state != "ready":
+        raise ExecUsage(f"exec: sandbox {sandbox_id} is not ready (state {record.state})")
     return record
 
 
@@ -157,32 +160,37 @@ def execute(dirs: Dirs, options: dict[str, str], command: list[str], program: Pr
     consumer, executable, timeout, as strings), on this process's stdio or `program`'s."""
     timeout = _validate(options)
     record = _load(dirs.state, options["id"])
-    env = {str(k): str(v) for k, v in record["env"]}  # type: ignore[attr-defined]
-    assignment = record.get("manifest")
-    if isinstance(assignment, dict):
-        for lease_id, moment in assignment.get("expiries", []):
-            if float(moment) <= time.time():
-                raise ExecUsage(f"exec: lease {lease_id} has expired")
+    env = record.env
+    for lease_id, moment in record.expiries:
+        if moment <= time.time():
+            raise ExecUsage(f"exec: lease {lease_id} has expired")
     if "consumer" in options and "executable" in options:
-        env = _provider_environment(assignment, options["consumer"], options["executable"])
+        env = _provider_environment(dirs, options["id"], record, options["consumer"], options["executable"])
     elif "consumer" in options:
         env["SANDBOXER_CONSUMER"] = options["consumer"]
-    enter = enter_for(record.get("backend"))
+    enter = enter_for(record.backend)
     return enter(record, options, command, env, timeout, program=program, state_dir=dirs.state)
 
 
-def _provider_environment(assignment: object, consumer: str, executable: str) -> dict[str, str]:
-    """A provider launch's whole environment, granted by the sandbox's manifest or refused."""
-    if not isinstance(assignment, dict):
+def _provider_environment(
+    dirs: Dirs, sandbox_id: str, view: ExecView, consumer: str, executable: str
+) -> dict[str, str]:
+    """A provider launch's whole environment, granted by the sandbox's manifest or refused. (Not
+    the hot path: it reads the typed record, and the manifest's files.)"""
+    if not view.has_manifest:
         raise ExecUsage(
             "exec: a provider launch (--consumer with --executable) needs a sandbox created with a manifest"
         )
     from sandboxer import leases
     from sandboxer.errors import SandboxerError
+    from sandboxer.registry import Registry
 
     try:
+        manifest = Registry(dirs.state).read(sandbox_id).manifest
+        if manifest is None:
+            raise ExecUsage("exec: the sandbox's manifest record is gone")
         return leases.provider_environment(
-            assignment, consumer=consumer, executable=executable, caller_env=dict(os.environ)
+            manifest, consumer=consumer, executable=executable, caller_env=dict(os.environ)
         )
     except SandboxerError as exc:
         raise ExecUsage(f"exec: provider launch refused: {exc.message}") from None

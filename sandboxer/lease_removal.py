@@ -6,21 +6,22 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sandboxer.backends.protocol import Backend
+    from sandboxer.record import ManifestRecord
 
 
 def remove(
-    manifest_record: dict[str, Any], *, backend: Backend, sandbox_id: str, materializations: bool
+    manifest_record: ManifestRecord, *, backend: Backend, sandbox_id: str, materializations: bool
 ) -> tuple[list[str], list[str]]:
     """Remove the spools (each by its backend) and, when the sandbox had consumed its assignment
     (`materializations`), every recorded materialization source: (removed, residue)."""
     removed: list[str] = []
     residue: list[str] = []
-    for spool in manifest_record.get("spools", []):
-        spool_removed, spool_residue = backend.remove_spool(str(spool["source"]), sandbox_id=sandbox_id)
+    for spool in manifest_record.spools:
+        spool_removed, spool_residue = backend.remove_spool(spool.source, sandbox_id=sandbox_id)
         removed += spool_removed
         residue += spool_residue
     if materializations:
@@ -30,7 +31,7 @@ def remove(
     return removed, residue
 
 
-def _remove_materializations(manifest_record: dict[str, Any]) -> tuple[list[str], list[str]]:
+def _remove_materializations(manifest_record: ManifestRecord) -> tuple[list[str], list[str]]:
     """Remove the run's recorded sources, relative to the run directory opened without following
     symlinks and checked to be the very directory create saw: a run directory swapped (or a
     parent made a symlink) since is left alone and reported."""
@@ -38,9 +39,9 @@ def _remove_materializations(manifest_record: dict[str, Any]) -> tuple[list[str]
 
     from sandboxer.fsutil import open_dir_nofollow
 
-    sources = [str(source) for source in manifest_record.get("materializations", [])]
-    directory = str(manifest_record.get("run_dir", ""))
-    identity = manifest_record.get("run_dir_identity")
+    sources = list(manifest_record.materializations)
+    directory = manifest_record.run_dir
+    identity = manifest_record.run_dir_identity
     try:
         run_fd = open_dir_nofollow(directory)
     except OSError:
@@ -49,7 +50,7 @@ def _remove_materializations(manifest_record: dict[str, Any]) -> tuple[list[str]
     residue: list[str] = []
     try:
         info = os.fstat(run_fd)
-        if [info.st_dev, info.st_ino] != identity or info.st_uid != manifest_record.get("owner_uid"):
+        if (info.st_dev, info.st_ino) != identity or info.st_uid != manifest_record.owner_uid:
             return [], [f"materialization {source}: the run directory changed since create" for source in sources]
         for source in sources:
             parent, name = os.path.split(os.path.relpath(source, directory))

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from sandboxer import manifest as mf
 from sandboxer.errors import PolicyError
 from sandboxer.plan import SAFE_PATH, SANDBOX_GID, SANDBOX_UID, STATE_DIRS, STATE_ROOT, Grants, Mount, MountKind, Plan
+from sandboxer.record import LeaseMount, LeaseRecord, ManifestRecord, Spool
 
 if TYPE_CHECKING:
     from sandboxer.backends.protocol import Backend
@@ -73,7 +74,7 @@ class Assignment:
     def grants(self, spool_place: SpoolPlace) -> Grants:
         return grants(self.manifest, spool_place=spool_place, project_env=self.project_env)
 
-    def record(self, plan: Plan) -> dict[str, Any]:
+    def record(self, plan: Plan) -> ManifestRecord:
         return record(self.manifest, plan.mounts, owner=self.owner)
 
     def make_spools(self, plan: Plan, backend: Backend, state_dir: str, *, consumer: tuple[int, int]) -> None:
@@ -242,65 +243,65 @@ def lay_out_spool(root: str, *, binding_doc: dict[str, Any], capability: bytes, 
     os.lchown(os.path.join(root, "requests"), *consumer)
 
 
-def record(manifest: mf.Manifest, plan_mounts: tuple[Mount, ...], *, owner: int) -> dict[str, Any]:
+def record(manifest: mf.Manifest, plan_mounts: tuple[Mount, ...], *, owner: int) -> ManifestRecord:
     """What the registry keeps of the manifest: ids, expiries, targets, paths and digests the
     broker checks again later; never a value or a capability."""
     info = os.lstat(mf.run_dir(manifest))
-    return {
-        "file": manifest.file,
-        "sha256": manifest.sha256,
-        "owner_uid": owner,
-        "run_dir": mf.run_dir(manifest),
-        "run_dir_identity": [info.st_dev, info.st_ino],
-        "version": manifest.version,
-        "run_id": manifest.run_id,
-        "task_branch": manifest.task_branch,
-        "revision": manifest.repository_revision,
-        "expiries": [
-            [lease.lease_id, lease.expires_at.timestamp()]
+    return ManifestRecord(
+        file=manifest.file,
+        sha256=manifest.sha256,
+        owner_uid=owner,
+        run_dir=mf.run_dir(manifest),
+        run_dir_identity=(info.st_dev, info.st_ino),
+        version=manifest.version,
+        run_id=manifest.run_id,
+        task_branch=manifest.task_branch,
+        revision=manifest.repository_revision,
+        expiries=tuple(
+            (lease.lease_id, lease.expires_at.timestamp())
             for lease in manifest.leases
             if lease.expires_at is not None and mf.expiry_checked(manifest, lease)
-        ],
-        "leases": [
-            {
-                "lease_id": lease.lease_id,
-                "scope": lease.scope,
-                "consumer": lease.consumer,
-                "expires_at": None if lease.expires_at is None else lease.expires_at.isoformat(),
-            }
+        ),
+        leases=tuple(
+            LeaseRecord(
+                lease_id=lease.lease_id,
+                scope=lease.scope,
+                consumer=lease.consumer,
+                expires_at=None if lease.expires_at is None else lease.expires_at.isoformat(),
+            )
             for lease in manifest.leases
-        ],
-        "mounts": [
-            {"lease_id": m.lease, "target": m.target, "kind": m.kind.value, "source": m.source}
+        ),
+        mounts=tuple(
+            LeaseMount(lease_id=m.lease, target=m.target, kind=m.kind.value, source=m.source)
             for m in plan_mounts
             if m.lease is not None
-        ],
-        "spools": [
-            {"lease_id": m.lease, "target": m.target, "source": m.source}
+        ),
+        spools=tuple(
+            Spool(lease_id=str(m.lease), target=m.target, source=str(m.source))
             for m in plan_mounts
             if m.kind is MountKind.SPOOL
-        ],
-        "materializations": [item.source_path for lease in manifest.leases for item in lease.materializations],
-    }
+        ),
+        materializations=tuple(item.source_path for lease in manifest.leases for item in lease.materializations),
+    )
 
 
-def expired(manifest_record: dict[str, Any], now: float) -> str | None:
+def expired(manifest_record: ManifestRecord, now: float) -> str | None:
     """The id of a lease whose expiry has passed, if any."""
-    for lease_id, moment in manifest_record.get("expiries", []):
-        if float(moment) <= now:
-            return str(lease_id)
+    for lease_id, moment in manifest_record.expiries:
+        if moment <= now:
+            return lease_id
     return None
 
 
 def provider_environment(
-    manifest_record: dict[str, Any], *, consumer: str, executable: str, caller_env: dict[str, str]
+    manifest_record: ManifestRecord, *, consumer: str, executable: str, caller_env: dict[str, str]
 ) -> dict[str, str]:
     """The whole environment of a provider launch, or PolicyError: the fixed PATH, the private
     state directories, the lease's inherited names from the caller, and the consumer's
     provider-environment values read now (their digests recomputed from these bytes)."""
-    file = str(manifest_record["file"])
+    file = manifest_record.file
     checked = mf.load(file, forbidden=())
-    if checked.sha256 != manifest_record["sha256"]:
+    if checked.sha256 != manifest_record.sha256:
         raise PolicyError(f"{file}: the manifest changed since the sandbox was created")
     identities = [
         lease
@@ -317,7 +318,7 @@ def provider_environment(
                 f"{identities[0].field}.inherited_environment: {name} is not set in the caller's environment"
             )
         env[name] = caller_env[name]
-    owner = int(manifest_record["owner_uid"])
+    owner = manifest_record.owner_uid
     for lease in checked.by_scope(mf.PROVIDER_ENVIRONMENT):
         if lease.consumer != consumer:
             continue

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sandboxer.config_types import Limits
+    from sandboxer.record import LimitsRecord
 from sandboxer.errors import BackendError, PolicyError
 
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -30,14 +31,28 @@ class LimitSetup:
     procs_files: tuple[str, ...] = ()  # the files a new command writes "0" to, to join (tasks on v1)
     rlimits: tuple[tuple[int, int], ...] = field(default_factory=tuple)
 
-    def as_record(self) -> dict[str, object]:
-        """JSON-ready form for the registry record."""
-        return {
-            "mechanism": self.mechanism,
-            "groups": list(self.groups),
-            "procs_files": list(self.procs_files),
-            "rlimits": [list(pair) for pair in self.rlimits],
-        }
+    def recorded(self, limits: Limits) -> LimitsRecord:
+        """What the record keeps of these limits."""
+        from sandboxer.record import LimitsRecord
+
+        return LimitsRecord(
+            mechanism=self.mechanism,
+            groups=self.groups,
+            procs_files=self.procs_files,
+            rlimits=self.rlimits,
+            memory_mib=limits.memory_mib,
+            pids=limits.pids,
+        )
+
+    @classmethod
+    def of(cls, recorded: LimitsRecord) -> LimitSetup:
+        """The setup a record's limits describe."""
+        return cls(
+            mechanism=recorded.mechanism,
+            groups=recorded.groups,
+            procs_files=recorded.procs_files,
+            rlimits=recorded.rlimits,
+        )
 
 
 def _is_cgroup2(path: str) -> bool:

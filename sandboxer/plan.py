@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
-from sandboxer.config_types import ExtensionConfig, Limits, Profile
+from sandboxer.config_types import ExtensionConfig, ExtensionName, Limits, Profile
 
 RUNTIME_TARGET = "/opt/sandboxer/runtime"
 WORKSPACE_TARGET = "/workspace"
@@ -33,6 +33,7 @@ STATE_DIRS: tuple[tuple[str, str], ...] = (
 )
 
 Backend = Literal["bwrap", "docker"]
+BACKEND_OF: dict[ExtensionName, Backend] = {"ext.bwrap": "bwrap", "ext.docker": "docker"}  # an extension's engine
 
 
 class MountKind(StrEnum):
@@ -205,7 +206,7 @@ def build_plan(
     return Plan(
         sandbox_id=sandbox_id,
         profile=profile.name,
-        backend="bwrap" if extension.extension == "ext.bwrap" else "docker",
+        backend=BACKEND_OF[extension.extension],
         runtime_path=extension.runtime.path,
         runtime_sha256=extension.runtime.sha256,
         workspace_source=workspace_source,

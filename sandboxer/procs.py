@@ -9,6 +9,8 @@ TYPE_CHECKING = False  # `typing` costs ~1.5 ms to import on the exec path; mypy
 if TYPE_CHECKING:
     import signal
     from collections.abc import Iterable
+
+    from sandboxer.record import Processes
 else:
     import _signal as signal  # the same calls and numbers; `signal` imports enum (~3 ms on exec)
 
@@ -136,16 +138,16 @@ def terminate(pids: list[int], *, grace: float) -> list[int]:
     return survivors
 
 
-def stop_sandbox(record: dict[str, object], *, grace: float = 1.0) -> tuple[list[str], list[str]]:
-    """Kill every process of the sandbox whose record this is: those it names (bwrap, init,
-    holder), all of its pid namespace while its init lives, and any that carries its id in its
-    environment (a bwrap whose pids never reached the record, a container's processes): TERM,
-    grace, KILL. Returns (removed, residue)."""
+def stop_sandbox(sandbox_id: str, processes: Processes | None, *, grace: float = 1.0) -> tuple[list[str], list[str]]:
+    """Kill every process of the sandbox: those its record names (bwrap, init, holder), all of its
+    pid namespace while its init lives, and any that carries its id in its environment (a bwrap
+    whose pids never reached the record, a container's processes): TERM, grace, KILL. Returns
+    (removed, residue)."""
     removed: list[str] = []
     residue: list[str] = []
     targets: set[int] = set()
-    pid_namespace = record.get("pid_namespace")
-    init_pid, init_start = record.get("init_pid"), record.get("init_start")
+    pid_namespace = processes.pid_namespace if processes else None
+    init_pid, init_start = (processes.init_pid, processes.init_start) if processes else (None, None)
     # A namespace number is reused by the kernel once the namespace is gone, so it is trusted
     # only while the sandbox's own init (checked by start time) still lives in it. When that
     # init is dead, the kernel has already killed every process of the namespace.
@@ -158,14 +160,20 @@ def stop_sandbox(record: dict[str, object], *, grace: float = 1.0) -> tuple[list
     )
     if namespace_is_ours and isinstance(pid_namespace, int):
         targets.update(in_pid_namespace(pid_namespace))
-    for key in ("bwrap", "init", "holder"):
-        pid, started = record.get(f"{key}_pid"), record.get(f"{key}_start")
-        if isinstance(pid, int) and isinstance(started, int) and alive(pid, started):
+    named = (
+        [
+            (processes.bwrap_pid, processes.bwrap_start),
+            (processes.init_pid, processes.init_start),
+            (processes.holder_pid, processes.holder_start),
+        ]
+        if processes
+        else []
+    )
+    for pid, started in named:
+        if pid is not None and started is not None and alive(pid, started):
             targets.add(pid)
-    sandbox_id = record.get("id")
-    if isinstance(sandbox_id, str):
-        # A bwrap whose pids never reached the record still carries the id in its argv.
-        targets.update(with_marker(f"SANDBOXER_SANDBOX_ID\0{sandbox_id}\0".encode()))
+    # A bwrap whose pids never reached the record still carries the id in its argv.
+    targets.update(with_marker(f"SANDBOXER_SANDBOX_ID\0{sandbox_id}\0".encode()))
     targets.discard(os.getpid())
     if targets:
         survivors = terminate(sorted(targets), grace=grace)

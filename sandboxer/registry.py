@@ -26,14 +26,12 @@ import json
 import os
 import re
 from collections.abc import Iterator
-from typing import Any
 
 from sandboxer.errors import BackendError, NotFoundError, UsageError
 from sandboxer.fsutil import atomic_write, ensure_private_dir
+from sandboxer.record import RecordShapeError, SandboxRecord
 
 ID_PATTERN = re.compile(r"[0-9a-f]{24}")
-RECORD_FORMAT = 1
-HIDDEN_STATES = ("warming", "warm")  # started ahead, not yet any caller's sandbox
 
 
 def new_id() -> str:
@@ -118,33 +116,39 @@ class Registry:
             except FileNotFoundError:
                 return None  # the directory is already gone
 
-    def write(self, sandbox_id: str, record: dict[str, Any]) -> None:
-        """Replace the record atomically."""
-        data = json.dumps({"format": RECORD_FORMAT, **record}, indent=1).encode()
+    def write(self, record: SandboxRecord) -> None:
+        """Replace the sandbox's record atomically."""
+        data = json.dumps(record.to_json(), indent=1).encode()
         # Atomic against a crash of the broker; not fsynced: live sandboxes do not survive a reboot.
-        atomic_write(self.path(sandbox_id, "record.json"), data, mode=0o600, durable=False)
+        atomic_write(self.path(record.id, "record.json"), data, mode=0o600, durable=False)
 
-    def read(self, sandbox_id: str) -> dict[str, Any]:
+    def read(self, sandbox_id: str) -> SandboxRecord:
         """The record of a sandbox; NotFoundError if there is none."""
+        from sandboxer.record_reading import read_record
+
         try:
             with open(self.path(sandbox_id, "record.json"), "rb") as stream:
-                record = json.loads(stream.read())
+                data = json.loads(stream.read())
         except FileNotFoundError:
             raise NotFoundError(f"no such sandbox: {sandbox_id}") from None
         except ValueError:
             raise BackendError(f"sandbox {sandbox_id}: its record is not valid JSON") from None
-        if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
-            raise BackendError(f"sandbox {sandbox_id}: its record has an unknown format")
+        try:
+            record = read_record(data)
+        except RecordShapeError as exc:
+            raise BackendError(f"sandbox {sandbox_id}: its record is out of shape at {exc.path}") from None
+        if record.id != sandbox_id:
+            raise BackendError(f"sandbox {sandbox_id}: its record names another sandbox")
         return record
 
-    def read_caller(self, sandbox_id: str) -> dict[str, Any]:
-        """The record of a sandbox a caller may name: a warm container is nobody's yet."""
+    def read_caller(self, sandbox_id: str) -> SandboxRecord:
+        """The record of a sandbox a caller may name: a warm sandbox is nobody's yet."""
         record = self.read(sandbox_id)
-        if record.get("state") in HIDDEN_STATES:
+        if record.hidden:
             raise NotFoundError(f"no such sandbox: {sandbox_id}")
         return record
 
-    def read_or_none(self, sandbox_id: str) -> dict[str, Any] | None:
+    def read_or_none(self, sandbox_id: str) -> SandboxRecord | None:
         """The record, or None when it is missing or unreadable (gc's view)."""
         try:
             return self.read(sandbox_id)

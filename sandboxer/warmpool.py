@@ -26,15 +26,18 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from sandboxer import procs
+from sandboxer.destroy import destroy
 from sandboxer.errors import NotFoundError, SandboxerError
-from sandboxer.registry import HIDDEN_STATES, Registry
+from sandboxer.record import HIDDEN_STATES, SandboxRecord, WarmStamp, now_text
+from sandboxer.registry import Registry
 
 if TYPE_CHECKING:
     from sandboxer.backends.protocol import Backend
+    from sandboxer.plan import Backend as BackendName
     from sandboxer.plan import Plan
 
 WARMING, WARM = HIDDEN_STATES
@@ -52,11 +55,11 @@ class Kind:
     profile_sha256: str
     extension_sha256: str
     image: str
-    backend_name: str
+    backend_name: BackendName
     backend: Backend
     planner: Planner
 
-    def stamp(self, registry: Registry, plan: Plan) -> dict[str, str]:
+    def made_from(self, registry: Registry, plan: Plan) -> dict[str, Any]:
         """What a warm sandbox was made from, to compare with what a create would make."""
         return {
             "profile_sha256": self.profile_sha256,
@@ -71,39 +74,35 @@ def candidates(registry: Registry, profile: str) -> list[str]:
     found = []
     for sandbox_id in registry.ids():
         record = registry.read_or_none(sandbox_id)
-        if record and record.get("state") == WARM and record.get("profile") == profile:
-            found.append((str(record.get("created_at")), sandbox_id))
+        if record and record.state == WARM and record.profile == profile:
+            found.append((record.created_at, sandbox_id))
     return [sandbox_id for _, sandbox_id in sorted(found)]
 
 
-def claim(registry: Registry, kind: Kind) -> tuple[str, int, dict[str, Any], Plan] | None:
-    """Take a warm sandbox of the kind: (id, its held lock, its record, its plan). Stale ones met
-    on the way are removed; None when there is none to take."""
-    from sandboxer.commands.destroy import destroy
-
+def claim(registry: Registry, kind: Kind) -> tuple[int, SandboxRecord, Plan] | None:
+    """Take a warm sandbox of the kind: (its held lock, its record, its plan). Stale ones met on
+    the way are removed; None when there is none to take."""
     for sandbox_id in candidates(registry, kind.profile):
         lock = _try_lock(registry, sandbox_id)
         if lock is None:
             continue
         record = registry.read_or_none(sandbox_id)
-        if record is None or record.get("state") != WARM:
+        if record is None or record.state != WARM:
             os.close(lock)
             continue
         plan = kind.planner(sandbox_id, _host_ids(record))
         if problems(registry, kind, record, plan):
             with contextlib.suppress(SandboxerError, OSError):
-                destroy(registry, sandbox_id, {**record, "state": "failed"})
+                destroy(registry, sandbox_id, replace(record, state="failed"))
             os.close(lock)
             continue
-        return sandbox_id, lock, record, plan
+        return lock, record, plan
     return None
 
 
 def refill(registry: Registry, kind: Kind, want: int) -> tuple[list[str], list[str], list[str]]:
     """Bring the kind's warm sandboxes to `want`: remove the stale and the surplus, start the
     missing. Returns (kept, started, removed)."""
-    from sandboxer.commands.destroy import destroy
-
     kept: list[str] = []
     removed: list[str] = []
     for sandbox_id in candidates(registry, kind.profile):
@@ -112,11 +111,11 @@ def refill(registry: Registry, kind: Kind, want: int) -> tuple[list[str], list[s
             continue
         try:
             record = registry.read_or_none(sandbox_id)
-            if record is None or record.get("state") != WARM:
+            if record is None or record.state != WARM:
                 continue
             stale = len(kept) >= want or bool(problems(registry, kind, record, kind.planner(sandbox_id, None)))
             if stale:
-                destroy(registry, sandbox_id, {**record, "state": "failed"})
+                destroy(registry, sandbox_id, replace(record, state="failed"))
                 removed.append(sandbox_id)
             else:
                 kept.append(sandbox_id)
@@ -131,30 +130,26 @@ def refill(registry: Registry, kind: Kind, want: int) -> tuple[list[str], list[s
 
 def start_one(registry: Registry, kind: Kind) -> str:
     """Start, verify and record one warm sandbox; nothing is left of it if any step fails."""
-    from sandboxer.commands.destroy import destroy
-    from sandboxer.record import now_text
-
     sandbox_id, lock = registry.allocate()
-    record: dict[str, Any] = {
-        "id": sandbox_id,
-        "profile": kind.profile,
-        "backend": kind.backend_name,
-        "state": WARMING,
-        "created_at": now_text(),
-        "owner_pid": os.getpid(),
-        "owner_start": procs.start_time(os.getpid()),
-    }
+    record = SandboxRecord(
+        id=sandbox_id,
+        profile=kind.profile,
+        backend=kind.backend_name,
+        state=WARMING,
+        created_at=now_text(),
+        owner_pid=os.getpid(),
+        owner_start=procs.start_time(os.getpid()),
+    )
     try:
-        registry.write(sandbox_id, record)
+        registry.write(record)
         plan = kind.planner(sandbox_id, None)
-        seen = kind.backend.start_warm(plan, registry, record, image=kind.image)
-        record["warm"] = {**kind.stamp(registry, plan), **seen}
-        record["state"] = WARM
-        registry.write(sandbox_id, record)
+        record, seen = kind.backend.start_warm(plan, registry, record, image=kind.image)
+        record = replace(record, warm=WarmStamp(**kind.made_from(registry, plan), **seen), state=WARM)
+        registry.write(record)
     except BaseException:
-        record["state"] = "failed"
+        record = replace(record, state="failed")
         with contextlib.suppress(OSError, SandboxerError):
-            registry.write(sandbox_id, record)
+            registry.write(record)
         destroy(registry, sandbox_id, record)
         raise
     finally:
@@ -162,19 +157,18 @@ def start_one(registry: Registry, kind: Kind) -> str:
     return sandbox_id
 
 
-def problems(registry: Registry, kind: Kind, record: dict[str, Any], plan: Plan) -> list[str]:
+def problems(registry: Registry, kind: Kind, record: SandboxRecord, plan: Plan) -> list[str]:
     """Every reason the warm sandbox may not become a sandbox of this kind with this plan."""
-    stamp = record.get("warm")
-    if not isinstance(stamp, dict):
+    stamp = record.warm
+    if stamp is None:
         return ["it has no warm record"]
-    stale = [f"stale: {key} changed" for key, value in kind.stamp(registry, plan).items() if stamp.get(key) != value]
+    made_from = kind.made_from(registry, plan)
+    stale = [f"stale: {key} changed" for key, value in made_from.items() if getattr(stamp, key) != value]
     return stale or kind.backend.warm_problems(registry, record, plan)
 
 
 def drain(registry: Registry, profile: str) -> list[str]:
     """Remove every warm sandbox of the profile; the ids removed."""
-    from sandboxer.commands.destroy import destroy
-
     removed = []
     for sandbox_id in candidates(registry, profile):
         lock = _try_lock(registry, sandbox_id)
@@ -182,22 +176,19 @@ def drain(registry: Registry, profile: str) -> list[str]:
             continue
         try:
             record = registry.read_or_none(sandbox_id)
-            if record is not None and record.get("state") == WARM:
-                destroy(registry, sandbox_id, {**record, "state": "failed"})
+            if record is not None and record.state == WARM:
+                destroy(registry, sandbox_id, replace(record, state="failed"))
                 removed.append(sandbox_id)
         finally:
             os.close(lock)
     return removed
 
 
-def _host_ids(record: dict[str, Any]) -> tuple[int, int] | None:
+def _host_ids(record: SandboxRecord) -> tuple[int, int] | None:
     """The host uid and gid a warm sandbox was planned with (for Docker: the daemon's remapping
     as it was when the container started). Taking it is checked where it matters: the backend
     checks its running process is still those ids, no account's."""
-    uid, gid = record.get("host_uid"), record.get("host_gid")
-    if type(uid) is int and type(gid) is int:
-        return uid, gid
-    return None
+    return (record.plan.host_uid, record.plan.host_gid) if record.plan else None
 
 
 def _try_lock(registry: Registry, sandbox_id: str) -> int | None:

@@ -13,10 +13,11 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from sandboxer.backends.protocol import Backend
+    from sandboxer.plan import Backend as Name
 
     Enter = Callable[..., int]
 
-NAMES = ("bwrap", "docker")  # every backend, in the order gc asks each for its orphans
+NAMES: tuple[Name, ...] = ("bwrap", "docker")  # every backend, in the order gc asks each for its orphans
 
 
 def backend_for(name: object) -> Backend:

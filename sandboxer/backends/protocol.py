@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from sandboxer.dirs import Dirs
     from sandboxer.observe import MountSeen, ProbeSeen
     from sandboxer.plan import Plan
+    from sandboxer.record import SandboxRecord
     from sandboxer.registry import Registry
 
 
@@ -47,25 +48,29 @@ class Backend(Protocol):
     def workspace_in_memory(self) -> bool:
         """Whether the workspace must be a tmpfs of the sandbox's own (no sized host filesystem)."""
 
-    def start(self, plan: Plan, registry: Registry, record: dict[str, Any], *, image: str, profile_file: str) -> None:
+    def start(
+        self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str, profile_file: str
+    ) -> SandboxRecord:
         """Start the sandbox of `plan` (its workspace cloned at plan.workspace_source; `image` for
         an engine of images), record it, and refuse it (BackendError) unless what runs is the
-        plan and its workspace is in place; `profile_file` is named in a refusal of the profile."""
+        plan and its workspace is in place; `profile_file` is named in a refusal of the profile.
+        Returns the record with the engine's part (limits, processes or container, the plan as
+        started), which it has also written to the registry before anything could outlive it."""
 
-    def deliver(self, plan: Plan, record: dict[str, Any], data: bytes, target: str) -> None:
+    def deliver(self, plan: Plan, record: SandboxRecord, data: bytes, target: str) -> None:
         """Write `data` at `target` inside the started sandbox, as its user, before anything else
         runs there (a runtime bootstrap)."""
 
-    def stop(self, registry: Registry, record: dict[str, Any]) -> tuple[list[str], list[str]]:
+    def stop(self, registry: Registry, record: SandboxRecord) -> tuple[list[str], list[str]]:
         """End every process (or the container) of the sandbox: (removed, residue)."""
 
-    def release(self, record: dict[str, Any]) -> tuple[list[str], list[str]]:
+    def release(self, record: SandboxRecord) -> tuple[list[str], list[str]]:
         """Remove what held the sandbox's limits once its processes are gone: (removed, residue)."""
 
-    def is_running(self, record: dict[str, Any]) -> bool | None:
+    def is_running(self, record: SandboxRecord) -> bool | None:
         """Whether the sandbox runs; None when that cannot be known (an Engine that is silent)."""
 
-    def observe(self, dirs: Dirs, record: dict[str, Any]) -> Observed:
+    def observe(self, dirs: Dirs, record: SandboxRecord) -> Observed:
         """Observe the live sandbox against its plan."""
 
     def warm_fingerprint(self, plan: Plan, registry: Registry, image: str) -> str:
@@ -73,14 +78,16 @@ class Backend(Protocol):
         taken only by a create whose plan has the same (sandboxer.warmpool). Engines that keep no
         warm sandboxes raise BackendError (their extensions accept no `config.warm`)."""
 
-    def start_warm(self, plan: Plan, registry: Registry, record: dict[str, Any], *, image: str) -> dict[str, Any]:
-        """Start and verify a warm sandbox of `plan` (its workspace empty) and return what it
+    def start_warm(
+        self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str
+    ) -> tuple[SandboxRecord, dict[str, Any]]:
+        """Start and verify a warm sandbox of `plan` (its workspace empty): its record, and what it
         showed, for `warm_problems` to compare when a create takes it."""
 
-    def warm_problems(self, registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
+    def warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
         """Every reason the warm sandbox of `record` may not become the sandbox of `plan`."""
 
-    def taken_warm_problems(self, registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
+    def taken_warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
         """The final inspection of a warm sandbox a create took, once its workspace is cloned."""
 
     def admits_service_images(self) -> bool:

@@ -11,6 +11,7 @@ from sandboxer.registry import Registry, check_id
 if TYPE_CHECKING:
     from sandboxer.dirs import Dirs
     from sandboxer.observe import MountSeen, ProbeSeen
+    from sandboxer.record import SandboxRecord
 
 
 def inspect(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
@@ -19,9 +20,11 @@ def inspect(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
 
     registry = Registry(dirs.state)
     record = registry.read_caller(check_id(sandbox_id))
-    backend = backend_for(record.get("backend"))
-    if record.get("state") != "ready" or not backend.is_running(record):
-        raise BackendError(f"sandbox {sandbox_id} is not running (state {record.get('state')})", hint="sandboxer gc")
+    backend = backend_for(record.backend)
+    if record.state != "ready" or not backend.is_running(record):
+        raise BackendError(f"sandbox {sandbox_id} is not running (state {record.state})", hint="sandboxer gc")
+    if record.plan is None or record.limits is None:
+        raise BackendError(f"sandbox {sandbox_id}: its record has no plan", hint="sandboxer gc")
     seen = backend.observe(dirs, record)
     evidence = _evidence(record, state_dir=dirs.state, mounts=seen.mounts, probe=seen.probe, problems=seen.problems)
     evidence["network"] = seen.network
@@ -31,7 +34,7 @@ def inspect(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
 
 
 def _evidence(
-    record: dict[str, Any],
+    record: SandboxRecord,
     *,
     state_dir: str,
     mounts: list[MountSeen],
@@ -43,20 +46,28 @@ def _evidence(
     from sandboxer.plan import RUNTIME_TARGET
     from sandboxer.runtime import digest_runtime
 
+    if record.plan is None or record.limits is None:
+        raise BackendError(f"sandbox {record.id}: its record has no plan")
     runtime_mount = next((m for m in reversed(mounts) if m.target == RUNTIME_TARGET), None)
     started = time.monotonic()
-    observed_digest = digest_runtime(record["runtime_path"], state_dir=state_dir).sha256
+    observed_digest = digest_runtime(record.plan.runtime_path, state_dir=state_dir).sha256
     digest_ms = round((time.monotonic() - started) * 1000, 1)
-    if observed_digest != record["runtime_sha256"]:
+    if observed_digest != record.plan.runtime_sha256:
         problems.append("runtime: its tree digest no longer matches the pin")
+    policy: dict[str, Any] = {"mode": probe.seccomp}
+    if record.seccomp is not None:
+        if record.seccomp.sha256 is not None:
+            policy["sha256"] = record.seccomp.sha256
+        policy["allow_ptrace"] = record.seccomp.allow_ptrace
+    workspace_fs = record.workspace_fs
     return {
-        "id": record["id"],
-        "profile": record["profile"],
-        "backend": record["backend"],
+        "id": record.id,
+        "profile": record.profile,
+        "backend": record.backend,
         "status": "running",
         "runtime": {
             "sha256": observed_digest,
-            "pinned_sha256": record["runtime_sha256"],
+            "pinned_sha256": record.plan.runtime_sha256,
             "target": RUNTIME_TARGET,
             "read_only": bool(runtime_mount and runtime_mount.read_only),
             "digest_ms": digest_ms,
@@ -72,40 +83,48 @@ def _evidence(
         },
         # The syscall policy as the kernel reports it for a process started like an exec, and
         # the digest of the policy the broker compiled for this sandbox (docs/seccomp.md).
-        "seccomp": {"mode": probe.seccomp, **(record.get("seccomp") or {})},
+        "seccomp": policy,
         "env_names": list(probe.env_names),
         "leases": _lease_evidence(record, mounts),
         "limits": {
-            "mechanism": record["limits"]["mechanism"],
-            "memory_mib": record["limits"]["memory_mib"],
-            "pids": record["limits"]["pids"],
+            "mechanism": record.limits.mechanism,
+            "memory_mib": record.limits.memory_mib,
+            "pids": record.limits.pids,
             # The workspace's own sized filesystem (root brokers): ENOSPC inside past this size.
-            "workspace_mib": (record.get("workspace_fs") or {}).get("mib"),
-            "workspace_enforced": bool((record.get("workspace_fs") or {}).get("enforced")),
+            "workspace_mib": workspace_fs.mib if workspace_fs else None,
+            "workspace_enforced": bool(workspace_fs and workspace_fs.enforced),
         },
         "matches_plan": not problems,
         "differences": problems,
     }
 
 
-def _lease_evidence(record: dict[str, Any], mounts: list[MountSeen]) -> dict[str, Any] | None:
+def _lease_evidence(record: SandboxRecord, mounts: list[MountSeen]) -> dict[str, Any] | None:
     """The manifest's share of the evidence: run, leases, and each lease mount as it is seen."""
-    assignment = record.get("manifest")
-    if not isinstance(assignment, dict):
+    assignment = record.manifest
+    if assignment is None:
         return None
     seen = {mount.target: mount for mount in mounts}
     return {
-        "run_id": assignment.get("run_id"),
-        "manifest_sha256": assignment.get("sha256"),
-        "leases": assignment.get("leases", []),
+        "run_id": assignment.run_id,
+        "manifest_sha256": assignment.sha256,
+        "leases": [
+            {
+                "lease_id": lease.lease_id,
+                "scope": lease.scope,
+                "consumer": lease.consumer,
+                "expires_at": lease.expires_at,
+            }
+            for lease in assignment.leases
+        ],
         "mounts": [
             {
-                "lease_id": m["lease_id"],
-                "target": m["target"],
-                "kind": m["kind"],
-                "present": m["target"] in seen,
-                "read_only": bool(seen[m["target"]].read_only) if m["target"] in seen else None,
+                "lease_id": m.lease_id,
+                "target": m.target,
+                "kind": m.kind,
+                "present": m.target in seen,
+                "read_only": bool(seen[m.target].read_only) if m.target in seen else None,
             }
-            for m in assignment.get("mounts", [])
+            for m in assignment.mounts
         ],
     }

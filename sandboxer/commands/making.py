@@ -4,7 +4,7 @@ bwrap, delivering its bootstrap. Shared by create and the warm pool."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sandboxer import workspace
 from sandboxer.errors import PolicyError
@@ -16,7 +16,9 @@ if TYPE_CHECKING:
     from sandboxer.config_types import ExtensionConfig, Profile
     from sandboxer.dirs import Dirs
     from sandboxer.leases import Assignment
+    from sandboxer.plan import Backend as BackendName
     from sandboxer.plan import Grants, Plan
+    from sandboxer.record import SandboxRecord
 
 HOST_LINKS_CANDIDATES = (("/bin", "usr/bin"), ("/lib", "usr/lib"), ("/lib64", "usr/lib64"), ("/sbin", "usr/sbin"))
 HOST_ETC_CANDIDATES = ("/etc/ssl/certs", "/etc/ca-certificates", "/etc/ld.so.cache", "/etc/localtime")
@@ -38,9 +40,11 @@ def _require_approved(ledger: Ledger, name: str, file_sha256: str) -> None:
         raise PolicyError(f"{name} changed since it was approved", hint=f"review it, then sandboxer ext approve {name}")
 
 
-def backend_name(extension: ExtensionConfig) -> str:
+def backend_name(extension: ExtensionConfig) -> BackendName:
     """The backend an extension config runs its sandboxes on."""
-    return extension.extension.removeprefix("ext.")
+    from sandboxer.plan import BACKEND_OF
+
+    return BACKEND_OF[extension.extension]
 
 
 def _admit(dirs: Dirs, profile_name: str) -> tuple[str, Profile, ExtensionConfig]:
@@ -135,13 +139,21 @@ def clone_workspace(request: CreateRequest, plan: Plan) -> None:
     )
 
 
-def deliver_requested(request: CreateRequest, plan: Plan, record: dict[str, Any]) -> None:
-    """Deliver the runtime bootstrap of the request, if it has one, into the started sandbox."""
-    if request.delivery is not None:
-        from sandboxer.bootstrap import TARGET
+def deliver_requested(request: CreateRequest, plan: Plan, record: SandboxRecord) -> SandboxRecord:
+    """Deliver the runtime bootstrap of the request, if it has one, into the started sandbox;
+    the record says so."""
+    if request.delivery is None:
+        return record
+    from dataclasses import replace
 
-        _deliver_bootstrap(plan, record, request.delivery[1])
-        record["bootstrap"] = {"target": TARGET, "suspend_control": request.delivery[0].suspend_control}
+    from sandboxer.backends import backend_for
+    from sandboxer.bootstrap import TARGET
+    from sandboxer.record import BootstrapRecord
+
+    backend_for(plan.backend).deliver(plan, record, request.delivery[1], TARGET)
+    return replace(
+        record, bootstrap=BootstrapRecord(target=TARGET, suspend_control=request.delivery[0].suspend_control)
+    )
 
 
 def _admit_bootstrap(path: str | None, assignment: Assignment | None) -> tuple[Bootstrap, bytes] | None:
@@ -177,14 +189,6 @@ def _with_suspend_dir(grants: Grants | None) -> Grants:
     return replace(base, mounts=(*base.mounts, Mount(kind=MountKind.DIR, target=SUSPEND_DIR, mode=0o700)))
 
 
-def _deliver_bootstrap(plan: Plan, record: dict[str, Any], data: bytes) -> None:
-    """Write the bootstrap into the sandbox user's home before anything else runs there."""
-    from sandboxer.backends import backend_for
-    from sandboxer.bootstrap import TARGET
-
-    backend_for(plan.backend).deliver(plan, record, data, TARGET)
-
-
 def _admit_manifest(dirs: Dirs, path: str | None, *, backend: str, repository: str) -> Assignment | None:
     """The lease manifest of a create, fully checked before anything is made (or None)."""
     if path is None:
@@ -201,7 +205,7 @@ def _admit_manifest(dirs: Dirs, path: str | None, *, backend: str, repository: s
     registry = Registry(dirs.state)
     for other in registry.ids():  # a run is one sandbox: its spools, ledger and materializations are one
         record = registry.read_or_none(other)
-        held = record.get("manifest") if record else None
-        if isinstance(held, dict) and held.get("run_id") == assignment.manifest.run_id:
-            raise PolicyError(f"{assignment.file}: run_id: run {held.get('run_id')} already has sandbox {other}")
+        held = record.manifest if record else None
+        if held is not None and held.run_id == assignment.manifest.run_id:
+            raise PolicyError(f"{assignment.file}: run_id: run {held.run_id} already has sandbox {other}")
     return assignment

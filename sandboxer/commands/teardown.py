@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from sandboxer.commands.destroy import destroy
+from sandboxer.destroy import destroy
 from sandboxer.errors import BackendError, NotFoundError, ResidueError, SandboxerError
-from sandboxer.registry import HIDDEN_STATES, Registry, check_id
+from sandboxer.registry import Registry, check_id
 
 if TYPE_CHECKING:
     from sandboxer.dirs import Dirs
+    from sandboxer.record import SandboxRecord
 
 
 def teardown(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
@@ -23,22 +25,21 @@ def teardown(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
     if lock is None:
         raise BackendError(f"sandbox {sandbox_id}: its lock could not be taken")
     try:
-        record = registry.read_or_none(sandbox_id) or {"id": sandbox_id}
-        if record.get("state") in HIDDEN_STATES:
+        record = registry.read_or_none(sandbox_id)
+        if record is not None and record.hidden:
             raise NotFoundError(f"no such sandbox: {sandbox_id}")
-        if "state" in record:
-            if record["state"] == "ready":
-                record["consumed"] = True  # the assignment was used: its materializations go too
-            record["state"] = "tearing-down"
+        if record is not None:
+            # A ready sandbox's assignment was used: its materializations go too.
+            record = replace(record, state="tearing-down", consumed=record.consumed or record.state == "ready")
             with contextlib.suppress(OSError, SandboxerError):
-                registry.write(sandbox_id, record)
+                registry.write(record)
         removed, residue = destroy(registry, sandbox_id, record)
     finally:
         os.close(lock)
-    if record.get("warm_profile") and isinstance(record.get("profile"), str):
+    if record is not None and record.warm_profile:
         from sandboxer.commands.warm import spawn_fill
 
-        spawn_fill(dirs, record["profile"])
+        spawn_fill(dirs, record.profile)
     return {"id": sandbox_id, "removed": removed, "residue": residue}
 
 
@@ -49,11 +50,11 @@ def receipt_or_raise(receipt: dict[str, Any]) -> dict[str, Any]:
     return receipt
 
 
-def is_running(record: dict[str, Any]) -> bool | None:
+def is_running(record: SandboxRecord) -> bool | None:
     """Whether the sandbox's processes run; None when that cannot be known (Engine silent)."""
     from sandboxer.backends import backend_for
 
-    return backend_for(record.get("backend")).is_running(record)
+    return backend_for(record.backend).is_running(record)
 
 
 def list_sandboxes(dirs: Dirs) -> dict[str, Any]:
@@ -67,19 +68,19 @@ def list_sandboxes(dirs: Dirs) -> dict[str, Any]:
                 {"id": sandbox_id, "profile": None, "backend": None, "status": "unknown", "created_at": None}
             )
             continue
-        status = record.get("state", "unknown")
-        if status in HIDDEN_STATES:
+        if record.hidden:
             continue
+        status = record.state
         if status == "ready":
             running = is_running(record)
             status = "unknown" if running is None else "running" if running else "dead"
         entries.append(
             {
                 "id": sandbox_id,
-                "profile": record.get("profile"),
-                "backend": record.get("backend"),
+                "profile": record.profile,
+                "backend": record.backend,
                 "status": status,
-                "created_at": record.get("created_at"),
+                "created_at": record.created_at,
             }
         )
     return {"sandboxes": entries}
@@ -102,21 +103,21 @@ def gc(dirs: Dirs) -> dict[str, Any]:
                 continue
             try:
                 record = registry.read_or_none(sandbox_id)
-                state = record.get("state") if record is not None else None
+                state = record.state if record is not None else None
                 running = is_running(record) if record is not None and state in ("ready", "warm") else False
                 if running is None:  # the Engine does not answer: never destroy what may be healthy
                     busy.append(sandbox_id)
                     continue
-                if running and state == "warm":
+                if running and record is not None and state == "warm":
                     from sandboxer.commands.warm import is_current
 
-                    if is_current(dirs, record or {}):
+                    if is_current(dirs, record):
                         warm.append(sandbox_id)
                         continue
                 elif running:
                     healthy.append(sandbox_id)
                     continue
-                removed, residue = destroy(registry, sandbox_id, record or {"id": sandbox_id})
+                removed, residue = destroy(registry, sandbox_id, record)
                 collected.append({"id": sandbox_id, "removed": removed, "residue": residue})
             finally:
                 os.close(lock)

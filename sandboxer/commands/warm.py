@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from sandboxer.commands.making import CreateRequest
     from sandboxer.dirs import Dirs
     from sandboxer.plan import Plan
+    from sandboxer.record import SandboxRecord
 
 
 def wanted(request: CreateRequest) -> int:
@@ -53,12 +54,12 @@ def kind(request: CreateRequest, registry: Registry) -> warmpool.Kind:
     )
 
 
-def claim(request: CreateRequest, registry: Registry) -> tuple[str, int, dict[str, Any], Plan] | None:
-    """Take a warm sandbox of the request's profile: (id, its held lock, its record, its plan)."""
+def claim(request: CreateRequest, registry: Registry) -> tuple[int, SandboxRecord, Plan] | None:
+    """Take a warm sandbox of the request's profile: (its held lock, its record, its plan)."""
     return warmpool.claim(registry, kind(request, registry))
 
 
-def finish(request: CreateRequest, registry: Registry, record: dict[str, Any], plan: Plan) -> None:
+def finish(request: CreateRequest, registry: Registry, record: SandboxRecord, plan: Plan) -> SandboxRecord:
     """The rest of a create that took a warm sandbox: clone, inspect again, deliver."""
     from sandboxer.backends import backend_for
     from sandboxer.commands.making import clone_workspace, deliver_requested
@@ -71,7 +72,7 @@ def finish(request: CreateRequest, registry: Registry, record: dict[str, Any], p
     problems = backend_for(request.backend).taken_warm_problems(registry, record, plan)
     if problems:
         raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))
-    deliver_requested(request, plan, record)
+    return deliver_requested(request, plan, record)
 
 
 def fill(dirs: Dirs, profile_name: str) -> dict[str, Any]:
@@ -132,18 +133,18 @@ def spawn_fill(dirs: Dirs, profile_name: str) -> None:
         os.close(log)
 
 
-def is_current(dirs: Dirs, record: dict[str, Any]) -> bool:
+def is_current(dirs: Dirs, record: SandboxRecord) -> bool:
     """gc's question: may this warm sandbox stay? Only while its profile and extension are
     approved with the bytes it was made from and the extension still keeps warm sandboxes."""
     from sandboxer.approvals import Ledger, Status
     from sandboxer.configdir import load_extension, load_profile
 
-    stamp = record.get("warm")
-    if not isinstance(stamp, dict):
+    stamp = record.warm
+    if stamp is None:
         return False
     try:
         cache_dir = os.path.join(dirs.state, "parsed")
-        _, profile = load_profile(dirs.config, str(record.get("profile")), cache_dir=cache_dir)
+        _, profile = load_profile(dirs.config, record.profile, cache_dir=cache_dir)
         _, extension = load_extension(dirs.config, profile.extension, cache_dir=cache_dir)
         ledger = Ledger(dirs.config)
         approved = ledger.status(profile.name, profile.file_sha256) is Status.APPROVED
@@ -153,6 +154,6 @@ def is_current(dirs: Dirs, record: dict[str, Any]) -> bool:
     return (
         approved
         and extension.warm > 0
-        and stamp.get("profile_sha256") == profile.file_sha256
-        and stamp.get("extension_sha256") == extension.file_sha256
+        and stamp.profile_sha256 == profile.file_sha256
+        and stamp.extension_sha256 == extension.file_sha256
     )

@@ -149,12 +149,12 @@ def test_engine_inspect_shows_the_policy(db: SandboxBroker) -> None:
 
 def test_a_container_altered_outside_the_broker_fails_verification(db: SandboxBroker, tmp_path: Path) -> None:
     from sandboxer.backends.docker.render import verify
-    from sandboxer.record import plan_from_record
+    from sandboxer.record_reading import read_record
 
     sandbox_id = db.create(PROFILE)
     record = json.loads((db.sandbox_dir(sandbox_id) / "record.json").read_text())
     attrs = _engine().api.inspect_container(record["container_id"])
-    plan = plan_from_record(record, str(db.sandbox_dir(sandbox_id) / "workspace"))
+    plan = read_record(record).plan_for(str(db.sandbox_dir(sandbox_id) / "workspace"))
     etc_dir = str(db.sandbox_dir(sandbox_id) / "etc")
     assert verify(attrs, plan, etc_dir=etc_dir) == []
     extra = {"Type": "bind", "Source": str(tmp_path), "Destination": "/mnt/extra", "RW": True}

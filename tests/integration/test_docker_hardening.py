@@ -267,7 +267,7 @@ def test_allow_ptrace_lifts_only_the_ptrace_rules_on_docker(dk: SandboxBroker) -
 def test_the_engine_holds_exactly_the_projects_profile_and_inspect_reports_it(dk: SandboxBroker) -> None:
     from sandboxer import seccomp
     from sandboxer.backends.docker.render import verify
-    from sandboxer.record import plan_from_record
+    from sandboxer.record_reading import read_record
 
     sandbox_id = dk.create()
     record = record_of(dk, sandbox_id)
@@ -286,7 +286,7 @@ def test_the_engine_holds_exactly_the_projects_profile_and_inspect_reports_it(dk
     assert seen["seccomp"] == {"mode": 2, "sha256": seccomp.digest(allow_ptrace=False), "allow_ptrace": False}
 
     # Any other profile — Docker's default, one rule fewer, ptrace allowed — is a difference.
-    plan = plan_from_record(record, str(dk.sandbox_dir(sandbox_id) / "workspace"))
+    plan = read_record(record).plan_for(str(dk.sandbox_dir(sandbox_id) / "workspace"))
     etc_dir = str(dk.sandbox_dir(sandbox_id) / "etc")
     assert verify(attrs, plan, etc_dir=etc_dir) == []
     fewer = seccomp.docker_profile(allow_ptrace=False)

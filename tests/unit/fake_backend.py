@@ -8,7 +8,7 @@ given.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from sandboxer.config_types import ExtensionConfig
 from sandboxer.dirs import Dirs
 from sandboxer.errors import BackendError
 from sandboxer.plan import Plan
-from sandboxer.record import plan_fields
+from sandboxer.record import LimitsRecord, PlanShare, SandboxRecord
 from sandboxer.registry import Registry
 
 NO_WARM = "the fake backend keeps no warm sandboxes"
@@ -45,49 +45,53 @@ class FakeBackend:
     def workspace_in_memory(self) -> bool:
         return True  # no sized filesystem to mount: the clone stays in the sandbox's directory
 
-    def start(self, plan: Plan, registry: Registry, record: dict[str, Any], *, image: str, profile_file: str) -> None:
+    def start(
+        self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str, profile_file: str
+    ) -> SandboxRecord:
         self.calls.append(("start", plan.sandbox_id))
-        record["limits"] = {"mechanism": "fake", "memory_mib": plan.limits.memory_mib, "pids": plan.limits.pids}
-        record["fake"] = {"started": True}
-        record.update(plan_fields(plan))  # as every backend records it
-        registry.write(plan.sandbox_id, record)
+        limits = LimitsRecord(mechanism="fake", memory_mib=plan.limits.memory_mib, pids=plan.limits.pids)
+        record = replace(record, limits=limits, plan=PlanShare.of(plan))  # as every backend records it
+        registry.write(record)
         if self.fail_start is not None:
             raise BackendError(self.fail_start)
         self.running.add(plan.sandbox_id)
+        return record
 
-    def deliver(self, plan: Plan, record: dict[str, Any], data: bytes, target: str) -> None:
+    def deliver(self, plan: Plan, record: SandboxRecord, data: bytes, target: str) -> None:
         self.calls.append(("deliver", plan.sandbox_id))
 
-    def stop(self, registry: Registry, record: dict[str, Any]) -> tuple[list[str], list[str]]:
-        sandbox_id = str(record["id"])
+    def stop(self, registry: Registry, record: SandboxRecord) -> tuple[list[str], list[str]]:
+        sandbox_id = record.id
         self.calls.append(("stop", sandbox_id))
         was = sandbox_id in self.running
         self.running.discard(sandbox_id)
         return (["fake processes"] if was else []), []
 
-    def release(self, record: dict[str, Any]) -> tuple[list[str], list[str]]:
-        self.calls.append(("release", str(record["id"])))
+    def release(self, record: SandboxRecord) -> tuple[list[str], list[str]]:
+        self.calls.append(("release", record.id))
         return [], []
 
-    def is_running(self, record: dict[str, Any]) -> bool | None:
-        sandbox_id = str(record["id"])
+    def is_running(self, record: SandboxRecord) -> bool | None:
+        sandbox_id = record.id
         if sandbox_id in self.unknown:
             return None
         return sandbox_id in self.running
 
-    def observe(self, dirs: Dirs, record: dict[str, Any]) -> Observed:
+    def observe(self, dirs: Dirs, record: SandboxRecord) -> Observed:
         raise BackendError("the fake backend observes nothing")
 
     def warm_fingerprint(self, plan: Plan, registry: Registry, image: str) -> str:
         raise BackendError(NO_WARM)
 
-    def start_warm(self, plan: Plan, registry: Registry, record: dict[str, Any], *, image: str) -> dict[str, Any]:
+    def start_warm(
+        self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str
+    ) -> tuple[SandboxRecord, dict[str, Any]]:
         raise BackendError(NO_WARM)
 
-    def warm_problems(self, registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
+    def warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
         raise BackendError(NO_WARM)
 
-    def taken_warm_problems(self, registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
+    def taken_warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
         raise BackendError(NO_WARM)
 
     def admits_service_images(self) -> bool:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from sandboxer.config_types import ExtensionConfig
     from sandboxer.dirs import Dirs
     from sandboxer.plan import Plan
+    from sandboxer.record import SandboxRecord
     from sandboxer.registry import Registry
 
 
@@ -54,83 +55,71 @@ class BwrapBackend:
         gets a sized tmpfs of its own instead."""
         return os.geteuid() != 0
 
-    def start(self, plan: Plan, registry: Registry, record: dict[str, Any], *, image: str, profile_file: str) -> None:
-        _start(plan, registry, record)
+    def start(
+        self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str, profile_file: str
+    ) -> SandboxRecord:
+        record, live = _start(plan, registry, record)
         if plan.workspace_in_memory:  # the clone goes into the sandbox's own tmpfs, the host keeps none
             from sandboxer import workspace
 
             workspace.seed(
                 str(plan.workspace_source),
-                holder_pid=int(record["holder_pid"]),
-                holder_start=record.get("holder_start"),
+                holder_pid=live.holder_pid,
+                holder_start=live.holder_start,
                 profile_file=profile_file,
                 size_mib=plan.limits.workspace_mib,
             )
+        return record
 
-    def deliver(self, plan: Plan, record: dict[str, Any], data: bytes, target: str) -> None:
+    def deliver(self, plan: Plan, record: SandboxRecord, data: bytes, target: str) -> None:
         from sandboxer.backends.bwrap import live as bwrap
 
-        live = bwrap.Live(
-            bwrap_pid=record["bwrap_pid"],
-            init_pid=record["init_pid"],
-            holder_pid=record["holder_pid"],
-            pid_namespace=record["pid_namespace"],
-            holder_start=record["holder_start"],
-        )
+        live = bwrap.Live.of(record.processes)
         program = bwrap.load_seccomp(os.path.dirname(plan.workspace_source))  # the sandbox's directory
-        bwrap.deliver(live, plan, data, target, procs_files=tuple(record["limits"]["procs_files"]), seccomp=program)
+        procs_files = record.limits.procs_files if record.limits else ()
+        bwrap.deliver(live, plan, data, target, procs_files=procs_files, seccomp=program)
 
-    def stop(self, registry: Registry, record: dict[str, Any]) -> tuple[list[str], list[str]]:
+    def stop(self, registry: Registry, record: SandboxRecord) -> tuple[list[str], list[str]]:
         from sandboxer.backends.bwrap.stop import stop
 
         return stop(record)
 
-    def release(self, record: dict[str, Any]) -> tuple[list[str], list[str]]:
+    def release(self, record: SandboxRecord) -> tuple[list[str], list[str]]:
         """The sandbox's cgroups (those recorded, or left by a create that died first)."""
         from sandboxer import limits
 
-        groups = tuple(record.get("limits", {}).get("groups", ()))
+        groups = record.limits.groups if record.limits else ()
         if not groups:
-            groups = limits.leftover_groups(str(record["id"]))
+            groups = limits.leftover_groups(record.id)
         left = limits.remove(groups)
         return [f"cgroup {g}" for g in groups if g not in left], [f"cgroup {g}" for g in left]
 
-    def is_running(self, record: dict[str, Any]) -> bool | None:
-        return all(
-            isinstance(record.get(f"{key}_pid"), int) and procs.alive(record[f"{key}_pid"], record.get(f"{key}_start"))
-            for key in ("init", "holder")
+    def is_running(self, record: SandboxRecord) -> bool | None:
+        processes = record.processes
+        if processes is None or processes.init_pid is None or processes.holder_pid is None:
+            return False
+        return procs.alive(processes.init_pid, processes.init_start) and procs.alive(
+            processes.holder_pid, processes.holder_start
         )
 
-    def observe(self, dirs: Dirs, record: dict[str, Any]) -> Observed:
+    def observe(self, dirs: Dirs, record: SandboxRecord) -> Observed:
         from sandboxer import limits
         from sandboxer.backends.bwrap import live as bwrap
         from sandboxer.backends.bwrap.argv import HOLDER_TARGET
         from sandboxer.backends.bwrap.netview import observe_network
         from sandboxer.backends.protocol import Observed
         from sandboxer.observe import differences, read_mountinfo
-        from sandboxer.record import plan_from_record
         from sandboxer.registry import Registry
 
         registry = Registry(dirs.state)
-        sandbox_id = str(record["id"])
-        holder = int(record["holder_pid"])
-        mounts = read_mountinfo(holder)
-        network = observe_network(holder)
-        plan = plan_from_record(record, registry.path(sandbox_id, "workspace"))
-        live = bwrap.Live(
-            bwrap_pid=record["bwrap_pid"],
-            init_pid=record["init_pid"],
-            holder_pid=holder,
-            pid_namespace=record["pid_namespace"],
-            holder_start=record["holder_start"],
-        )
-        limit_record = record["limits"]
-        limit_setup = limits.LimitSetup(
-            mechanism=limit_record["mechanism"],
-            groups=tuple(limit_record["groups"]),
-            procs_files=tuple(limit_record["procs_files"]),
-            rlimits=tuple((int(a), int(b)) for a, b in limit_record["rlimits"]),
-        )
+        sandbox_id = record.id
+        live = bwrap.Live.of(record.processes)
+        if record.limits is None:
+            raise BackendError("the sandbox's record has no limits")
+        mounts = read_mountinfo(live.holder_pid)
+        network = observe_network(live.holder_pid)
+        plan = record.plan_for(registry.path(sandbox_id, "workspace"))
+        limit_setup = limits.LimitSetup.of(record.limits)
         probe = bwrap.probe(
             live,
             plan,
@@ -145,19 +134,21 @@ class BwrapBackend:
             probe=probe,
             problems=problems,
             network=network,
-            limits={"cgroups": list(probe.cgroups) if limit_record["groups"] else []},
+            limits={"cgroups": list(probe.cgroups) if limit_setup.groups else []},
         )
 
     def warm_fingerprint(self, plan: Plan, registry: Registry, image: str) -> str:
         raise BackendError(NO_WARM)
 
-    def start_warm(self, plan: Plan, registry: Registry, record: dict[str, Any], *, image: str) -> dict[str, Any]:
+    def start_warm(
+        self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str
+    ) -> tuple[SandboxRecord, dict[str, Any]]:
         raise BackendError(NO_WARM)
 
-    def warm_problems(self, registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
+    def warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
         raise BackendError(NO_WARM)
 
-    def taken_warm_problems(self, registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
+    def taken_warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
         raise BackendError(NO_WARM)
 
     def admits_service_images(self) -> bool:
@@ -194,31 +185,36 @@ class BwrapBackend:
         return []
 
 
-def _start(plan: Plan, registry: Registry, record: dict[str, Any]) -> None:
+def _start(plan: Plan, registry: Registry, record: SandboxRecord) -> tuple[SandboxRecord, bwrap.Live]:
     """Set up the limits, start the namespace inside them, record it, and refuse it unless it is
     the plan."""
     import hashlib
+    from dataclasses import replace
 
     from sandboxer import limits, seccomp
-    from sandboxer.backends.bwrap import namespace as bwrap
+    from sandboxer.backends.bwrap import namespace
     from sandboxer.plan import MountKind
-    from sandboxer.record import plan_fields
+    from sandboxer.record import PlanShare, SeccompRecord
 
     limit_setup = limits.setup(plan.sandbox_id, plan.limits)
-    record["limits"] = {**limit_setup.as_record(), "memory_mib": plan.limits.memory_mib, "pids": plan.limits.pids}
     program = seccomp.cached_bpf(os.path.join(registry.state_dir, "parsed"), allow_ptrace=plan.allow_ptrace)
-    bwrap.save_seccomp(registry.path(plan.sandbox_id), program)
-    record["seccomp"] = {"sha256": hashlib.sha256(program).hexdigest(), "allow_ptrace": plan.allow_ptrace}
+    namespace.save_seccomp(registry.path(plan.sandbox_id), program)
+    record = replace(
+        record,
+        limits=limit_setup.recorded(plan.limits),
+        seccomp=SeccompRecord(sha256=hashlib.sha256(program).hexdigest(), allow_ptrace=plan.allow_ptrace),
+    )
     started = plan
     if os.geteuid() == 0 and any(m.lease is not None and m.kind is MountKind.RO_BIND for m in plan.mounts):
         from sandboxer import lease_mounts
 
-        started = lease_mounts.stage(plan, registry.path(plan.sandbox_id), owner=int(record["manifest"]["owner_uid"]))
-    live = bwrap.start(started, seccomp_program=program, limit_setup=limit_setup)
-    record.update(live.as_record())
-    record.update(plan_fields(plan))
-    registry.write(plan.sandbox_id, record)
+        owner = record.manifest.owner_uid if record.manifest else -1
+        started = lease_mounts.stage(plan, registry.path(plan.sandbox_id), owner=owner)
+    live = namespace.start(started, seccomp_program=program, limit_setup=limit_setup)
+    record = replace(record, processes=live.processes(), plan=PlanShare.of(plan))
+    registry.write(record)
     _verify(plan, live, limit_setup, program)
+    return record, live
 
 
 def _verify(plan: Plan, live: bwrap.Live, limit_setup: limits.LimitSetup, program: bytes) -> None:

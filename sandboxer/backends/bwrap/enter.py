@@ -20,21 +20,23 @@ if TYPE_CHECKING:
     import signal
 
     from sandboxer.backends.bwrap import joiner
+    from sandboxer.record_exec import ExecView
     from sandboxer.stdio import Program
 else:
     import _signal as signal  # the same calls and numbers; `signal` imports enum (~3 ms)
 
 
-def _check_running(record: dict[str, object], sandbox_id: str) -> None:
-    """The sandbox's init and holder still run (they are the namespaces an exec joins)."""
-    for key in ("init", "holder"):
-        pid, started = record.get(f"{key}_pid"), record.get(f"{key}_start")
-        if not isinstance(pid, int) or not isinstance(started, int) or not procs.alive(pid, started):
+def _check_running(record: ExecView, sandbox_id: str) -> tuple[int, int]:
+    """The sandbox's init and holder still run (they are the namespaces an exec joins): the
+    holder's pid and start time."""
+    for pid, started in ((record.init_pid, record.init_start), (record.holder_pid, record.holder_start)):
+        if pid is None or started is None or not procs.alive(pid, started):
             raise ExecUsage(f"exec: sandbox {sandbox_id} is not running (see sandboxer gc)")
+    return int(record.holder_pid or 0), int(record.holder_start or 0)
 
 
 def run(
-    record: dict[str, object],
+    record: ExecView,
     options: dict[str, str],
     command: list[str],
     env: dict[str, str],
@@ -44,27 +46,26 @@ def run(
     state_dir: str,
 ) -> int:
     """exec by joining the sandbox's namespaces (joiner)."""
-    _check_running(record, options["id"])
+    holder_pid, holder_start = _check_running(record, options["id"])
     from sandboxer.backends.bwrap import joiner  # ctypes and the namespace code
 
-    limit_record = record["limits"]
-    if not isinstance(limit_record, dict):
-        raise ExecUsage(f"exec: sandbox {options['id']}: its record has no limits")
+    if record.limits_mechanism is None or record.host_uid is None or record.host_gid is None:
+        raise ExecUsage(f"exec: sandbox {options['id']}: its record has no limits or host ids")
     entry = joiner.Entry(
-        holder_pid=int(record["holder_pid"]),  # type: ignore[call-overload]
-        host_uid=int(record["host_uid"]),  # type: ignore[call-overload]
-        host_gid=int(record["host_gid"]),  # type: ignore[call-overload]
+        holder_pid=holder_pid,
+        host_uid=record.host_uid,
+        host_gid=record.host_gid,
         cwd=options.get("cwd", "/workspace"),
         argv=command,
         executable=options.get("executable"),
         env=env,
-        cgroup_procs=tuple(limit_record["procs_files"]),
-        rlimits=tuple((int(a), int(b)) for a, b in limit_record["rlimits"]),
+        cgroup_procs=record.procs_files,
+        rlimits=record.rlimits,
         seccomp=_seccomp_program(state_dir, options["id"]),
-        holder_start=int(record["holder_start"]),  # type: ignore[call-overload]
+        holder_start=holder_start,
         keyring=joiner.keyring_name(options["id"]),
     )
-    exec_group = _exec_group(limit_record) if timeout is not None else None
+    exec_group = _exec_group(record) if timeout is not None else None
     if exec_group is not None:
         parent = os.path.dirname(exec_group)
         procs_files = tuple(
@@ -100,15 +101,15 @@ def _seccomp_program(state_dir: str, sandbox_id: str) -> bytes:
     return program
 
 
-def _exec_group(limit_record: dict[str, object]) -> str | None:
+def _exec_group(record: ExecView) -> str | None:
     """A cgroup of this exec's own, below the sandbox's pids group, when cgroups are in use.
 
     Made only for an exec with --timeout (making and removing a cgroup costs milliseconds): it
     lets the timeout find every process of the exec, even one that made its own session and was
     re-parented. The sandbox's limits still apply to it through the parent group.
     """
-    groups = limit_record.get("groups")
-    if limit_record.get("mechanism") not in ("cgroup-v1", "cgroup-v2") or not isinstance(groups, list):
+    groups = record.cgroups
+    if record.limits_mechanism not in ("cgroup-v1", "cgroup-v2"):
         return None
     parent = next((g for g in groups if "/pids/" in g), groups[0] if groups else None)
     if not isinstance(parent, str):

@@ -19,6 +19,7 @@ from sandboxer.errors import BackendError, EntryError
 from sandboxer.limits import CGROUP_ROOT, LimitSetup
 from sandboxer.observe import ProbeSeen, parse_probe
 from sandboxer.plan import Plan
+from sandboxer.record import Processes
 
 _PROBE_SETTLE_SECONDS = 5.0  # how long a probe may take to finish its execve under load
 
@@ -33,17 +34,30 @@ class Live:
     pid_namespace: int
     holder_start: int | None = None  # the holder's start time, against pid reuse
 
-    def as_record(self) -> dict[str, int | None]:
-        """JSON-ready form, each pid with its start time against pid reuse."""
-        return {
-            "bwrap_pid": self.bwrap_pid,
-            "bwrap_start": procs.start_time(self.bwrap_pid),
-            "init_pid": self.init_pid,
-            "init_start": procs.start_time(self.init_pid),
-            "holder_pid": self.holder_pid,
-            "holder_start": procs.start_time(self.holder_pid),
-            "pid_namespace": self.pid_namespace,
-        }
+    def processes(self) -> Processes:
+        """What the record keeps: each pid with its start time, against pid reuse."""
+        return Processes(
+            bwrap_pid=self.bwrap_pid,
+            bwrap_start=procs.start_time(self.bwrap_pid),
+            init_pid=self.init_pid,
+            init_start=procs.start_time(self.init_pid),
+            holder_pid=self.holder_pid,
+            holder_start=procs.start_time(self.holder_pid),
+            pid_namespace=self.pid_namespace,
+        )
+
+    @classmethod
+    def of(cls, processes: Processes | None) -> Live:
+        """The live sandbox a record's processes name; BackendError when they are incomplete."""
+        if processes is None or None in (processes.bwrap_pid, processes.init_pid, processes.holder_pid):
+            raise BackendError("the sandbox's record names no processes")
+        return cls(
+            bwrap_pid=int(processes.bwrap_pid or 0),
+            init_pid=int(processes.init_pid or 0),
+            holder_pid=int(processes.holder_pid or 0),
+            pid_namespace=int(processes.pid_namespace or 0),
+            holder_start=processes.holder_start,
+        )
 
 
 def host_ids(plan: Plan) -> tuple[int, int]:

@@ -11,6 +11,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
 
+    from sandboxer.record import SandboxRecord
+
 # The bwrap processes this process started (bwrap.start). The CLI exits after a create; a
 # program using the Python API lives on, and must reap each bwrap once its sandbox has stopped,
 # or it stays a zombie: `stop` and every later start reap those that ended.
@@ -24,9 +26,9 @@ def reap() -> None:
             del STARTED[pid]
 
 
-def stop(record: dict[str, object]) -> tuple[list[str], list[str]]:
+def stop(record: SandboxRecord) -> tuple[list[str], list[str]]:
     """Kill every process of the bwrap sandbox (procs.stop_sandbox), then reap the bwrap this
     process started for it: (removed, residue)."""
-    removed, residue = procs.stop_sandbox(record)
+    removed, residue = procs.stop_sandbox(record.id, record.processes)
     reap()
     return removed, residue

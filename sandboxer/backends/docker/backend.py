@@ -17,35 +17,37 @@ if TYPE_CHECKING:
     from sandboxer.dirs import Dirs
     from sandboxer.observe import MountSeen, ProbeSeen
     from sandboxer.plan import Plan
+    from sandboxer.record import SandboxRecord
 
 
-def start_docker(plan: Plan, image: str, registry: Registry, record: dict[str, Any]) -> tuple[ProbeSeen, list[str]]:
+def start_docker(
+    plan: Plan, image: str, registry: Registry, record: SandboxRecord
+) -> tuple[SandboxRecord, ProbeSeen, list[str]]:
     """Start the container, record it, and refuse it unless Docker and the container itself
-    show exactly the plan; returns what its pid 1 saw (the probe and the interfaces)."""
+    show exactly the plan; returns the record and what its pid 1 saw (the probe and the
+    interfaces)."""
+    from dataclasses import replace
+
     from sandboxer.backends.docker import container as docker_backend
     from sandboxer.observe import process_differences
-    from sandboxer.record import plan_fields
+    from sandboxer.record import LimitsRecord, PlanShare, SeccompRecord
 
     sandbox_id = plan.sandbox_id
     etc_dir = registry.path(sandbox_id, "etc")
-    record["limits"] = {
-        "mechanism": "docker",
-        "groups": [],
-        "procs_files": [],
-        "rlimits": [],
-        "memory_mib": plan.limits.memory_mib,
-        "pids": plan.limits.pids,
-    }
-    record["image"] = image
-    # The project's syscall policy, rendered into the container's settings (docker_render); its
-    # digest is computed by inspect, not here: compiling it costs more than a warm create.
-    record["seccomp"] = {"allow_ptrace": plan.allow_ptrace}
     staged = _staged(plan, registry, record)
-    record.update(plan_fields(staged))  # what the Engine is asked for, and shows
-    registry.write(sandbox_id, record)
+    record = replace(
+        record,
+        limits=LimitsRecord(mechanism="docker", memory_mib=plan.limits.memory_mib, pids=plan.limits.pids),
+        image=image,
+        # The project's syscall policy, rendered into the container's settings (render.py); its
+        # digest is computed by inspect, not here: compiling it costs more than a warm create.
+        seccomp=SeccompRecord(allow_ptrace=plan.allow_ptrace),
+        plan=PlanShare.of(staged),  # what the Engine is asked for, and shows
+    )
+    registry.write(record)
     container_id, output = docker_backend.start(staged, image=image, etc_dir=etc_dir, state_dir=registry.state_dir)
-    record["container_id"] = container_id
-    registry.write(sandbox_id, record)
+    record = replace(record, container_id=container_id)
+    registry.write(record)
     problems = docker_backend.check(container_id, staged, etc_dir=etc_dir)
     probe, interfaces, mounts, _ = _parse_docker_probe(output)
     problems += process_differences(plan, interfaces, probe)
@@ -57,10 +59,10 @@ def start_docker(plan: Plan, image: str, registry: Registry, record: dict[str, A
     problems += spool_mismatches(plan, mounts)
     if problems:
         raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))
-    return probe, interfaces
+    return record, probe, interfaces
 
 
-def _staged(plan: Plan, registry: Registry, record: dict[str, Any]) -> Plan:
+def _staged(plan: Plan, registry: Registry, record: SandboxRecord) -> Plan:
     """As root, lease binds come from read-only mounts the broker makes of each source it opened
     and checked (as for bwrap): Docker resolves a bind source by path, so it is never given one
     in the run directory, which its owner could swap for a symlink after the check."""
@@ -70,7 +72,8 @@ def _staged(plan: Plan, registry: Registry, record: dict[str, Any]) -> Plan:
         return plan
     from sandboxer import lease_mounts
 
-    return lease_mounts.stage(plan, registry.path(plan.sandbox_id), owner=int(record["manifest"]["owner_uid"]))
+    owner = record.manifest.owner_uid if record.manifest else -1
+    return lease_mounts.stage(plan, registry.path(plan.sandbox_id), owner=owner)
 
 
 def docker_probe(container_id: str, plan: Plan) -> tuple[ProbeSeen, list[str], list[MountSeen], list[dict[str, str]]]:
@@ -144,25 +147,28 @@ class DockerBackend:
     def workspace_in_memory(self) -> bool:
         return False
 
-    def start(self, plan: Plan, registry: Registry, record: dict[str, Any], *, image: str, profile_file: str) -> None:
-        start_docker(plan, image, registry, record)
+    def start(
+        self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str, profile_file: str
+    ) -> SandboxRecord:
+        record, _, _ = start_docker(plan, image, registry, record)
+        return record
 
-    def deliver(self, plan: Plan, record: dict[str, Any], data: bytes, target: str) -> None:
+    def deliver(self, plan: Plan, record: SandboxRecord, data: bytes, target: str) -> None:
         from sandboxer.backends.docker import container
 
-        container.deliver(str(record["container_id"]), plan, data, target)
+        container.deliver(str(record.container_id), plan, data, target)
 
-    def stop(self, registry: Registry, record: dict[str, Any]) -> tuple[list[str], list[str]]:
+    def stop(self, registry: Registry, record: SandboxRecord) -> tuple[list[str], list[str]]:
         """Its processes, then the container (found by its label when a create died before
         recording it)."""
         from sandboxer import procs
 
-        removed, residue = procs.stop_sandbox(record)
-        container_id = record.get("container_id")
+        removed, residue = procs.stop_sandbox(record.id, record.processes)
+        container_id = record.container_id
         if not container_id:
             from sandboxer.backends.docker import container
 
-            container_id = container.labelled(registry.state_dir).get(str(record["id"]))
+            container_id = container.labelled(registry.state_dir).get(record.id)
         if container_id:
             from sandboxer.backends.docker.engine import remove_container  # no SDK, no plan code: teardown stays lean
 
@@ -173,17 +179,17 @@ class DockerBackend:
                 residue.append(f"container {str(container_id)[:12]}: {problem}")
         return removed, residue
 
-    def release(self, record: dict[str, Any]) -> tuple[list[str], list[str]]:
+    def release(self, record: SandboxRecord) -> tuple[list[str], list[str]]:
         """Nothing: a container's cgroups are the Engine's, and go with it."""
         return [], []
 
-    def is_running(self, record: dict[str, Any]) -> bool | None:
+    def is_running(self, record: SandboxRecord) -> bool | None:
         import json
 
         from sandboxer.backends.docker import engine
 
         try:
-            status, content = engine.request("GET", f"/containers/{record.get('container_id')}/json")
+            status, content = engine.request("GET", f"/containers/{record.container_id}/json")
         except (OSError, engine.EngineError):
             return None
         if status == 404:
@@ -192,7 +198,7 @@ class DockerBackend:
             return None
         return bool((json.loads(content).get("State") or {}).get("Running"))
 
-    def observe(self, dirs: Dirs, record: dict[str, Any]) -> Observed:
+    def observe(self, dirs: Dirs, record: SandboxRecord) -> Observed:
         """What the Engine shows and what the container itself shows."""
         import os
         from dataclasses import replace
@@ -204,13 +210,12 @@ class DockerBackend:
         from sandboxer.backends.protocol import Observed
         from sandboxer.lease_mounts import staged_mismatches
         from sandboxer.observe import process_differences
-        from sandboxer.record import plan_from_record
 
         registry = Registry(dirs.state)
-        sandbox_id = str(record["id"])
-        container_id = str(record["container_id"])
-        allow_ptrace = bool((record.get("seccomp") or {}).get("allow_ptrace"))
-        plan = replace(plan_from_record(record, registry.path(sandbox_id, "workspace")), allow_ptrace=allow_ptrace)
+        sandbox_id = record.id
+        container_id = str(record.container_id)
+        allow_ptrace = bool(record.seccomp and record.seccomp.allow_ptrace)
+        plan = replace(record.plan_for(registry.path(sandbox_id, "workspace")), allow_ptrace=allow_ptrace)
         probe, interfaces, mounts, routes = docker_probe(container_id, plan)
         attrs = container.inspect(container_id)
         problems = container.check(container_id, plan, etc_dir=registry.path(sandbox_id, "etc"))
@@ -237,7 +242,7 @@ class DockerBackend:
                 },
                 "docker": {
                     "container": container_id,
-                    "image": record.get("image"),
+                    "image": record.image,
                     "read_only_root": host.get("ReadonlyRootfs"),
                     "cap_drop": host.get("CapDrop"),
                     "security_opt": [short_option(option) for option in host.get("SecurityOpt") or []],
@@ -256,17 +261,19 @@ class DockerBackend:
 
         return warm.fingerprint(plan, registry, image)
 
-    def start_warm(self, plan: Plan, registry: Registry, record: dict[str, Any], *, image: str) -> dict[str, Any]:
+    def start_warm(
+        self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str
+    ) -> tuple[SandboxRecord, dict[str, Any]]:
         from sandboxer.backends.docker import warm
 
         return warm.start(plan, registry, record, image=image, start_docker=start_docker)
 
-    def warm_problems(self, registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
+    def warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
         from sandboxer.backends.docker import warm
 
         return warm.problems(registry, record, plan)
 
-    def taken_warm_problems(self, registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
+    def taken_warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
         from sandboxer.backends.docker import warm
 
         return warm.container_problems(registry, record, plan)

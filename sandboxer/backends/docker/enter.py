@@ -20,13 +20,14 @@ TYPE_CHECKING = False  # `typing` costs ~1.5 ms to import on the exec path; mypy
 if TYPE_CHECKING:
     import signal
 
+    from sandboxer.record_exec import ExecView
     from sandboxer.stdio import Program
 else:
     import _signal as signal  # the same calls and numbers; `signal` imports enum (~3 ms)
 
 
 def run(
-    record: dict[str, object],
+    record: ExecView,
     options: dict[str, str],
     command: list[str],
     env: dict[str, str],
@@ -36,10 +37,10 @@ def run(
     state_dir: str,
 ) -> int:
     """exec through the Engine API; statuses as on bwrap (env -i gives 126/127 for us)."""
-    user = f"{record['uid']}:{record['gid']}"
+    user = _user(record, options["id"])
     try:
         exec_id = execs.create_exec(
-            str(record["container_id"]),
+            str(record.container_id),
             command,
             env=env,
             user=user,
@@ -163,3 +164,10 @@ def _kill_docker_exec(exec_id: str, groups: list[str] | None = None) -> None:
     pid = state.get("Pid")
     if state.get("Running") and isinstance(pid, int) and pid > 0:  # not running: the pid may be reused
         procs.kill_session(pid)
+
+
+def _user(record: ExecView, sandbox_id: str) -> str:
+    """The container user an exec runs as (uid:gid); the record must name it and the container."""
+    if record.uid is None or record.gid is None or record.container_id is None:
+        raise ExecUsage(f"exec: sandbox {sandbox_id}: its record names no container or user")
+    return f"{record.uid}:{record.gid}"

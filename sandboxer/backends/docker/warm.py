@@ -20,9 +20,10 @@ if TYPE_CHECKING:
 
     from sandboxer.observe import ProbeSeen
     from sandboxer.plan import Plan
+    from sandboxer.record import SandboxRecord
     from sandboxer.registry import Registry
 
-    Starter = Callable[[Plan, str, Registry, dict[str, Any]], tuple[ProbeSeen, list[str]]]
+    Starter = Callable[[Plan, str, Registry, SandboxRecord], tuple[SandboxRecord, ProbeSeen, list[str]]]
 
 
 def fingerprint(plan: Plan, registry: Registry, image: str) -> str:
@@ -35,24 +36,27 @@ def fingerprint(plan: Plan, registry: Registry, image: str) -> str:
 
 
 def start(
-    plan: Plan, registry: Registry, record: dict[str, Any], *, image: str, start_docker: Starter
-) -> dict[str, Any]:
+    plan: Plan, registry: Registry, record: SandboxRecord, *, image: str, start_docker: Starter
+) -> tuple[SandboxRecord, dict[str, Any]]:
     """Start (with `start_docker`, as every create) and verify a warm container for `plan` (its
-    workspace an empty, sized filesystem, the container root's) and return what its pid 1 and
-    the Engine showed, to be checked again when a create takes it."""
+    workspace an empty, sized filesystem, the container root's): its record, and what its pid 1
+    and the Engine showed, to be checked again when a create takes it."""
+    from dataclasses import replace
+
     from sandboxer import workspace_volume
     from sandboxer.backends.docker import container
+    from sandboxer.record import WorkspaceFs
 
     since = int(time.time()) - 1  # whole seconds: the Engine's event history is asked from here on
     # Its own sized filesystem (as every create's), empty until a create clones into it, and the
     # container root's (who enters it as the container's working directory before becoming the
     # sandbox user, who cannot).
     workspace_volume.make(registry.path(plan.sandbox_id), size_mib=plan.limits.workspace_mib)
-    record["workspace_fs"] = {"mib": plan.limits.workspace_mib, "enforced": True}
+    record = replace(record, workspace_fs=WorkspaceFs(mib=plan.limits.workspace_mib, enforced=True))
     os.chown(str(plan.workspace_source), *container.remap().root)
-    probe, interfaces = start_docker(plan, image, registry, record)
-    state = container.inspect(str(record["container_id"])).get("State") or {}
-    return {
+    record, probe, interfaces = start_docker(plan, image, registry, record)
+    state = container.inspect(str(record.container_id)).get("State") or {}
+    return record, {
         "probe": {
             "uid": probe.uid,
             "gid": probe.gid,
@@ -72,14 +76,15 @@ def start(
     }
 
 
-def problems(registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
+def problems(registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
     """Every reason the warm container may not become the sandbox of `plan`: what its pid 1 saw
     when it started, and the container as the Engine shows it now."""
     from sandboxer.observe import ProbeSeen, process_differences
 
-    stamp = record.get("warm") or {}
+    if record.warm is None:
+        return ["it has no warm record"]
     try:
-        seen = stamp["probe"]
+        seen = record.warm.probe
         probe = ProbeSeen(
             uid=int(seen["uid"]),
             gid=int(seen["gid"]),
@@ -92,31 +97,31 @@ def problems(registry: Registry, record: dict[str, Any], plan: Plan) -> list[str
             cgroups=tuple(str(c) for c in seen["cgroups"]),
             seccomp=int(seen["seccomp"]),
         )
-        interfaces = [str(name) for name in stamp["interfaces"]]
+        interfaces = list(record.warm.interfaces)
     except (KeyError, TypeError, ValueError):
         return ["its warm record has an unexpected shape"]
     return process_differences(plan, interfaces, probe) + container_problems(registry, record, plan)
 
 
-def container_problems(registry: Registry, record: dict[str, Any], plan: Plan) -> list[str]:
+def container_problems(registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
     """The final inspection of a warm container: the Engine's view against the plan, and the
     same pid 1 that was probed when it started, with no exec ever run in it."""
     from sandboxer.backends.docker import container
     from sandboxer.backends.docker.render import verify
 
     try:
-        attrs = container.inspect(str(record.get("container_id")))
+        attrs = container.inspect(str(record.container_id))
     except BackendError as exc:
         return [exc.message]
     found = verify(attrs, plan, etc_dir=registry.path(plan.sandbox_id, "etc"))
     found += container.host_problems(attrs, plan)
     state = attrs.get("State") or {}
-    stamp = record.get("warm") or {}
+    stamp = record.warm
     if not state.get("Running"):
         found.append("the container is not running")
-    if state.get("Pid") != stamp.get("pid") or state.get("StartedAt") != stamp.get("started_at"):
+    if stamp is None or state.get("Pid") != stamp.pid or state.get("StartedAt") != stamp.started_at:
         found.append("the container was restarted after it was verified")
-    if attrs.get("ExecIDs") or _execs_since(str(record.get("container_id")), stamp.get("since")):
+    if attrs.get("ExecIDs") or _execs_since(str(record.container_id), stamp.since if stamp else None):
         found.append("something was executed in the warm container")
     return found
 

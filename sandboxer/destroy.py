@@ -4,23 +4,25 @@ gc, a failed create, a stale warm container)."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
 
 from sandboxer import workspace
+from sandboxer.record import SandboxRecord
 from sandboxer.registry import Registry
 
-if TYPE_CHECKING:
-    pass
 
-
-def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """Remove everything a sandbox owns: processes, cgroups, clone, directory. (removed, residue)."""
+def destroy(registry: Registry, sandbox_id: str, record: SandboxRecord | None) -> tuple[list[str], list[str]]:
+    """Remove everything a sandbox owns: processes or container, cgroups, mounts, spools, clone,
+    directory. `record` is None when it is missing or unreadable: then every backend removes what
+    it finds of the sandbox by its id. (removed, residue)"""
     from sandboxer.backends import backend_for
 
-    record = {**record, "id": sandbox_id}
-    backend = backend_for(record.get("backend") or "bwrap")  # a record cut short is a bwrap create's
     # A create killed mid-clone: git died with it, a helper of git may still write below.
     stray = workspace.stop_git(registry.path(sandbox_id, workspace.GIT_HOME))
+    if record is None:
+        return _destroy_unrecorded(registry, sandbox_id, stray)
+    record = replace(record, id=sandbox_id)
+    backend = backend_for(record.backend)
     removed, residue = backend.stop(registry, record)
     residue += [f"host git process {pid}" for pid in stray]
     still_running = list(residue)  # processes that survived, a container the Engine kept
@@ -28,17 +30,17 @@ def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tupl
         from sandboxer import lease_mounts
 
         lease_mounts.unstage(registry.path(sandbox_id))  # what stays mounted is residue, found below
-    if isinstance(record.get("bootstrap"), dict) and not residue:
-        removed.append(f"bootstrap file {record['bootstrap'].get('target')} (with the sandbox's private state)")
-    if isinstance(record.get("manifest"), dict):
+    if record.bootstrap is not None and not residue:
+        removed.append(f"bootstrap file {record.bootstrap.target} (with the sandbox's private state)")
+    if record.manifest is not None:
         from sandboxer import lease_removal
 
         # The assignment's own files go only once the sandbox had consumed it (it was ready).
         lease_removed, lease_residue = lease_removal.remove(
-            record["manifest"],
+            record.manifest,
             backend=backend,
             sandbox_id=sandbox_id,
-            materializations=record.get("state") == "ready" or bool(record.get("consumed")),
+            materializations=record.state == "ready" or record.consumed,
         )
         removed.extend(lease_removed)
         residue.extend(lease_residue)
@@ -51,6 +53,35 @@ def destroy(registry: Registry, sandbox_id: str, record: dict[str, Any]) -> tupl
         fs_removed, fs_residue = workspace_volume.unmount(registry.path(sandbox_id))
         removed.extend(fs_removed)
         residue.extend(fs_residue)
+    more_removed, more_residue = _remove_directory(registry.path(sandbox_id))
+    return removed + more_removed, residue + more_residue
+
+
+def _destroy_unrecorded(registry: Registry, sandbox_id: str, stray: list[int]) -> tuple[list[str], list[str]]:
+    """A sandbox without a readable record: each backend stops and releases what it finds by the
+    id (processes carrying it, a container labelled with it, leftover cgroups), then the
+    directory goes unless something is still mounted below it."""
+    from sandboxer.backends import NAMES, backend_for
+
+    removed: list[str] = []
+    residue = [f"host git process {pid}" for pid in stray]
+    for name in NAMES:
+        stub = SandboxRecord(id=sandbox_id, profile="", backend=name, state="failed", created_at="")
+        backend = backend_for(name)
+        stopped, left = backend.stop(registry, stub)
+        released, held = backend.release(stub)
+        removed += stopped + released
+        residue += left + held
+    if os.path.isdir(registry.path(sandbox_id, "leases")):
+        from sandboxer import lease_mounts
+
+        lease_mounts.unstage(registry.path(sandbox_id))
+    if not residue:
+        from sandboxer import workspace_volume
+
+        fs_removed, fs_residue = workspace_volume.unmount(registry.path(sandbox_id))
+        removed += fs_removed
+        residue += fs_residue
     more_removed, more_residue = _remove_directory(registry.path(sandbox_id))
     return removed + more_removed, residue + more_residue
 
