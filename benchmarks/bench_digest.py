@@ -4,8 +4,8 @@ Builds a realistic runtime (`/usr/bin/python3 -m venv --copies` plus the project
 dependencies), then measures, in one process run and interleaved round by round:
 
     reference   os.walk + lstat + hashlib.file_digest(sha256), records sorted -- the same format
-    full        sandboxer.runtime.digest_runtime(path, state_dir=S, full=True)
-    warm        sandboxer.runtime.digest_runtime(path, state_dir=S) with a warm stat cache
+    full        sandboxer.core.runtime.digest_runtime(path, state_dir=S, full=True)
+    warm        sandboxer.core.runtime.digest_runtime(path, state_dir=S) with a warm stat cache
     cli warm    python -m sandboxer --state-dir S runtime digest PATH
     cli full    python -m sandboxer --state-dir S runtime digest PATH --full
 
@@ -173,8 +173,8 @@ class Setup:
 
 def prepare(work: Path, state: str, *, log: Callable[[str], None]) -> Setup:
     """Build the runtime, check the artifact rules, and warm the stat cache; nothing here is timed."""
-    from sandboxer.digest import RuntimeArtifactError
-    from sandboxer.runtime import digest_runtime
+    from sandboxer.core.digest import RuntimeArtifactError
+    from sandboxer.core.runtime import digest_runtime
 
     dependencies = runtime_dependencies()
     start = time.perf_counter()
@@ -214,7 +214,7 @@ def prepare(work: Path, state: str, *, log: Callable[[str], None]) -> Setup:
 
 
 def measure(setup: Setup, repeat: int) -> dict[str, Measurement]:
-    from sandboxer.runtime import digest_runtime
+    from sandboxer.core.runtime import digest_runtime
 
     runtime, state = setup.runtime, setup.state
     results = {

@@ -76,7 +76,7 @@ class Broker:
 
     def sandbox(self, sandbox_id: str) -> Sandbox:
         """The sandbox `sandbox_id` of this state directory (NotFoundError, 4, when there is none)."""
-        from sandboxer.registry import Registry, check_id
+        from sandboxer.host.registry import Registry, check_id
 
         check_id(sandbox_id)
         record = Registry(self.dirs.state).read_or_none(sandbox_id)
@@ -172,7 +172,7 @@ class Sandbox:
         a command it cannot start ends with the CLI's status and line on stderr."""
         from sandboxer import fastexec
         from sandboxer.errors import ExecUsage
-        from sandboxer.stdio import Program
+        from sandboxer.host.stdio import Program
 
         if not argv:
             raise ExecError("exec: no command")

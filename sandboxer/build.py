@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sandboxer.digest import tree_digest
+from sandboxer.core.digest import tree_digest
 from sandboxer.errors import BackendError, SandboxerError, UsageError
 from sandboxer.output import emit_error
 

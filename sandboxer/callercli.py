@@ -86,7 +86,7 @@ def _run(args: argparse.Namespace, dirs: Dirs) -> None:
             print_result(receipt, "\n".join(lines) or f"{args.id}: nothing to remove", args.json)
             receipt_or_raise(receipt)
         case "dispatch-tool":
-            from sandboxer.dispatch import dispatch
+            from sandboxer.host.dispatch import dispatch
 
             result = dispatch(
                 dirs.state, args.id, lease_id=args.lease, request_id=args.request_id, wait_seconds=args.wait_seconds

@@ -88,7 +88,7 @@ def manifest_check(
     json: JsonOption = False,
 ) -> None:
     """Validate a lease manifest and its sources; print what it grants (never a value)."""
-    from sandboxer import manifest
+    from sandboxer.core import manifest
 
     dirs = _dirs(ctx)
     checked = manifest.load(os.path.abspath(file), forbidden=(dirs.config, dirs.state))
@@ -108,7 +108,7 @@ def bootstrap_check(
     json: JsonOption = False,
 ) -> None:
     """Validate a runtime bootstrap file; print its fields but never the credential."""
-    from sandboxer import bootstrap
+    from sandboxer.core import bootstrap
 
     document, _ = bootstrap.load(file)
     result = {"valid": True, "file": os.path.abspath(file), **document.meaning()}

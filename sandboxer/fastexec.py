@@ -15,15 +15,15 @@ import sys
 import time
 
 from sandboxer.backends import enter_for
+from sandboxer.core.fastjson import loads
+from sandboxer.core.record_exec import ExecView, ExecViewError
 from sandboxer.dirs import resolve_dirs
 from sandboxer.errors import EntryError, ExecUsage
-from sandboxer.fastjson import loads
-from sandboxer.record_exec import ExecView, ExecViewError
 
 TYPE_CHECKING = False  # `typing` itself costs ~1.5 ms to import on this path; mypy knows the name
 if TYPE_CHECKING:
     from sandboxer.dirs import Dirs
-    from sandboxer.stdio import Program
+    from sandboxer.host.stdio import Program
 
 BROKER_FAILED = 125
 _HEX = frozenset("0123456789abcdef")
@@ -181,9 +181,9 @@ def _provider_environment(
         raise ExecUsage(
             "exec: a provider launch (--consumer with --executable) needs a sandbox created with a manifest"
         )
-    from sandboxer import leases
+    from sandboxer.core import leases
     from sandboxer.errors import SandboxerError
-    from sandboxer.registry import Registry
+    from sandboxer.host.registry import Registry
 
     try:
         manifest = Registry(dirs.state).read(sandbox_id).manifest

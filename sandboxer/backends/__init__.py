@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from sandboxer.backends.protocol import Backend
-    from sandboxer.plan import Backend as Name
+    from sandboxer.core.plan import Backend as Name
 
     Enter = Callable[..., int]
 

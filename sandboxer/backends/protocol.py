@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from sandboxer.config_types import ExtensionConfig
+    from sandboxer.core.config_types import ExtensionConfig
+    from sandboxer.core.plan import Plan
+    from sandboxer.core.record import SandboxRecord
     from sandboxer.dirs import Dirs
-    from sandboxer.observe import MountSeen, ProbeSeen
-    from sandboxer.plan import Plan
-    from sandboxer.record import SandboxRecord
-    from sandboxer.registry import Registry
+    from sandboxer.host.observe import MountSeen, ProbeSeen
+    from sandboxer.host.registry import Registry
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,7 +75,7 @@ class Backend(Protocol):
 
     def warm_fingerprint(self, plan: Plan, registry: Registry, image: str) -> str:
         """What the engine would be asked for to start `plan`, as a digest: a warm sandbox is
-        taken only by a create whose plan has the same (sandboxer.warmpool). Engines that keep no
+        taken only by a create whose plan has the same (sandboxer.host.warmpool). Engines that keep no
         warm sandboxes raise BackendError (their extensions accept no `config.warm`)."""
 
     def start_warm(

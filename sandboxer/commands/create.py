@@ -7,12 +7,12 @@ import os
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from sandboxer import procs
 from sandboxer.commands.making import CreateRequest, clone_workspace, deliver_requested, plan_for
-from sandboxer.destroy import destroy
+from sandboxer.core.record import SandboxRecord, WorkspaceFs, now_text
 from sandboxer.errors import SandboxerError
-from sandboxer.record import SandboxRecord, WorkspaceFs, now_text
-from sandboxer.registry import Registry
+from sandboxer.host import procs
+from sandboxer.host.destroy import destroy
+from sandboxer.host.registry import Registry
 
 if TYPE_CHECKING:
     from sandboxer.dirs import Dirs
@@ -23,7 +23,7 @@ def create(
 ) -> dict[str, Any]:
     """Create a sandbox from an approved profile (a lease manifest, a runtime bootstrap);
     nothing is left behind if any step fails."""
-    from sandboxer.plan import WORKSPACE_TARGET
+    from sandboxer.core.plan import WORKSPACE_TARGET
 
     request = CreateRequest(dirs, profile_name, manifest_path, bootstrap_path)
     registry = Registry(dirs.state)
@@ -88,7 +88,7 @@ def _make(request: CreateRequest, registry: Registry, record: SandboxRecord) -> 
     assignment = request.assignment
     plan = plan_for(request, registry, record.id)
     backend = backend_for(plan.backend)
-    from sandboxer import workspace_volume
+    from sandboxer.host import workspace_volume
 
     size = plan.limits.workspace_mib
     if plan.workspace_in_memory:

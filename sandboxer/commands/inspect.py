@@ -6,12 +6,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sandboxer.errors import BackendError
-from sandboxer.registry import Registry, check_id
+from sandboxer.host.registry import Registry, check_id
 
 if TYPE_CHECKING:
+    from sandboxer.core.record import SandboxRecord
     from sandboxer.dirs import Dirs
-    from sandboxer.observe import MountSeen, ProbeSeen
-    from sandboxer.record import SandboxRecord
+    from sandboxer.host.observe import MountSeen, ProbeSeen
 
 
 def inspect(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
@@ -43,8 +43,8 @@ def _evidence(
 ) -> dict[str, Any]:
     """The evidence both backends report, in the contract's shape; the runtime is re-digested
     now (through the stat cache) and a changed runtime is one more difference."""
-    from sandboxer.plan import RUNTIME_TARGET
-    from sandboxer.runtime import digest_runtime
+    from sandboxer.core.plan import RUNTIME_TARGET
+    from sandboxer.core.runtime import digest_runtime
 
     if record.plan is None or record.limits is None:
         raise BackendError(f"sandbox {record.id}: its record has no plan")

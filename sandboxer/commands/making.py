@@ -6,19 +6,19 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from sandboxer import workspace
 from sandboxer.errors import PolicyError
-from sandboxer.registry import Registry
+from sandboxer.host import workspace
+from sandboxer.host.registry import Registry
 
 if TYPE_CHECKING:
-    from sandboxer.approvals import Ledger
-    from sandboxer.bootstrap import Bootstrap
-    from sandboxer.config_types import ExtensionConfig, Profile
+    from sandboxer.core.approvals import Ledger
+    from sandboxer.core.bootstrap import Bootstrap
+    from sandboxer.core.config_types import ExtensionConfig, Profile
+    from sandboxer.core.leases import Assignment
+    from sandboxer.core.plan import Backend as BackendName
+    from sandboxer.core.plan import Grants, Plan
+    from sandboxer.core.record import SandboxRecord
     from sandboxer.dirs import Dirs
-    from sandboxer.leases import Assignment
-    from sandboxer.plan import Backend as BackendName
-    from sandboxer.plan import Grants, Plan
-    from sandboxer.record import SandboxRecord
 
 HOST_LINKS_CANDIDATES = (("/bin", "usr/bin"), ("/lib", "usr/lib"), ("/lib64", "usr/lib64"), ("/sbin", "usr/sbin"))
 HOST_ETC_CANDIDATES = ("/etc/ssl/certs", "/etc/ca-certificates", "/etc/ld.so.cache", "/etc/localtime")
@@ -31,7 +31,7 @@ def _host_layout() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
 
 
 def _require_approved(ledger: Ledger, name: str, file_sha256: str) -> None:
-    from sandboxer.approvals import Status
+    from sandboxer.core.approvals import Status
 
     status = ledger.status(name, file_sha256)
     if status is Status.UNAPPROVED:
@@ -42,17 +42,17 @@ def _require_approved(ledger: Ledger, name: str, file_sha256: str) -> None:
 
 def backend_name(extension: ExtensionConfig) -> BackendName:
     """The backend an extension config runs its sandboxes on."""
-    from sandboxer.plan import BACKEND_OF
+    from sandboxer.core.plan import BACKEND_OF
 
     return BACKEND_OF[extension.extension]
 
 
 def _admit(dirs: Dirs, profile_name: str) -> tuple[str, Profile, ExtensionConfig]:
     """Every check before anything is made: approvals, backend, runtime pin, reachability."""
-    from sandboxer.approvals import Ledger
     from sandboxer.backends import backend_for
-    from sandboxer.configdir import load_extension, load_profile
-    from sandboxer.runtime import verify_pin
+    from sandboxer.core.approvals import Ledger
+    from sandboxer.core.configdir import load_extension, load_profile
+    from sandboxer.core.runtime import verify_pin
 
     Registry(dirs.state).ensure()  # the state dir first, with its own mode, before any cache in it
     cache_dir = os.path.join(dirs.state, "parsed")
@@ -98,7 +98,7 @@ def plan_for(
     sandbox that already runs for it (a warm container's, checked on its pid 1 before it is
     taken), which spares asking for them again."""
     from sandboxer.backends import backend_for
-    from sandboxer.plan import SANDBOX_GID, SANDBOX_UID, build_plan
+    from sandboxer.core.plan import SANDBOX_GID, SANDBOX_UID, build_plan
 
     backend = backend_for(request.backend)
     assignment, delivery = request.assignment, request.delivery
@@ -147,8 +147,8 @@ def deliver_requested(request: CreateRequest, plan: Plan, record: SandboxRecord)
     from dataclasses import replace
 
     from sandboxer.backends import backend_for
-    from sandboxer.bootstrap import TARGET
-    from sandboxer.record import BootstrapRecord
+    from sandboxer.core.bootstrap import TARGET
+    from sandboxer.core.record import BootstrapRecord
 
     backend_for(plan.backend).deliver(plan, record, request.delivery[1], TARGET)
     return replace(
@@ -160,14 +160,14 @@ def _admit_bootstrap(path: str | None, assignment: Assignment | None) -> tuple[B
     """The runtime bootstrap of a create, read once and checked before anything is made."""
     if path is None:
         return None
-    from sandboxer import bootstrap
+    from sandboxer.core import bootstrap
 
     document, data = bootstrap.load(path)
     file = os.path.abspath(path)
     if document.workspace != bootstrap.PUBLIC_WORKSPACE:
         raise PolicyError(f"{file}: workspace: must be {bootstrap.PUBLIC_WORKSPACE}, where the sandbox serves it")
     if assignment is not None:
-        from sandboxer.manifest.schema import PROVIDER_CREDENTIAL, PROVIDER_ENVIRONMENT
+        from sandboxer.core.manifest.schema import PROVIDER_CREDENTIAL, PROVIDER_ENVIRONMENT
 
         for lease in assignment.manifest.leases:
             if lease.scope in (PROVIDER_ENVIRONMENT, PROVIDER_CREDENTIAL):
@@ -182,8 +182,8 @@ def _with_suspend_dir(grants: Grants | None) -> Grants:
     """The grants plus the suspend control's directory (0700, the sandbox user's)."""
     from dataclasses import replace
 
-    from sandboxer.bootstrap import SUSPEND_DIR
-    from sandboxer.plan import Grants, Mount, MountKind
+    from sandboxer.core.bootstrap import SUSPEND_DIR
+    from sandboxer.core.plan import Grants, Mount, MountKind
 
     base = grants or Grants()
     return replace(base, mounts=(*base.mounts, Mount(kind=MountKind.DIR, target=SUSPEND_DIR, mode=0o700)))
@@ -193,8 +193,8 @@ def _admit_manifest(dirs: Dirs, path: str | None, *, backend: str, repository: s
     """The lease manifest of a create, fully checked before anything is made (or None)."""
     if path is None:
         return None
-    from sandboxer import leases
     from sandboxer.backends import backend_for
+    from sandboxer.core import leases
 
     assignment = leases.admit_assignment(
         os.path.abspath(path),

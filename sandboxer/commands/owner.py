@@ -7,13 +7,13 @@ import hashlib
 import os
 from typing import Any
 
-from sandboxer.approvals import Ledger, Status
-from sandboxer.config import parse_owner_file, validate_name
-from sandboxer.config_types import ExtensionConfig, OwnerFile, meaning
-from sandboxer.configdir import load_owner_file, present_names, read_file, read_owner_file
+from sandboxer.core.approvals import Ledger, Status
+from sandboxer.core.config import parse_owner_file, validate_name
+from sandboxer.core.config_types import ExtensionConfig, OwnerFile, meaning
+from sandboxer.core.configdir import load_owner_file, present_names, read_file, read_owner_file
+from sandboxer.core.runtime import digest_runtime, verify_pin
 from sandboxer.dirs import Dirs
 from sandboxer.errors import SandboxerError
-from sandboxer.runtime import digest_runtime, verify_pin
 
 
 def describe(item: OwnerFile) -> dict[str, Any]:

@@ -8,13 +8,13 @@ import os
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from sandboxer.destroy import destroy
 from sandboxer.errors import BackendError, NotFoundError, ResidueError, SandboxerError
-from sandboxer.registry import Registry, check_id
+from sandboxer.host.destroy import destroy
+from sandboxer.host.registry import Registry, check_id
 
 if TYPE_CHECKING:
+    from sandboxer.core.record import SandboxRecord
     from sandboxer.dirs import Dirs
-    from sandboxer.record import SandboxRecord
 
 
 def teardown(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:

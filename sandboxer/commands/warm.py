@@ -1,4 +1,4 @@
-"""The `warm` command and create's use of the warm pool (sandboxer.warmpool).
+"""The `warm` command and create's use of the warm pool (sandboxer.host.warmpool).
 
 `sandboxer warm PROFILE` brings a profile's warm sandboxes to its extension's `config.warm`
 count; a create takes one when the profile keeps them, and its teardown (or the create that
@@ -10,15 +10,15 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from sandboxer import warmpool
 from sandboxer.errors import BackendError, SandboxerError, UsageError
-from sandboxer.registry import Registry, try_lock_file
+from sandboxer.host import warmpool
+from sandboxer.host.registry import Registry, try_lock_file
 
 if TYPE_CHECKING:
     from sandboxer.commands.making import CreateRequest
+    from sandboxer.core.plan import Plan
+    from sandboxer.core.record import SandboxRecord
     from sandboxer.dirs import Dirs
-    from sandboxer.plan import Plan
-    from sandboxer.record import SandboxRecord
 
 
 def wanted(request: CreateRequest) -> int:
@@ -79,7 +79,7 @@ def fill(dirs: Dirs, profile_name: str) -> dict[str, Any]:
     """Bring the profile's warm sandboxes to the extension's `warm` count: remove the stale and
     the surplus, start the missing. One fill per profile runs at a time."""
     from sandboxer.commands.making import CreateRequest
-    from sandboxer.config import PROFILE_NAME
+    from sandboxer.core.config import PROFILE_NAME
 
     if not PROFILE_NAME.fullmatch(profile_name):
         raise UsageError(f"warm: {profile_name[:64]!r} is not a profile name")
@@ -136,8 +136,8 @@ def spawn_fill(dirs: Dirs, profile_name: str) -> None:
 def is_current(dirs: Dirs, record: SandboxRecord) -> bool:
     """gc's question: may this warm sandbox stay? Only while its profile and extension are
     approved with the bytes it was made from and the extension still keeps warm sandboxes."""
-    from sandboxer.approvals import Ledger, Status
-    from sandboxer.configdir import load_extension, load_profile
+    from sandboxer.core.approvals import Ledger, Status
+    from sandboxer.core.configdir import load_extension, load_profile
 
     stamp = record.warm
     if stamp is None:

@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from sandboxer import seccomp
+from sandboxer.core import seccomp
 from tests.conftest import make_repository
 from tests.integration.conftest import SandboxBroker, profile_text
 from tests.integration.test_manifest_sandboxes import INHERITED, create, make_run, run_env
@@ -214,7 +214,7 @@ def test_create_refuses_sandbox_processes_that_escape_their_confinement(tmp_path
     """What `create` and `inspect` check of bwrap, its init and the holder, against processes that
     escape every rule: outside the sandbox's cgroups, dumpable, unfiltered, a host file open."""
     from sandboxer.backends.bwrap.live import Live, confinement_problems
-    from sandboxer.limits import LimitSetup
+    from sandboxer.host.limits import LimitSetup
 
     log = tmp_path / "bwrap.log"
     with open(log, "wb") as stream:

@@ -33,7 +33,7 @@ from typing import Any
 import psutil
 import pytest
 
-from sandboxer.registry import new_id
+from sandboxer.host.registry import new_id
 from tests.conftest import Result
 from tests.integration.conftest import PROFILE, UNPRIVILEGED_UID, SandboxBroker, backend_profile_text
 

@@ -149,7 +149,7 @@ def test_engine_inspect_shows_the_policy(db: SandboxBroker) -> None:
 
 def test_a_container_altered_outside_the_broker_fails_verification(db: SandboxBroker, tmp_path: Path) -> None:
     from sandboxer.backends.docker.render import verify
-    from sandboxer.record_reading import read_record
+    from sandboxer.core.record_reading import read_record
 
     sandbox_id = db.create(PROFILE)
     record = json.loads((db.sandbox_dir(sandbox_id) / "record.json").read_text())

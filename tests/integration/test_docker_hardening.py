@@ -222,7 +222,7 @@ def _probe(broker: SandboxBroker, sandbox_id: str) -> dict[str, int]:
 
 def _expected(*, allow_ptrace: bool) -> dict[str, int]:
     """What the policy's own definition says each probe call gets (0: allowed)."""
-    from sandboxer import seccomp
+    from sandboxer.core import seccomp
 
     def errno_of(number: int, *args: int) -> int:
         return seccomp.refusal(number, [*args, 0, 0, 0, 0, 0, 0][:6], allow_ptrace=allow_ptrace) or 0
@@ -265,9 +265,9 @@ def test_allow_ptrace_lifts_only_the_ptrace_rules_on_docker(dk: SandboxBroker) -
 
 
 def test_the_engine_holds_exactly_the_projects_profile_and_inspect_reports_it(dk: SandboxBroker) -> None:
-    from sandboxer import seccomp
     from sandboxer.backends.docker.render import verify
-    from sandboxer.record_reading import read_record
+    from sandboxer.core import seccomp
+    from sandboxer.core.record_reading import read_record
 
     sandbox_id = dk.create()
     record = record_of(dk, sandbox_id)

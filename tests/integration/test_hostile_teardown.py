@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sandboxer import workspace
+from sandboxer.host import workspace
 from tests.integration.conftest import UNPRIVILEGED_UID, SandboxBroker, profile_text
 from tests.integration.test_bwrap_lifecycle import cgroups_of, processes_naming
 

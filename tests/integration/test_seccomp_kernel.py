@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxer import seccomp, seccomp_rules
-from sandboxer.seccomp_install import install
+from sandboxer.core import seccomp, seccomp_rules
+from sandboxer.host.seccomp_install import install
 
 pytestmark = pytest.mark.integration
 

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from sandboxer.backends.protocol import Backend, Observed
-from sandboxer.config_types import ExtensionConfig
+from sandboxer.core.config_types import ExtensionConfig
+from sandboxer.core.plan import Plan
+from sandboxer.core.record import LimitsRecord, PlanShare, SandboxRecord
 from sandboxer.dirs import Dirs
 from sandboxer.errors import BackendError
-from sandboxer.plan import Plan
-from sandboxer.record import LimitsRecord, PlanShare, SandboxRecord
-from sandboxer.registry import Registry
+from sandboxer.host.registry import Registry
 
 NO_WARM = "the fake backend keeps no warm sandboxes"
 

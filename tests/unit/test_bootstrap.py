@@ -1,4 +1,4 @@
-"""Runtime bootstrap documents (sandboxer.bootstrap): every rule has a case breaking it alone.
+"""Runtime bootstrap documents (sandboxer.core.bootstrap): every rule has a case breaking it alone.
 
 Each invalid case starts from a complete valid document and changes exactly one thing: a field's
 value, a key, or the raw bytes (duplicates, trailing data, NaN and size are written as raw JSON
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from sandboxer.bootstrap import MAX_BYTES, BootstrapError, load, parse
+from sandboxer.core.bootstrap import MAX_BYTES, BootstrapError, load, parse
 from sandboxer.errors import UsageError
 
 FILE = "/home/runtime/runtime-bootstrap.json"

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sandboxer.config import parse_owner_file, validate_name
-from sandboxer.config_types import ExtensionConfig, Limits, Profile
+from sandboxer.core.config import parse_owner_file, validate_name
+from sandboxer.core.config_types import ExtensionConfig, Limits, Profile
 from sandboxer.errors import ConfigError, ForbiddenSettingError, UsageError
 from tests.samples import profile_yaml
 

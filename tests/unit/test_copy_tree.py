@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxer.fstree import copy_tree, remove_tree
+from sandboxer.host.fstree import copy_tree, remove_tree
 
 
 @pytest.fixture

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from sandboxer import Broker, leases
-from sandboxer import manifest as mf
+from sandboxer import Broker
 from sandboxer.backends import NAMES
-from sandboxer.dispatch import dispatch
+from sandboxer.core import leases
+from sandboxer.core import manifest as mf
+from sandboxer.core.plan import MountKind
 from sandboxer.errors import BackendError, PolicyError
-from sandboxer.plan import MountKind
+from sandboxer.host.dispatch import dispatch
 from tests.conftest import make_repository, make_runtime
 from tests.manifest_samples import IMAGE_APP, REQUEST, RUN_ID, Run, build_run, fake_document, render
 from tests.samples import profile_yaml
@@ -154,7 +155,7 @@ def run(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, broker: Broker
 def spools(tmp_path: Path, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The fake's spools go below tmp_path/engine; the broker's tmpfs on each is only listed."""
     mounted: list[str] = []
-    monkeypatch.setattr("sandboxer.lease_mounts.mount_spool_tmpfs", mounted.append)
+    monkeypatch.setattr("sandboxer.host.lease_mounts.mount_spool_tmpfs", mounted.append)
     fake.spool_base = tmp_path / "engine"
     fake.spool_base.mkdir()
     return mounted

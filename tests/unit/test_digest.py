@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from sandboxer.digest import RuntimeArtifactError, tree_digest
+from sandboxer.core.digest import RuntimeArtifactError, tree_digest
 from sandboxer.errors import UsageError
 from tests.conftest import make_runtime
 from tests.unit.digest_reference import BuiltTree, Node, build_tree, reference_digest, trees

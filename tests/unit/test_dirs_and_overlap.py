@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from sandboxer.core.runtime import check_overlap
 from sandboxer.dirs import resolve_dirs
 from sandboxer.errors import PolicyError
-from sandboxer.runtime import check_overlap
 
 
 def test_root_defaults() -> None:

@@ -22,7 +22,7 @@ BUDGET = {
     "sandboxer.backends.bwrap.enter": HEAVY,
     "sandboxer.backends.bwrap.joiner": HEAVY,
     "sandboxer.backends.docker.enter": HEAVY - {"collections"},  # threading (the stdin pump) brings it
-    "sandboxer.record_exec": HEAVY,
+    "sandboxer.core.record_exec": HEAVY,
 }
 
 
@@ -42,9 +42,9 @@ def test_the_exec_path_loads_no_heavy_module(module: str) -> None:
 def test_teardown_list_and_gc_load_no_namespace_code_or_yaml(module: str) -> None:
     """teardown, list and gc reach a backend for is_running, stop and release only: neither the
     namespace code nor the config parser (which brings YAML) loads with it. (The typed record
-    brings the plan's types, sandboxer.plan, which imports no YAML.)"""
+    brings the plan's types, sandboxer.core.plan, which imports no YAML.)"""
     code = f"import sys\nimport {module}\nprint(*sorted(sys.modules))"
     loaded = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     bwrap = {"sandboxer.backends.bwrap.namespace", "sandboxer.backends.bwrap.live"}
-    heavy = {"sandboxer.config", "sandboxer.yamlstrict", *bwrap, "ruamel.yaml"}
+    heavy = {"sandboxer.core.config", "sandboxer.core.yamlstrict", *bwrap, "ruamel.yaml"}
     assert heavy & set(loaded.stdout.split()) == set()

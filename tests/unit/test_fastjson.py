@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sandboxer import fastjson
+from sandboxer.core import fastjson
 
 scalars = st.none() | st.booleans() | st.integers() | st.text()
 documents = st.recursive(

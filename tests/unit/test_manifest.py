@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
+from sandboxer.core.manifest import load
+from sandboxer.core.manifest.parsing import parse
+from sandboxer.core.manifest.schema import LeaseExpiredError, ManifestError
 from sandboxer.errors import PolicyError, UsageError
-from sandboxer.manifest import load
-from sandboxer.manifest.parsing import parse
-from sandboxer.manifest.schema import LeaseExpiredError, ManifestError
 from tests.manifest_samples import (
     CREDENTIAL,
     DIGEST_1,

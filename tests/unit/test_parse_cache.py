@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sandboxer.config import parse_owner_file
-from sandboxer.config_types import from_meaning, meaning
-from sandboxer.configdir import OwnerFileBytes, load_owner_file
+from sandboxer.core.config import parse_owner_file
+from sandboxer.core.config_types import from_meaning, meaning
+from sandboxer.core.configdir import OwnerFileBytes, load_owner_file
 from sandboxer.errors import ConfigError
 from tests.samples import profile_yaml
 

@@ -17,10 +17,8 @@ from sandboxer.backends.bwrap.argv import (
     render,
     render_lines,
 )
-from sandboxer.config_types import ExtensionConfig, Limits, Profile, RuntimePin, Workspace
-from sandboxer.errors import NotFoundError
-from sandboxer.observe import MountSeen, ProbeSeen, differences, parse_mountinfo
-from sandboxer.plan import (
+from sandboxer.core.config_types import ExtensionConfig, Limits, Profile, RuntimePin, Workspace
+from sandboxer.core.plan import (
     RUNTIME_TARGET,
     STATE_ROOT,
     WORKSPACE_TARGET,
@@ -28,7 +26,9 @@ from sandboxer.plan import (
     Plan,
     build_plan,
 )
-from sandboxer.registry import check_id, new_id
+from sandboxer.errors import NotFoundError
+from sandboxer.host.observe import MountSeen, ProbeSeen, differences, parse_mountinfo
+from sandboxer.host.registry import check_id, new_id
 
 GOLDEN = Path(__file__).parent / "golden" / "bwrap_argv.txt"
 SANDBOX_ID = "0123456789abcdef01234567"

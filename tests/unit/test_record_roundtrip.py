@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sandboxer.plan import Mount, MountKind
-from sandboxer.record import (
+from sandboxer.core.plan import Mount, MountKind
+from sandboxer.core.record import (
     BootstrapRecord,
     LeaseMount,
     LeaseRecord,
@@ -26,8 +26,8 @@ from sandboxer.record import (
     WorkspaceFs,
     kept_content,
 )
-from sandboxer.record_exec import ExecView
-from sandboxer.record_reading import read_record
+from sandboxer.core.record_exec import ExecView
+from sandboxer.core.record_reading import read_record
 
 text = st.text(max_size=12)
 maybe_text = st.none() | text

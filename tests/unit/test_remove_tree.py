@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from sandboxer import workspace
-from sandboxer.fstree import remove_tree
-from sandboxer.fsutil import mount_points
+from sandboxer.host import workspace
+from sandboxer.host.fstree import remove_tree
+from sandboxer.host.fsutil import mount_points
 
 NOBODY = 65534
 

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sandboxer import seccomp, seccomp_rules
-from sandboxer.seccomp_types import Condition, Op, Rule
+from sandboxer.core import seccomp, seccomp_rules
+from sandboxer.core.seccomp_types import Condition, Op, Rule
 from tests.conftest import REPO
 
 AUDIT_ARCH_X86_64 = 0xC000_003E
@@ -326,7 +326,7 @@ def test_digest_is_the_programs_sha256() -> None:
 
 
 def test_digest_is_the_same_in_every_run() -> None:
-    code = "from sandboxer import seccomp; print(seccomp.digest(allow_ptrace=False), seccomp.digest(allow_ptrace=True))"
+    code = "from sandboxer.core import seccomp; print(seccomp.digest(allow_ptrace=False), seccomp.digest(allow_ptrace=True))"
     runs = {
         subprocess.run(
             [sys.executable, "-c", code], env={"PYTHONHASHSEED": seed}, capture_output=True, text=True, check=True
@@ -337,6 +337,6 @@ def test_digest_is_the_same_in_every_run() -> None:
 
 
 def test_loading_the_policy_module_does_not_load_libseccomp() -> None:
-    code = "import sys, sandboxer.seccomp, sandboxer.seccomp_install; print('pyseccomp' in sys.modules)"
+    code = "import sys, sandboxer.core.seccomp, sandboxer.host.seccomp_install; print('pyseccomp' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env={}).stdout
     assert out == "False\n"

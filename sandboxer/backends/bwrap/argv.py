@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sandboxer.plan import RUNTIME_TARGET, Mount, MountKind, Plan
+from sandboxer.core.plan import RUNTIME_TARGET, Mount, MountKind, Plan
 
 # The holder: the long-lived process whose namespaces every exec joins. bwrap executes it from
 # an execute-only copy of sleep(1) (bwrap's own data file: no host path), which the sandbox user

@@ -6,22 +6,22 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from sandboxer import procs
 from sandboxer.errors import BackendError
+from sandboxer.host import procs
 
 SPOOLS = "spools"  # the sandbox directory's subdirectory of request spools
 
 # teardown, list and gc ask only is_running, stop and release: what else a method needs (the
 # namespace code, the plan, YAML through the config) is imported inside it.
 if TYPE_CHECKING:
-    from sandboxer import limits
     from sandboxer.backends.bwrap import live as bwrap
     from sandboxer.backends.protocol import Observed
-    from sandboxer.config_types import ExtensionConfig
+    from sandboxer.core.config_types import ExtensionConfig
+    from sandboxer.core.plan import Plan
+    from sandboxer.core.record import SandboxRecord
     from sandboxer.dirs import Dirs
-    from sandboxer.plan import Plan
-    from sandboxer.record import SandboxRecord
-    from sandboxer.registry import Registry
+    from sandboxer.host import limits
+    from sandboxer.host.registry import Registry
 
 
 NO_WARM = "ext.bwrap keeps no warm sandboxes"
@@ -60,7 +60,7 @@ class BwrapBackend:
     ) -> SandboxRecord:
         record, live = _start(plan, registry, record)
         if plan.workspace_in_memory:  # the clone goes into the sandbox's own tmpfs, the host keeps none
-            from sandboxer import workspace
+            from sandboxer.host import workspace
 
             workspace.seed(
                 str(plan.workspace_source),
@@ -86,7 +86,7 @@ class BwrapBackend:
 
     def release(self, record: SandboxRecord) -> tuple[list[str], list[str]]:
         """The sandbox's cgroups (those recorded, or left by a create that died first)."""
-        from sandboxer import limits
+        from sandboxer.host import limits
 
         groups = record.limits.groups if record.limits else ()
         if not groups:
@@ -103,13 +103,13 @@ class BwrapBackend:
         )
 
     def observe(self, dirs: Dirs, record: SandboxRecord) -> Observed:
-        from sandboxer import limits
         from sandboxer.backends.bwrap import live as bwrap
         from sandboxer.backends.bwrap.argv import HOLDER_TARGET
         from sandboxer.backends.bwrap.netview import observe_network
         from sandboxer.backends.protocol import Observed
-        from sandboxer.observe import differences, read_mountinfo
-        from sandboxer.registry import Registry
+        from sandboxer.host import limits
+        from sandboxer.host.observe import differences, read_mountinfo
+        from sandboxer.host.registry import Registry
 
         registry = Registry(dirs.state)
         sandbox_id = record.id
@@ -173,8 +173,8 @@ class BwrapBackend:
         return os.path.join(sandbox_dir, SPOOLS, name)
 
     def remove_spool(self, source: str, *, sandbox_id: str) -> tuple[list[str], list[str]]:
-        from sandboxer.fstree import remove_tree
-        from sandboxer.lease_mounts import unmount_below
+        from sandboxer.host.fstree import remove_tree
+        from sandboxer.host.lease_mounts import unmount_below
 
         if not unmount_below(source) and remove_tree(source):
             return [f"spool {source}"], []
@@ -191,10 +191,11 @@ def _start(plan: Plan, registry: Registry, record: SandboxRecord) -> tuple[Sandb
     import hashlib
     from dataclasses import replace
 
-    from sandboxer import limits, seccomp
     from sandboxer.backends.bwrap import namespace
-    from sandboxer.plan import MountKind
-    from sandboxer.record import PlanShare, SeccompRecord
+    from sandboxer.core import seccomp
+    from sandboxer.core.plan import MountKind
+    from sandboxer.core.record import PlanShare, SeccompRecord
+    from sandboxer.host import limits
 
     limit_setup = limits.setup(plan.sandbox_id, plan.limits)
     program = seccomp.cached_bpf(os.path.join(registry.state_dir, "parsed"), allow_ptrace=plan.allow_ptrace)
@@ -206,7 +207,7 @@ def _start(plan: Plan, registry: Registry, record: SandboxRecord) -> tuple[Sandb
     )
     started = plan
     if os.geteuid() == 0 and any(m.lease is not None and m.kind is MountKind.RO_BIND for m in plan.mounts):
-        from sandboxer import lease_mounts
+        from sandboxer.host import lease_mounts
 
         owner = record.manifest.owner_uid if record.manifest else -1
         started = lease_mounts.stage(plan, registry.path(plan.sandbox_id), owner=owner)
@@ -222,7 +223,7 @@ def _verify(plan: Plan, live: bwrap.Live, limit_setup: limits.LimitSetup, progra
     from sandboxer.backends.bwrap import live as bwrap
     from sandboxer.backends.bwrap.argv import HOLDER_TARGET
     from sandboxer.errors import BackendError
-    from sandboxer.observe import differences, interfaces_from_proc, read_mountinfo
+    from sandboxer.host.observe import differences, interfaces_from_proc, read_mountinfo
 
     observed = bwrap.probe(
         live, plan, procs_files=limit_setup.procs_files, rlimits=limit_setup.rlimits, seccomp=program

@@ -11,17 +11,17 @@ import os
 import select
 import time
 
-from sandboxer import procs
 from sandboxer.errors import ExecUsage
-from sandboxer.stdio import TIMED_OUT, Pumps
+from sandboxer.host import procs
+from sandboxer.host.stdio import TIMED_OUT, Pumps
 
 TYPE_CHECKING = False  # `typing` costs ~1.5 ms to import on the exec path; mypy knows the name
 if TYPE_CHECKING:
     import signal
 
     from sandboxer.backends.bwrap import joiner
-    from sandboxer.record_exec import ExecView
-    from sandboxer.stdio import Program
+    from sandboxer.core.record_exec import ExecView
+    from sandboxer.host.stdio import Program
 else:
     import _signal as signal  # the same calls and numbers; `signal` imports enum (~3 ms)
 

@@ -30,7 +30,7 @@ import os
 import resource
 
 from sandboxer.errors import EntryError
-from sandboxer.seccomp_install import install as install_seccomp
+from sandboxer.host.seccomp_install import install as install_seccomp
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

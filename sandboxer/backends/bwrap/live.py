@@ -13,13 +13,13 @@ import signal
 import time
 from dataclasses import dataclass
 
-from sandboxer import procs
 from sandboxer.backends.bwrap import joiner
+from sandboxer.core.plan import Plan
+from sandboxer.core.record import Processes
 from sandboxer.errors import BackendError, EntryError
-from sandboxer.limits import CGROUP_ROOT, LimitSetup
-from sandboxer.observe import ProbeSeen, parse_probe
-from sandboxer.plan import Plan
-from sandboxer.record import Processes
+from sandboxer.host import procs
+from sandboxer.host.limits import CGROUP_ROOT, LimitSetup
+from sandboxer.host.observe import ProbeSeen, parse_probe
 
 _PROBE_SETTLE_SECONDS = 5.0  # how long a probe may take to finish its execve under load
 

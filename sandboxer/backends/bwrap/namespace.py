@@ -17,13 +17,13 @@ import subprocess
 import time
 from collections.abc import Iterator
 
-from sandboxer import procs
 from sandboxer.backends.bwrap import joiner, stop
 from sandboxer.backends.bwrap.argv import HOLDER_SOURCE, HOLDER_TARGET, BwrapFds, needs_fd, render
 from sandboxer.backends.bwrap.live import SECCOMP_FILE, Live, host_ids
+from sandboxer.core.plan import Mount, MountKind, Plan
 from sandboxer.errors import BackendError, PolicyError, UsageError
-from sandboxer.limits import LimitSetup
-from sandboxer.plan import Mount, MountKind, Plan
+from sandboxer.host import procs
+from sandboxer.host.limits import LimitSetup
 
 START_TIMEOUT = 20.0
 
@@ -123,7 +123,7 @@ def _opened_fds(plan: Plan) -> Iterator[dict[str, int]]:
 def _open_lease(mount: Mount) -> int:
     """A lease source or spool, opened below its run or sandbox directory without following any
     symlink, and refused unless it still is what the manifest check saw."""
-    from sandboxer.lease_mounts import open_beneath_checked
+    from sandboxer.host.lease_mounts import open_beneath_checked
 
     try:
         return open_beneath_checked(mount)

@@ -5,13 +5,13 @@ Kept apart from the rest of the backend so that teardown and gc import only this
 
 from __future__ import annotations
 
-from sandboxer import procs
+from sandboxer.host import procs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
 
-    from sandboxer.record import SandboxRecord
+    from sandboxer.core.record import SandboxRecord
 
 # The bwrap processes this process started (bwrap.start). The CLI exits after a create; a
 # program using the Python API lives on, and must reap each bwrap once its sandbox has stopped,

@@ -7,17 +7,17 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from sandboxer.errors import BackendError
-from sandboxer.registry import Registry
+from sandboxer.host.registry import Registry
 
 # teardown, list and gc ask only is_running, stop and release: the plan and the config (YAML)
 # are imported by the methods that need them.
 if TYPE_CHECKING:
     from sandboxer.backends.protocol import Observed
-    from sandboxer.config_types import ExtensionConfig
+    from sandboxer.core.config_types import ExtensionConfig
+    from sandboxer.core.plan import Plan
+    from sandboxer.core.record import SandboxRecord
     from sandboxer.dirs import Dirs
-    from sandboxer.observe import MountSeen, ProbeSeen
-    from sandboxer.plan import Plan
-    from sandboxer.record import SandboxRecord
+    from sandboxer.host.observe import MountSeen, ProbeSeen
 
 
 def start_docker(
@@ -29,8 +29,8 @@ def start_docker(
     from dataclasses import replace
 
     from sandboxer.backends.docker import container as docker_backend
-    from sandboxer.observe import process_differences
-    from sandboxer.record import LimitsRecord, PlanShare, SeccompRecord
+    from sandboxer.core.record import LimitsRecord, PlanShare, SeccompRecord
+    from sandboxer.host.observe import process_differences
 
     sandbox_id = plan.sandbox_id
     etc_dir = registry.path(sandbox_id, "etc")
@@ -52,7 +52,7 @@ def start_docker(
     probe, interfaces, mounts, _ = _parse_docker_probe(output)
     problems += process_differences(plan, interfaces, probe)
     from sandboxer.backends.docker.volumes import spool_mismatches
-    from sandboxer.lease_mounts import staged_mismatches
+    from sandboxer.host.lease_mounts import staged_mismatches
 
     if staged is not plan:
         problems += staged_mismatches(staged, mounts)
@@ -66,11 +66,11 @@ def _staged(plan: Plan, registry: Registry, record: SandboxRecord) -> Plan:
     """As root, lease binds come from read-only mounts the broker makes of each source it opened
     and checked (as for bwrap): Docker resolves a bind source by path, so it is never given one
     in the run directory, which its owner could swap for a symlink after the check."""
-    from sandboxer.plan import MountKind
+    from sandboxer.core.plan import MountKind
 
     if not any(m.lease is not None and m.kind is MountKind.RO_BIND for m in plan.mounts):
         return plan
-    from sandboxer import lease_mounts
+    from sandboxer.host import lease_mounts
 
     owner = record.manifest.owner_uid if record.manifest else -1
     return lease_mounts.stage(plan, registry.path(plan.sandbox_id), owner=owner)
@@ -91,7 +91,7 @@ def docker_probe(container_id: str, plan: Plan) -> tuple[ProbeSeen, list[str], l
 
 def _parse_docker_probe(data: bytes) -> tuple[ProbeSeen, list[str], list[MountSeen], list[dict[str, str]]]:
     """The probe's output, its parts told apart by their fixed shapes."""
-    from sandboxer.observe import parse_mountinfo, parse_probe
+    from sandboxer.host.observe import parse_mountinfo, parse_probe
 
     split = data.find(b"\0Name:\t")
     if split < 0:
@@ -161,7 +161,7 @@ class DockerBackend:
     def stop(self, registry: Registry, record: SandboxRecord) -> tuple[list[str], list[str]]:
         """Its processes, then the container (found by its label when a create died before
         recording it)."""
-        from sandboxer import procs
+        from sandboxer.host import procs
 
         removed, residue = procs.stop_sandbox(record.id, record.processes)
         container_id = record.container_id
@@ -203,13 +203,13 @@ class DockerBackend:
         import os
         from dataclasses import replace
 
-        from sandboxer import seccomp
         from sandboxer.backends.docker import container
         from sandboxer.backends.docker.render import short_option
         from sandboxer.backends.docker.volumes import spool_mismatches
         from sandboxer.backends.protocol import Observed
-        from sandboxer.lease_mounts import staged_mismatches
-        from sandboxer.observe import process_differences
+        from sandboxer.core import seccomp
+        from sandboxer.host.lease_mounts import staged_mismatches
+        from sandboxer.host.observe import process_differences
 
         registry = Registry(dirs.state)
         sandbox_id = record.id

@@ -18,8 +18,8 @@ from typing import Any
 from urllib.parse import quote
 
 from sandboxer.backends.docker.render import LABEL, PROBE_END, STATE_LABEL, create_body, verify
+from sandboxer.core.plan import MountKind, Plan
 from sandboxer.errors import BackendError
-from sandboxer.plan import MountKind, Plan
 
 # The user `--userns-remap=default` makes: its /etc/subuid and /etc/subgid ranges are the host
 # ids a container's ids become.

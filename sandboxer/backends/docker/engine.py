@@ -16,7 +16,7 @@ import select
 import struct
 import time
 
-from sandboxer.fastjson import dumps, loads
+from sandboxer.core.fastjson import dumps, loads
 
 TYPE_CHECKING = False  # `typing` costs ~1.5 ms to import on the exec path; mypy knows the name
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ import threading
 import time
 
 from sandboxer.backends.docker.engine import EngineError, frames, hijack, inspect_exec, request
-from sandboxer.fastjson import dumps, loads
+from sandboxer.core.fastjson import dumps, loads
 
 TYPE_CHECKING = False  # `typing` costs ~1.5 ms to import on the exec path; mypy knows the name
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 The host's /usr, the runtime and the workspace are bind mounts exactly as under bwrap (see
 docs/docker.md for why /usr comes from the host); generated /etc files are bound read-only from
 the sandbox's own directory; the private state is tmpfs, 0700, owned by the sandbox user. The
-syscall policy is the project's own (sandboxer.seccomp), rendered as a Docker seccomp profile.
+syscall policy is the project's own (sandboxer.core.seccomp), rendered as a Docker seccomp profile.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from sandboxer.plan import STATE_ROOT, MountKind, Plan
+from sandboxer.core.plan import STATE_ROOT, MountKind, Plan
 
 LABEL = "io.sandboxer.sandbox"
 STATE_LABEL = "io.sandboxer.state-dir"  # gc of one broker never touches another broker's containers
@@ -78,7 +78,7 @@ def tmpfs(plan: Plan) -> dict[str, str]:
 def security_options(plan: Plan) -> list[str]:
     """`no-new-privileges` and the project's syscall policy as a seccomp profile: exactly these,
     never `unconfined` and never Docker's default profile."""
-    from sandboxer import seccomp
+    from sandboxer.core import seccomp
 
     return ["no-new-privileges:true", f"seccomp={seccomp.docker_profile_json(allow_ptrace=plan.allow_ptrace)}"]
 

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from sandboxer.errors import BackendError, PolicyError
 
 if TYPE_CHECKING:
-    from sandboxer.observe import MountSeen
-    from sandboxer.plan import Plan
+    from sandboxer.core.plan import Plan
+    from sandboxer.host.observe import MountSeen
 
 
 def create_volume(name: str, *, sandbox_id: str, state_dir: str) -> str:
@@ -61,7 +61,7 @@ def orphan_volumes(state_dir: str, present: Callable[[], set[str]]) -> list[tupl
 
     from sandboxer.backends.docker import engine
     from sandboxer.backends.docker.render import LABEL, STATE_LABEL
-    from sandboxer.leases import SPOOL_VOLUME_PREFIX
+    from sandboxer.core.leases import SPOOL_VOLUME_PREFIX
 
     filters = quote(json.dumps({"label": [f"{STATE_LABEL}={state_dir}"]}))
     try:
@@ -87,7 +87,7 @@ def remove_volume(name: str, *, sandbox_id: str) -> str | None:
     another sandbox's, which is never touched), else what went wrong."""
     from sandboxer.backends.docker import engine
     from sandboxer.backends.docker.render import LABEL
-    from sandboxer.lease_mounts import unmount_below
+    from sandboxer.host.lease_mounts import unmount_below
 
     try:
         status, content = engine.request("GET", f"/volumes/{name}")
@@ -109,13 +109,13 @@ def remove_volume(name: str, *, sandbox_id: str) -> str | None:
 def spool_mismatches(plan: Plan, inside: list[MountSeen]) -> list[str]:
     """Spools the sandbox does not see as the broker's tmpfs on their volume: the mount at each
     spool target inside must be that tmpfs (same filesystem and root)."""
-    from sandboxer.plan import MountKind
+    from sandboxer.core.plan import MountKind
 
     spools = [m for m in plan.mounts if m.kind is MountKind.SPOOL]
     if not spools:
         return []
     from sandboxer.backends.docker import engine
-    from sandboxer.observe import parse_mountinfo
+    from sandboxer.host.observe import parse_mountinfo
 
     with open("/proc/self/mountinfo") as stream:
         host = {m.target: m for m in parse_mountinfo(stream.read())}  # the last at a point is on top

@@ -2,7 +2,7 @@
 fingerprinted by its rendered settings, and checked again before a create takes it.
 
 The pool itself (which containers are warm, claiming one, filling, draining) is the core's:
-sandboxer.warmpool. This module is the Docker half it reaches through DockerBackend.
+sandboxer.host.warmpool. This module is the Docker half it reaches through DockerBackend.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from sandboxer.errors import BackendError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from sandboxer.observe import ProbeSeen
-    from sandboxer.plan import Plan
-    from sandboxer.record import SandboxRecord
-    from sandboxer.registry import Registry
+    from sandboxer.core.plan import Plan
+    from sandboxer.core.record import SandboxRecord
+    from sandboxer.host.observe import ProbeSeen
+    from sandboxer.host.registry import Registry
 
     Starter = Callable[[Plan, str, Registry, SandboxRecord], tuple[SandboxRecord, ProbeSeen, list[str]]]
 
@@ -43,9 +43,9 @@ def start(
     and the Engine showed, to be checked again when a create takes it."""
     from dataclasses import replace
 
-    from sandboxer import workspace_volume
     from sandboxer.backends.docker import container
-    from sandboxer.record import WorkspaceFs
+    from sandboxer.core.record import WorkspaceFs
+    from sandboxer.host import workspace_volume
 
     since = int(time.time()) - 1  # whole seconds: the Engine's event history is asked from here on
     # Its own sized filesystem (as every create's), empty until a create clones into it, and the
@@ -79,7 +79,7 @@ def start(
 def problems(registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
     """Every reason the warm container may not become the sandbox of `plan`: what its pid 1 saw
     when it started, and the container as the Engine shows it now."""
-    from sandboxer.observe import ProbeSeen, process_differences
+    from sandboxer.host.observe import ProbeSeen, process_differences
 
     if record.warm is None:
         return ["it has no warm record"]

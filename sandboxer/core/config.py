@@ -1,0 +1,294 @@
+"""Owner configuration: extension configs and profiles, parsed strictly into frozen values.
+
+Pure: takes bytes and a display name, returns values or raises. Structural faults (unknown,
+duplicate, missing keys, wrong types, bad grammar) raise `ConfigError` (exit 2); settings that
+are well formed but that no backend can honour raise `ForbiddenSettingError` (exit 3).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import re
+from collections.abc import Callable
+from typing import TypeVar
+
+from sandboxer.core.config_types import (
+    DEFAULT_MEMORY_MIB,
+    DEFAULT_PIDS,
+    DEFAULT_WORKSPACE_MIB,
+    EXTENSIONS,
+    ExtensionConfig,
+    ExtensionName,
+    Limits,
+    OwnerFile,
+    Profile,
+    RuntimePin,
+    Security,
+    Workspace,
+)
+from sandboxer.core.yamlstrict import Mark, YMap, YNode, YScalar, YSeq, parse_yaml
+from sandboxer.errors import ConfigError, ForbiddenSettingError, UsageError
+
+PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+# An immutable image reference: a local image id, or repository@sha256:digest with an optional
+# registry (host[:port]/) and tag. Lowercase only; nothing a shell or template would expand.
+_REPO_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REGISTRY = r"(?:[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*(?::[0-9]{1,5})?/)"
+IMAGE_REFERENCE = re.compile(
+    rf"sha256:[0-9a-f]{{64}}|{_REGISTRY}?{_REPO_COMPONENT}(?:/{_REPO_COMPONENT})*"
+    rf"(?::[a-z0-9_][a-z0-9_.-]{{0,127}})?@sha256:[0-9a-f]{{64}}"
+)
+_GIT_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")
+
+MEMORY_MIB_RANGE = (64, 1024 * 1024)
+WORKSPACE_MIB_RANGE = (16, 1024 * 1024)
+PIDS_RANGE = (16, 65536)
+WARM_RANGE = (0, 8)  # containers started ahead for each Docker profile (docs/docker.md, "Warm containers")
+
+T = TypeVar("T")
+
+
+class _Doc:
+    """Typed, path-aware access to a parsed document; every fault names file, line and key."""
+
+    def __init__(self, file: str, expected_name: str | None) -> None:
+        self.file = file
+        self.expected_name = expected_name
+        self.forbidden: list[ForbiddenSettingError] = []
+
+    def fail(self, mark: Mark, path: str, rule: str) -> ConfigError:
+        return ConfigError(self.file, mark.line, mark.column, path, rule)
+
+    def forbid(self, mark: Mark, path: str, rule: str) -> None:
+        self.forbidden.append(ForbiddenSettingError(self.file, mark.line, mark.column, path, rule))
+
+    def mapping(
+        self,
+        node: YNode,
+        path: str,
+        required: tuple[str, ...],
+        optional: tuple[str, ...] = (),
+    ) -> dict[str, YNode]:
+        if not isinstance(node, YMap):
+            raise self.fail(node.mark, path or "(document)", "must be a mapping")
+        allowed = set(required) | set(optional)
+        found: dict[str, YNode] = {}
+        for key, key_mark, value in node.items:
+            if key not in allowed:
+                raise self.fail(key_mark, _join(path, key), "unknown key")
+            found[key] = value
+        for key in required:
+            if key not in found:
+                raise self.fail(node.mark, _join(path, key), "missing required key")
+        return found
+
+    def string(
+        self,
+        node: YNode,
+        path: str,
+        pattern: re.Pattern[str] | None = None,
+        rule: str = "",
+    ) -> str:
+        if not isinstance(node, YScalar) or not isinstance(node.value, str):
+            raise self.fail(node.mark, path, "must be a string")
+        if pattern is not None and not pattern.fullmatch(node.value):
+            raise self.fail(node.mark, path, rule)
+        return node.value
+
+    def integer(self, node: YNode, path: str, bounds: tuple[int, int]) -> int:
+        if not isinstance(node, YScalar) or isinstance(node.value, bool) or not isinstance(node.value, int):
+            raise self.fail(node.mark, path, "must be an integer")
+        low, high = bounds
+        if not low <= node.value <= high:
+            raise self.fail(node.mark, path, f"must be between {low} and {high}")
+        return node.value
+
+    def boolean(self, node: YNode, path: str) -> bool:
+        if not isinstance(node, YScalar) or not isinstance(node.value, bool):
+            raise self.fail(node.mark, path, "must be true or false")
+        return node.value
+
+    def sequence(self, node: YNode, path: str, item: Callable[[YNode, str], T]) -> tuple[T, ...]:
+        if not isinstance(node, YSeq):
+            raise self.fail(node.mark, path, "must be a list")
+        return tuple(item(entry, f"{path}[{i}]") for i, entry in enumerate(node.items))
+
+    def absolute_path(self, node: YNode, path: str) -> str:
+        value = self.string(node, path)
+        if (
+            not value.startswith("/")
+            or value == "/"
+            or posixpath.normpath(value) != value
+            or any(ord(c) < 0x20 or c == "\x7f" for c in value)
+        ):
+            raise self.fail(
+                node.mark, path, "must be a normalized absolute path other than /, without control characters"
+            )
+        return value
+
+    def own_name(self, node: YNode, path: str, value: str) -> None:
+        if self.expected_name is not None and value != self.expected_name:
+            raise self.fail(node.mark, path, f"must equal the file's name ({self.expected_name})")
+
+    def extension_name(self, node: YNode, path: str) -> ExtensionName:
+        value = self.string(node, path)
+        for name in EXTENSIONS:
+            if value == name:
+                return name
+        raise self.fail(node.mark, path, f"must be one of {', '.join(EXTENSIONS)}")
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _git_ref(doc: _Doc, node: YNode, path: str) -> str:
+    rule = "must be a Git branch, tag or commit name (letters, digits, . _ / -)"
+    value = doc.string(node, path, _GIT_REF, rule)
+    parts = value.split("/")
+    if (
+        ".." in value
+        or "@{" in value
+        or value.endswith((".lock", "/", "."))
+        or any(not p or p.startswith(".") for p in parts)
+    ):
+        raise doc.fail(node.mark, path, rule)
+    return value
+
+
+def _parse_extension(doc: _Doc, root: YNode, digest: str) -> ExtensionConfig:
+    top = doc.mapping(root, "", ("extension", "config"))
+    extension = doc.extension_name(top["extension"], "extension")
+    doc.own_name(top["extension"], "extension", extension)
+    needs_image = extension == "ext.docker"
+    if needs_image:
+        body = doc.mapping(top["config"], "config", ("runtime", "image"), ("warm",))
+    else:
+        body = doc.mapping(top["config"], "config", ("runtime",))
+    runtime = doc.mapping(body["runtime"], "config.runtime", ("path", "sha256"))
+    image = None
+    if needs_image:
+        image = doc.string(
+            body["image"],
+            "config.image",
+            IMAGE_REFERENCE,
+            "must be an immutable image reference (sha256:<64 hex> or repository@sha256:<64 hex>)",
+        )
+    pin = RuntimePin(
+        path=doc.absolute_path(runtime["path"], "config.runtime.path"),
+        sha256=doc.string(
+            runtime["sha256"],
+            "config.runtime.sha256",
+            SHA256_HEX,
+            "must be 64 lowercase hex digits",
+        ),
+    )
+    warm = doc.integer(body["warm"], "config.warm", WARM_RANGE) if "warm" in body else 0
+    return ExtensionConfig(extension=extension, runtime=pin, image=image, file_sha256=digest, warm=warm)
+
+
+def _opaque_string(doc: _Doc, node: YNode, path: str) -> str:
+    return doc.string(node, path)
+
+
+def _parse_profile(doc: _Doc, root: YNode, digest: str) -> Profile:
+    top = doc.mapping(root, "", ("profile", "extension", "workspace", "network", "setup"), ("limits", "security"))
+    name = doc.string(
+        top["profile"],
+        "profile",
+        PROFILE_NAME,
+        "must be 1-63 of a-z 0-9 _ - starting with a letter or digit",
+    )
+    doc.own_name(top["profile"], "profile", name)
+    extension = doc.extension_name(top["extension"], "extension")
+    workspace = doc.mapping(top["workspace"], "workspace", ("repository", "ref"))
+    network = doc.mapping(top["network"], "network", ("default", "egress"))
+    setup = doc.mapping(top["setup"], "setup", ("secrets",))
+
+    default_node = network["default"]
+    default = doc.string(default_node, "network.default")
+    if default not in ("deny", "allow"):
+        raise doc.fail(default_node.mark, "network.default", "must be deny or allow")
+    egress = doc.sequence(network["egress"], "network.egress", lambda n, p: _opaque_string(doc, n, p))
+    secrets = doc.sequence(setup["secrets"], "setup.secrets", lambda n, p: _opaque_string(doc, n, p))
+
+    limits = Limits()
+    if "limits" in top:
+        raw = doc.mapping(top["limits"], "limits", (), ("memory_mib", "pids", "workspace_mib", "best_effort"))
+        limits = Limits(
+            memory_mib=doc.integer(raw["memory_mib"], "limits.memory_mib", MEMORY_MIB_RANGE)
+            if "memory_mib" in raw
+            else DEFAULT_MEMORY_MIB,
+            pids=doc.integer(raw["pids"], "limits.pids", PIDS_RANGE) if "pids" in raw else DEFAULT_PIDS,
+            workspace_mib=doc.integer(raw["workspace_mib"], "limits.workspace_mib", WORKSPACE_MIB_RANGE)
+            if "workspace_mib" in raw
+            else DEFAULT_WORKSPACE_MIB,
+            best_effort=doc.boolean(raw["best_effort"], "limits.best_effort") if "best_effort" in raw else False,
+        )
+    security = Security()
+    if "security" in top:
+        raw_security = doc.mapping(top["security"], "security", (), ("allow_ptrace",))
+        if "allow_ptrace" in raw_security:
+            security = Security(allow_ptrace=doc.boolean(raw_security["allow_ptrace"], "security.allow_ptrace"))
+    repository = doc.absolute_path(workspace["repository"], "workspace.repository")
+    ref = _git_ref(doc, workspace["ref"], "workspace.ref")
+
+    # Both backends give a sandbox loopback only and deliver no secrets; a profile that asks for
+    # more would be promised something nothing enforces, so it is refused, not ignored.
+    if default != "deny":
+        doc.forbid(
+            default_node.mark,
+            "network.default",
+            f"must be deny for {extension} (only loopback networking exists)",
+        )
+    if egress:
+        doc.forbid(
+            network["egress"].mark,
+            "network.egress",
+            f"must be empty for {extension} (no egress is enforced)",
+        )
+    if secrets:
+        doc.forbid(
+            setup["secrets"].mark,
+            "setup.secrets",
+            f"must be empty for {extension} (no secret delivery exists)",
+        )
+    if doc.forbidden:
+        raise doc.forbidden[0]
+    return Profile(
+        name=name,
+        extension=extension,
+        workspace=Workspace(repository=repository, ref=ref),
+        network_default="deny",
+        egress=(),
+        secrets=(),
+        limits=limits,
+        file_sha256=digest,
+        security=security,
+    )
+
+
+def parse_owner_file(data: bytes, file: str, *, expected_name: str | None = None) -> OwnerFile:
+    """Parse an extension config or a profile from its exact bytes; `file` names it in errors.
+
+    `expected_name`, when given, is the name the file's path gives it, and the file must declare it.
+    """
+    root = parse_yaml(data, file)
+    digest = hashlib.sha256(data).hexdigest()
+    doc = _Doc(file, expected_name)
+    if isinstance(root, YMap) and "profile" in set(root.keys()):
+        return _parse_profile(doc, root, digest)
+    return _parse_extension(doc, root, digest)
+
+
+def validate_name(name: str) -> str:
+    """Check an approval NAME and return the config-relative file it stands for."""
+    if name in EXTENSIONS:
+        return f"extensions/{name}.yaml"
+    if PROFILE_NAME.fullmatch(name):
+        return f"profiles/{name}.yaml"
+    raise UsageError(
+        f"{name!r} is not a configuration name: use {' or '.join(EXTENSIONS)} or a profile name (a-z 0-9 _ -)"
+    )

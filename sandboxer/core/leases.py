@@ -1,0 +1,338 @@
+"""What a checked lease manifest grants one sandbox, on either backend (docs/manifest.md).
+
+The broker plays the manifest's in-guest runtime: shared directories, standalone tool endpoints
+and a provider credential become read-only binds at their targets; the project environment file
+is bound read-only and its variables join every exec; each tool-request lease gets a writable
+request spool of its own (where it lives is its backend's choice: `Backend.spool_place`) laid
+out as the specification says, and suppresses the bind of the socket endpoint it links.
+Provider-environment values are never mounted or stored: a provider launch reads them again
+right before it starts (`provider_environment`).
+
+The host mounts behind the grants are lease_mounts.py's; what teardown removes is
+lease_removal.py's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sandboxer.core import manifest as mf
+from sandboxer.core.plan import (
+    SAFE_PATH,
+    SANDBOX_GID,
+    SANDBOX_UID,
+    STATE_DIRS,
+    STATE_ROOT,
+    Grants,
+    Mount,
+    MountKind,
+    Plan,
+)
+from sandboxer.core.record import LeaseMount, LeaseRecord, ManifestRecord, Spool
+from sandboxer.errors import PolicyError
+
+if TYPE_CHECKING:
+    from sandboxer.backends.protocol import Backend
+
+SPOOL_PENDING_FILES = 16
+SPOOL_REQUEST_BYTES = 256 * 1024
+SPOOL_TOTAL_BYTES = 1024 * 1024
+SPOOL_VOLUME_PREFIX = "sandboxer-spool-"
+
+# Where a spool of this name lives: the source of its mount and the directory it is opened below
+# (None when the engine resolves the source itself). A backend's `spool_place` for one sandbox.
+SpoolPlace = Callable[[str], tuple[str, str | None]]
+
+
+def spool_name(run_id: str, lease_id: str) -> str:
+    """The spool's name, derived from the run and the lease; its backend places it (a volume of
+    this name, a directory of this name: `Backend.spool_place`)."""
+    return SPOOL_VOLUME_PREFIX + hashlib.sha256(f"{run_id}\n{lease_id}".encode()).hexdigest()[:40]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Assignment:
+    """A checked manifest with what create needs of its files, read once through checked
+    descriptors: the project environment and each spool's capability (never a provider value)."""
+
+    manifest: mf.Manifest
+    owner: int
+    project_env: bytes | None
+    capabilities: dict[str, bytes] = field(repr=False)
+
+    @property
+    def file(self) -> str:
+        return self.manifest.file
+
+    @property
+    def revision(self) -> str:
+        return self.manifest.repository_revision
+
+    @property
+    def branch(self) -> str:
+        return self.manifest.task_branch
+
+    @property
+    def image(self) -> str | None:
+        return service_image(self.manifest)
+
+    def grants(self, spool_place: SpoolPlace) -> Grants:
+        return grants(self.manifest, spool_place=spool_place, project_env=self.project_env)
+
+    def record(self, plan: Plan) -> ManifestRecord:
+        return record(self.manifest, plan.mounts, owner=self.owner)
+
+    def make_spools(self, plan: Plan, backend: Backend, state_dir: str, *, consumer: tuple[int, int]) -> None:
+        """Each tool-request lease's spool, laid out before the sandbox starts: on the directory
+        its backend makes for it, a bounded tmpfs of its own (the engine binds it from there, and
+        dispatch-tool reads it there)."""
+        from sandboxer.host.lease_mounts import mount_spool_tmpfs
+
+        for mount in plan.mounts:
+            if mount.kind is not MountKind.SPOOL:
+                continue
+            lease = next(item for item in self.manifest.leases if item.lease_id == mount.lease)
+            root = backend.make_spool_root(
+                str(mount.source), sandbox_id=plan.sandbox_id, state_dir=state_dir, group=consumer[1]
+            )
+            mount_spool_tmpfs(root)
+            lay_out_spool(
+                root,
+                binding_doc=binding(self.manifest, lease),
+                capability=self.capabilities[lease.lease_id],
+                consumer=consumer,
+            )
+
+
+def admit_assignment(path: str, *, forbidden: Sequence[str], images_admitted: bool, repository: str) -> Assignment:
+    """The whole manifest check at create: ManifestError (2), LeaseExpiredError or PolicyError (3).
+    `images_admitted`: whether the backend honours service images."""
+    data, info = mf.read_assignment(path)
+    checked = mf.parse(data, file=path)
+    mf.check_sources(checked, owner=info.st_uid, forbidden=forbidden)
+    mf.check_live(checked)
+    admit(checked, images_admitted=images_admitted, repository=repository, broker_uid=os.geteuid())
+    project_env = None
+    capabilities: dict[str, bytes] = {}
+    for lease in checked.leases:
+        if lease.scope == mf.PROJECT_ENVIRONMENT:
+            project_env = mf.read_material(checked, lease, 0, owner=info.st_uid)
+        elif lease.scope == mf.TOOL_REQUEST:
+            capabilities[lease.lease_id] = mf.read_material(checked, lease, 0, owner=info.st_uid)
+    return Assignment(manifest=checked, owner=info.st_uid, project_env=project_env, capabilities=capabilities)
+
+
+def admit(manifest: mf.Manifest, *, images_admitted: bool, repository: str, broker_uid: int) -> None:
+    """What this broker refuses of a valid manifest for this profile (PolicyError, exit 3)."""
+    file = manifest.file
+    if os.path.realpath(manifest.repository_path) != os.path.realpath(repository):
+        raise PolicyError(f"{file}: repository.path: is not the profile's workspace repository")
+    if manifest.published_ports:
+        raise PolicyError(f"{file}: published_ports: sandboxes are loopback-only; nothing is published")
+    if manifest.service_images and not images_admitted:
+        raise PolicyError(f"{file}: service_images: images need the Docker backend")
+    clash = mf.targets_apart(manifest)
+    if clash is not None:
+        raise PolicyError(f"{file}: {clash}: mount targets must not be equal or nested")
+    for lease in manifest.by_scope(mf.PROVIDER_CREDENTIAL):
+        target = str(lease.materializations[0].target_path)
+        if any(target == t or target.startswith(t + "/") for t in mf.RESERVED_TARGETS):
+            raise PolicyError(
+                f"{file}: {lease.field}.materializations[0].target_path: "
+                "this broker never mounts a lease over a path the sandbox itself mounts (/usr, /proc, /etc/passwd, ...)"
+            )
+    uid = manifest.workspace_consumer[0] if manifest.workspace_consumer else SANDBOX_UID
+    if manifest.workspace_consumer is not None and uid == broker_uid:
+        raise PolicyError(f"{file}: workspace_consumer.uid: must differ from the broker's own uid")
+    for lease in manifest.by_scope(mf.TOOL_REQUEST):
+        if lease.consumer_uid != uid:
+            raise PolicyError(f"{file}: {lease.field}.consumer_uid: is not the sandbox user's uid ({uid})")
+        if broker_uid != 0:
+            raise PolicyError(
+                f"{file}: {lease.field}: a request spool needs a root broker (its files must not be the consumer's)"
+            )
+
+
+def service_image(manifest: mf.Manifest, name: str = "app") -> str | None:
+    """The sandbox image a manifest assigns (Docker), if any."""
+    return dict(manifest.service_images).get(name)
+
+
+def grants(manifest: mf.Manifest, *, spool_place: SpoolPlace, project_env: bytes | None) -> Grants:
+    """The plan's share of the manifest: user, lease mounts in document order, project variables;
+    each spool where `spool_place` puts it."""
+    suppressed = manifest.linked_endpoints()
+    directory = mf.run_dir(manifest)
+    mounts: list[Mount] = []
+    env: tuple[tuple[str, str], ...] = ()
+    for lease in manifest.leases:
+        if lease.scope in (mf.SHARED_DIRECTORY, mf.TOOL_ENDPOINT, mf.PROVIDER_CREDENTIAL):
+            if lease.lease_id in suppressed:
+                continue
+            item = lease.materializations[0]
+            mounts.append(
+                Mount(
+                    kind=MountKind.RO_BIND,
+                    target=str(item.target_path),
+                    source=item.source_path,
+                    lease=lease.lease_id,
+                    beneath=directory,
+                )
+            )
+        elif lease.scope == mf.PROJECT_ENVIRONMENT and project_env is not None:
+            mounts.append(
+                Mount(
+                    kind=MountKind.FILE,
+                    target=mf.PROJECT_ENV_TARGET,
+                    content=project_env,
+                    mode=0o444,
+                    lease=lease.lease_id,
+                )
+            )
+            env = tuple(mf.project_variables(project_env))
+        elif lease.scope == mf.TOOL_REQUEST:
+            source, beneath = spool_place(spool_name(manifest.run_id, lease.lease_id))
+            mounts.append(
+                Mount(
+                    kind=MountKind.SPOOL,
+                    target=str(lease.request_spool_target),
+                    source=source,
+                    lease=lease.lease_id,
+                    beneath=beneath,
+                )
+            )
+    uid, gid = manifest.workspace_consumer or (SANDBOX_UID, SANDBOX_GID)
+    return Grants(uid=uid, gid=gid, mounts=tuple(mounts), env=env)
+
+
+def binding(manifest: mf.Manifest, lease: mf.Lease) -> dict[str, Any]:
+    """The spool's `.binding.json`: the non-secret facts of the signed lease."""
+    spool = str(lease.request_spool_target)
+    return {
+        "version": "1",
+        "run_id": manifest.run_id,
+        "lease_id": lease.lease_id,
+        "consumer": lease.consumer,
+        "consumer_uid": lease.consumer_uid,
+        "request_dir": f"{spool}/requests",
+        "response_dir": f"{spool}/responses",
+        "request_file": "<request_id>.json (write a temporary file of mode 0600, then rename it)",
+        "quotas": {
+            "pending_files": SPOOL_PENDING_FILES,
+            "request_bytes": SPOOL_REQUEST_BYTES,
+            "total_bytes": SPOOL_TOTAL_BYTES,
+        },
+        "replay_policy": lease.replay_policy,
+    }
+
+
+def lay_out_spool(root: str, *, binding_doc: dict[str, Any], capability: bytes, consumer: tuple[int, int]) -> None:
+    """The spool's layout in an empty directory the broker (root) owns: `.binding.json` and
+    `.capability` 0444, `requests/` 0700 the consumer's, `responses/` 0755, `.processing/` 0700."""
+    os.chmod(root, 0o755)  # noqa: S103 - the consumer traverses it; only requests/ is its to write
+    for name, data in (
+        (".binding.json", json.dumps(binding_doc, indent=2).encode() + b"\n"),
+        (".capability", capability),
+    ):
+        fd = os.open(
+            os.path.join(root, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444
+        )
+        try:
+            os.write(fd, data)
+            os.fchmod(fd, 0o444)
+        finally:
+            os.close(fd)
+    for name, mode in (("requests", 0o700), ("responses", 0o755), (".processing", 0o700)):
+        os.mkdir(os.path.join(root, name), mode)
+        os.chmod(os.path.join(root, name), mode)
+    os.lchown(os.path.join(root, "requests"), *consumer)
+
+
+def record(manifest: mf.Manifest, plan_mounts: tuple[Mount, ...], *, owner: int) -> ManifestRecord:
+    """What the registry keeps of the manifest: ids, expiries, targets, paths and digests the
+    broker checks again later; never a value or a capability."""
+    info = os.lstat(mf.run_dir(manifest))
+    return ManifestRecord(
+        file=manifest.file,
+        sha256=manifest.sha256,
+        owner_uid=owner,
+        run_dir=mf.run_dir(manifest),
+        run_dir_identity=(info.st_dev, info.st_ino),
+        version=manifest.version,
+        run_id=manifest.run_id,
+        task_branch=manifest.task_branch,
+        revision=manifest.repository_revision,
+        expiries=tuple(
+            (lease.lease_id, lease.expires_at.timestamp())
+            for lease in manifest.leases
+            if lease.expires_at is not None and mf.expiry_checked(manifest, lease)
+        ),
+        leases=tuple(
+            LeaseRecord(
+                lease_id=lease.lease_id,
+                scope=lease.scope,
+                consumer=lease.consumer,
+                expires_at=None if lease.expires_at is None else lease.expires_at.isoformat(),
+            )
+            for lease in manifest.leases
+        ),
+        mounts=tuple(
+            LeaseMount(lease_id=m.lease, target=m.target, kind=m.kind.value, source=m.source)
+            for m in plan_mounts
+            if m.lease is not None
+        ),
+        spools=tuple(
+            Spool(lease_id=str(m.lease), target=m.target, source=str(m.source))
+            for m in plan_mounts
+            if m.kind is MountKind.SPOOL
+        ),
+        materializations=tuple(item.source_path for lease in manifest.leases for item in lease.materializations),
+    )
+
+
+def expired(manifest_record: ManifestRecord, now: float) -> str | None:
+    """The id of a lease whose expiry has passed, if any."""
+    for lease_id, moment in manifest_record.expiries:
+        if moment <= now:
+            return lease_id
+    return None
+
+
+def provider_environment(
+    manifest_record: ManifestRecord, *, consumer: str, executable: str, caller_env: dict[str, str]
+) -> dict[str, str]:
+    """The whole environment of a provider launch, or PolicyError: the fixed PATH, the private
+    state directories, the lease's inherited names from the caller, and the consumer's
+    provider-environment values read now (their digests recomputed from these bytes)."""
+    file = manifest_record.file
+    checked = mf.load(file, forbidden=())
+    if checked.sha256 != manifest_record.sha256:
+        raise PolicyError(f"{file}: the manifest changed since the sandbox was created")
+    identities = [
+        lease
+        for lease in checked.by_scope(mf.MODEL_IDENTITY)
+        if lease.consumer == consumer and lease.executable == executable
+    ]
+    if len(identities) != 1:
+        raise PolicyError(f"no live model-identity lease grants consumer {consumer} the executable {executable}")
+    env = {"PATH": SAFE_PATH}
+    env.update({name: f"{STATE_ROOT}/{sub}" for name, sub in STATE_DIRS})
+    for name in identities[0].inherited_environment:
+        if name not in caller_env:
+            raise PolicyError(
+                f"{identities[0].field}.inherited_environment: {name} is not set in the caller's environment"
+            )
+        env[name] = caller_env[name]
+    owner = manifest_record.owner_uid
+    for lease in checked.by_scope(mf.PROVIDER_ENVIRONMENT):
+        if lease.consumer != consumer:
+            continue
+        for index, item in enumerate(lease.materializations):
+            data = mf.read_material(checked, lease, index, owner=owner)
+            env[str(item.environment_name)] = data.decode("utf-8")
+    return env

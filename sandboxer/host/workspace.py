@@ -1,0 +1,321 @@
+"""The workspace: a fresh Git clone of the profile's repository, made on the host side safely.
+
+Host-side git runs with no system or global configuration, hooks disabled and no templates;
+`--no-local` makes git copy objects through its transport instead of hard-linking into the
+owner's repository. Its HOME is a directory inside the sandbox's own (`git-home`, 0700), so what a
+killed clone leaves goes with the sandbox; every git process gets SIGKILL when its broker dies
+and runs in a process group of its own. The finished clone has no remote and no reflog: nothing
+in it names the owner's repository. Host-side git never runs inside a clone after a sandbox used it.
+An unprivileged broker's sandbox keeps its workspace in a sized tmpfs of its own: the clone is
+made on the host as above and then copied in (`seed`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from sandboxer.errors import BackendError, PolicyError, UsageError
+from sandboxer.host.fstree import remove_tree
+
+if TYPE_CHECKING:
+    import subprocess
+
+__all__ = ["GIT_HOME", "clone", "remove_tree", "seed", "stop_git"]
+
+GIT_HOME = "git-home"  # in the sandbox's directory: HOME of host-side git while it clones
+GIT_TIMEOUT = 300  # seconds
+PR_SET_PDEATHSIG = 1
+
+
+def _git(args: list[str], *, home: str, cwd: str | None = None) -> subprocess.CompletedProcess[bytes]:
+    import signal
+    import subprocess  # here, not at import: teardown uses this module without running git
+
+    git = shutil.which("git", path="/usr/bin:/bin:/usr/local/bin")
+    if git is None:
+        raise BackendError("git is not installed", hint="apt-get install -y git")
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": home,
+        "LANG": "C",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.path.join(home, "gitconfig"),  # also how stop_git finds them
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_ASKPASS": "/bin/false",
+    }
+    argv = [git, "-c", "core.hooksPath=/dev/null", "-c", "protocol.file.allow=always", *args]
+    child = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        process_group=0,  # its helpers (upload-pack, pack-objects, index-pack) share one group to kill
+        preexec_fn=_dies_with(os.getpid()),  # noqa: PLW1509 - the broker runs no threads while it clones
+    )
+    try:
+        out, err = child.communicate(timeout=GIT_TIMEOUT)
+    except BaseException as exc:  # a timeout, ^C, anything: none of its processes outlives this call
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise BackendError(f"git {args[0]} did not finish within {GIT_TIMEOUT} s") from None
+        raise
+    return subprocess.CompletedProcess(argv, child.returncode, out, err)
+
+
+def _dies_with(broker: int) -> Callable[[], None]:
+    """What a host-side git runs between fork and exec: SIGKILL once `broker` dies.
+
+    A broker killed during a clone must not leave git writing into a directory gc is removing.
+    The death signal is armed first and the parent checked after: a broker already gone before
+    the signal was armed is noticed too.
+    """
+    import ctypes
+    import signal
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    kill = int(signal.SIGKILL)
+
+    def arm() -> None:
+        armed = prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(kill), 0, 0, 0) == 0
+        if not armed or os.getppid() != broker:
+            os.kill(os.getpid(), kill)
+
+    return arm
+
+
+def clone(
+    *,
+    repository: str,
+    ref: str,
+    destination: str,
+    git_home: str,
+    profile_file: str,
+    owner: tuple[int, int] | None,
+    branch: str | None = None,
+    ref_field: str = "workspace.ref",
+) -> None:
+    """Clone `repository` at `ref` into `destination`, owned by `owner` if given.
+
+    `destination` is new, or an empty directory that must stay the same directory (a warm
+    container already has it bound at /workspace). `git_home` is git's HOME meanwhile, a new
+    directory inside the sandbox's own, removed again before this returns. With `branch` (a
+    manifest's task branch), that branch is created at `ref` and checked out; a `ref` the
+    repository lacks is then a refusal of the manifest (PolicyError, exit 3).
+    """
+    bound = os.path.isdir(destination)
+    with _home(git_home, repository) as home:
+        _fetch(
+            repository=repository,
+            ref=ref,
+            destination=destination,
+            home=home,
+            bound=bound,
+            profile_file=profile_file,
+            branch=branch,
+            ref_field=ref_field,
+        )
+        # Before any sandbox code runs in it: no remote, no "clone: from <path>" reflog entry.
+        if _git(["remote", "remove", "origin"], home=home, cwd=destination).returncode != 0:
+            raise BackendError(f"{profile_file}: workspace.repository: the clone's remote cannot be removed")
+        # The reflogs are files of their own (git's "files" ref store): a fresh clone's hold only
+        # that entry, and the sandbox's git starts new ones.
+        logs = os.path.join(destination, ".git", "logs")
+        if os.path.lexists(logs):
+            remove_tree(logs)
+    _finish(destination, owner)
+
+
+def seed(source: str, *, holder_pid: int, holder_start: int | None, profile_file: str, size_mib: int) -> None:
+    """Copy the clone at `source` into the /workspace tmpfs of the sandbox whose holder is
+    `holder_pid`, then remove `source`: an unprivileged broker's workspace lives in the sandbox's
+    own sized tmpfs, and the host keeps no copy.
+
+    Host-side git cannot write there itself (it resolves /proc/PID/root away), so the finished
+    clone is copied by descriptors, through the holder's root, before any sandbox code has run.
+    """
+    from sandboxer.core.plan import WORKSPACE_TARGET
+    from sandboxer.host import procs
+    from sandboxer.host.fstree import copy_tree
+
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        target = os.open(f"/proc/{holder_pid}/root{WORKSPACE_TARGET}", flags)
+    except OSError as exc:
+        raise BackendError(f"the sandbox's workspace cannot be opened ({exc.strerror})") from None
+    try:
+        if holder_start is None or procs.start_time(holder_pid) != holder_start:
+            raise BackendError("the sandbox's holder ended before its workspace was filled")
+        copy_tree(source, target)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise BackendError(
+                f"{profile_file}: limits.workspace_mib: the clone does not fit in {size_mib} MiB"
+            ) from None
+        raise BackendError(f"the clone cannot be copied into the sandbox's workspace ({exc.strerror})") from None
+    finally:
+        os.close(target)
+    remove_tree(source)
+
+
+@contextlib.contextmanager
+def _home(path: str, repository: str) -> Iterator[str]:
+    """git's HOME at `path` (0700, made here, removed after) with our own "global" config."""
+    if os.path.lexists(path):  # what a killed clone in this sandbox directory left
+        remove_tree(path)
+    os.mkdir(path, 0o700)
+    try:
+        # Read by every git process of the clone (upload-pack too): the owner's repository may
+        # belong to another user, and hooks never run.
+        with open(os.path.join(path, "gitconfig"), "x") as config:
+            quoted = repository.replace("\\", "\\\\").replace('"', '\\"')
+            config.write(f'[safe]\n\tdirectory = "{quoted}"\n\tdirectory = "{quoted}/.git"\n')
+            config.write("[core]\n\thooksPath = /dev/null\n")
+        yield path
+    finally:
+        remove_tree(path)
+
+
+def _fetch(
+    *,
+    repository: str,
+    ref: str,
+    destination: str,
+    home: str,
+    bound: bool,
+    profile_file: str,
+    branch: str | None,
+    ref_field: str,
+) -> None:
+    """The clone itself, checked out at `ref` (on `branch` if given)."""
+    # The common case, a branch or tag, is one git process; a commit id takes a second step.
+    clone_args = ["clone", "--quiet", "--no-local", "--template="]
+    if branch is None:
+        fast = _git([*clone_args, "--branch", ref, "--", repository, destination], home=home)
+        if fast.returncode == 0:
+            return
+        _discard(destination, keep_directory=bound)
+    if not _is_repository_root(repository, home):
+        raise UsageError(f"{profile_file}: workspace.repository: not a Git repository")
+    if _git([*clone_args, "--no-checkout", "--", repository, destination], home=home).returncode != 0:
+        raise BackendError(f"{profile_file}: workspace.repository: git clone failed")
+    found = _git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], home=home, cwd=destination)
+    if found.returncode != 0:
+        refusal = PolicyError if branch is not None else UsageError
+        raise refusal(f"{profile_file}: {ref_field}: not found in the repository")
+    checkout = ["checkout", "--quiet", "-b", branch, ref] if branch else ["checkout", "--quiet", "--detach", ref]
+    if _git(checkout, home=home, cwd=destination).returncode != 0:
+        what = "task_branch: cannot be created" if branch else f"{ref_field}: checkout failed"
+        raise BackendError(f"{profile_file}: {what}")
+    # git checkout exits 0 when it could not write files (a full workspace filesystem leaves
+    # them empty or cut short): the work tree must match what was checked out.
+    if _git(["diff", "--quiet"], home=home, cwd=destination).returncode != 0:
+        raise BackendError(f"{profile_file}: {ref_field}: checkout failed{_full(destination)}")
+
+
+def _full(destination: str) -> str:
+    """Why a checkout may have failed, when the workspace filesystem has no room left."""
+    try:
+        room = os.statvfs(destination)
+    except OSError:
+        return ""
+    if room.f_bavail * room.f_frsize < 1024 * 1024:
+        return " (the workspace filesystem is full: limits.workspace_mib is smaller than the clone)"
+    return ""
+
+
+def _discard(destination: str, *, keep_directory: bool) -> None:
+    """Remove what a failed clone left; a bound directory itself stays (emptied)."""
+    if not keep_directory:
+        remove_tree(destination)
+        return
+    with os.scandir(destination) as entries:
+        for entry in entries:
+            remove_tree(entry.path)
+
+
+def _is_repository_root(repository: str, home: str) -> bool:
+    """Whether `repository` is a bare repository or the top of a work tree (not a subdirectory)."""
+    if not os.path.isdir(repository):
+        return False
+    bare = _git(["-C", repository, "rev-parse", "--is-bare-repository"], home=home)
+    if bare.returncode != 0:
+        return False
+    if bare.stdout.strip() == b"true":
+        return True
+    top = _git(["-C", repository, "rev-parse", "--show-toplevel"], home=home)
+    return top.returncode == 0 and os.path.realpath(top.stdout.decode().strip()) == os.path.realpath(repository)
+
+
+def _finish(destination: str, owner: tuple[int, int] | None) -> None:
+    os.chmod(destination, 0o700)
+    if owner is not None:
+        uid, gid = owner
+        # The top directory changes hands last: until then it is root's and 0700, so nobody can
+        # swap anything below it for a symlink while root walks the tree by name. A stack, not
+        # os.walk, which recurses once per level in Python 3.11.
+        below = [destination]
+        while below:
+            with os.scandir(below.pop()) as entries:
+                for entry in entries:
+                    os.lchown(entry.path, uid, gid)
+                    if entry.is_dir(follow_symlinks=False):
+                        below.append(entry.path)
+        os.lchown(destination, uid, gid)
+
+
+def stop_git(git_home: str) -> list[int]:
+    """SIGKILL every host-side git a clone with HOME `git_home` left running; the pids that
+    survive.
+
+    Its broker died mid-clone: git itself got SIGKILL with it, but a helper it started (an
+    index-pack resolving deltas, a pack-objects on the owner's repository) may still run and
+    write below the sandbox's directory. They are found by the environment every one of them
+    inherits, among our own uid's processes, and signalled through a pidfd so that a recycled
+    pid is never hit.
+    """
+    if not os.path.isdir(git_home):  # the clone finished, or never began
+        return []
+    import signal
+
+    from sandboxer.host import procs
+
+    marker = f"GIT_CONFIG_GLOBAL={os.path.join(git_home, 'gitconfig')}".encode()
+    found: list[int] = []
+    for _ in range(3):  # a helper may fork once more between a scan and its signal
+        found = [pid for pid in procs.all_pids() if _has_environment(pid, marker)]
+        for pid in found:
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            try:
+                if _has_environment(pid, marker):  # still that process, now pinned by the pidfd
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+            finally:
+                os.close(pidfd)
+        found = procs.wait_gone(found, 5.0)
+        if not found:
+            return []
+    return found
+
+
+def _has_environment(pid: int, entry: bytes) -> bool:
+    """Whether the process `pid`, one of our uid's, was started with `entry` in its environment."""
+    try:
+        if os.stat(f"/proc/{pid}").st_uid != os.geteuid():
+            return False
+        with open(f"/proc/{pid}/environ", "rb") as stream:
+            return entry in stream.read().split(b"\0")
+    except OSError:
+        return False
