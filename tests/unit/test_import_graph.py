@@ -90,3 +90,18 @@ def test_the_package_has_no_import_cycle() -> None:
 def test_the_cycle_finder_finds_one() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert _cycles(graph) == [["a", "b", "c"]]
+
+
+def test_no_code_outside_the_backends_names_a_backend() -> None:
+    """A backend's name becomes code only in sandboxer/backends/ (`backend_for`, `enter_for`): no
+    comparison, `match` or table elsewhere names "bwrap" or "docker" — except core/plan.py, which
+    defines the names and which extension runs on which."""
+    allowed = {"sandboxer.core.plan"}
+    found = []
+    for name, path in sorted(_modules().items()):
+        if name.startswith("sandboxer.backends") or name in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in ("bwrap", "docker"):
+                found.append(f"{name}:{node.lineno}")
+    assert found == []

@@ -326,7 +326,10 @@ def test_digest_is_the_programs_sha256() -> None:
 
 
 def test_digest_is_the_same_in_every_run() -> None:
-    code = "from sandboxer.core import seccomp; print(seccomp.digest(allow_ptrace=False), seccomp.digest(allow_ptrace=True))"
+    code = (
+        "from sandboxer.core import seccomp; "
+        "print(seccomp.digest(allow_ptrace=False), seccomp.digest(allow_ptrace=True))"
+    )
     runs = {
         subprocess.run(
             [sys.executable, "-c", code], env={"PYTHONHASHSEED": seed}, capture_output=True, text=True, check=True
