@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal
-
-from sandboxer.core.config_types import ExtensionConfig, ExtensionName, Limits, Profile
+from typing import TYPE_CHECKING, Literal
 
 RUNTIME_TARGET = "/opt/sandboxer/runtime"
 WORKSPACE_TARGET = "/workspace"
@@ -31,6 +29,9 @@ STATE_DIRS: tuple[tuple[str, str], ...] = (
     ("XDG_STATE_HOME", "data"),
     ("TMPDIR", "tmp"),
 )
+
+if TYPE_CHECKING:  # the owner's types, for annotations: the record (teardown, gc) imports this module
+    from sandboxer.core.config_types import ExtensionConfig, ExtensionName, Limits, Profile
 
 Backend = Literal["bwrap", "docker"]
 BACKEND_OF: dict[ExtensionName, Backend] = {"ext.bwrap": "bwrap", "ext.docker": "docker"}  # an extension's engine
