@@ -2,7 +2,7 @@
 
     pip install -e '.[bench]'
     python benchmarks/plot_compare.py --label before --runs a1.json a2.json \
-        --label after --runs b1.json b2.json --output docs/img/hardening.png
+        --label after --runs b1.json b2.json --output docs/img/hardening.png [--title TEXT]
 
 Each run is one point; the bar is the median of a version's runs. Docker-only figures are drawn
 where a run has them.
@@ -36,6 +36,7 @@ def main() -> None:
     parser.add_argument("--label", action="append", required=True)
     parser.add_argument("--runs", action="append", nargs="+", required=True)
     parser.add_argument("--output", required=True)
+    parser.add_argument("--title", default="sandboxer before and after (one machine, interleaved runs)")
     args = parser.parse_args()
     versions = [
         (label, [json.loads(Path(p).read_text()) for p in runs])
@@ -55,7 +56,7 @@ def main() -> None:
     ax.set_xticks(range(len(figures)), [name for _, name in figures], rotation=15)
     ax.set_ylabel("median wall time (ms)")
     ax.legend()
-    ax.set_title("sandboxer before and after the hardening (one machine, interleaved runs)")
+    ax.set_title(args.title)
     fig.tight_layout()
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.output, dpi=110)
