@@ -14,6 +14,7 @@ from __future__ import annotations
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from sandboxer.api import Broker, ExecStream, Owner, Sandbox
+    from sandboxer.client import Client, ClientSandbox
     from sandboxer.results import (
         Approval,
         Created,
@@ -32,6 +33,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Approval",
     "Broker",
+    "Client",
+    "ClientSandbox",
     "Created",
     "Evidence",
     "ExecResult",
@@ -46,6 +49,7 @@ __all__ = [
     "SandboxInfo",
 ]
 _API = {"Broker", "ExecStream", "Owner", "Sandbox"}
+_CLIENT = {"Client", "ClientSandbox"}
 
 
 def __getattr__(name: str) -> object:
@@ -53,6 +57,10 @@ def __getattr__(name: str) -> object:
         from sandboxer import api
 
         return getattr(api, name)
+    if name in _CLIENT:
+        from sandboxer import client
+
+        return getattr(client, name)
     if name in __all__:
         from sandboxer import results
 

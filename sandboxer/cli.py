@@ -172,6 +172,25 @@ def runtime_digest(
     _print(result, result["sha256"], json)
 
 
+@app.command("serve")
+def serve(
+    ctx: typer.Context,
+    socket: Annotated[
+        str | None,
+        typer.Option(
+            "--socket", help="The Unix socket (default: /run/sandboxer/broker.sock as root, else STATE/broker.sock)."
+        ),
+    ] = None,
+    idle_exit: Annotated[
+        float | None, typer.Option("--idle-exit", help="Exit after this many seconds without a request.", min=1)
+    ] = None,
+) -> None:
+    """Run the broker as a service for the state dir: HTTP/JSON on a Unix socket (docs/service.md)."""
+    from sandboxer.service.serve import serve as run_service
+
+    run_service(_dirs(ctx), socket_path=socket, idle_exit=idle_exit)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; every error becomes one line (or a JSON object) and its exit status."""
     args = sys.argv[1:] if argv is None else argv

@@ -1,0 +1,235 @@
+"""The Python client of the broker service: the embedded API's verbs and result types, over the
+service's Unix socket (docs/service.md, docs/api.md).
+
+    from sandboxer import Client
+
+    client = Client()                      # the service for the default state dir
+    with client.create("bwrap-local") as sb:
+        result = sb.exec(["python3", "-c", "print(1)"], timeout=30)
+
+The service knows the caller from the kernel (the socket's peer credentials): nothing the client
+sends says who it is. Errors are the classes of `sandboxer.errors`, rebuilt from the service's
+answer, with the same `.status`. HTTP is the standard library's (`http.client`) on a Unix socket.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket as socketlib
+from collections.abc import Iterator, Sequence
+from types import TracebackType
+from typing import Any
+
+from sandboxer import errors
+from sandboxer.results import Created, Evidence, ExecResult, GcReport, Receipt, SandboxInfo, Stream
+from sandboxer.service import frames
+
+__all__ = ["Client", "ClientExecStream", "ClientSandbox"]
+
+ROOT_SOCKET = "/run/sandboxer/broker.sock"
+
+
+def default_socket() -> str:
+    """SANDBOXER_SOCKET, else root's service socket, else the one in the caller's state dir."""
+    if os.environ.get("SANDBOXER_SOCKET"):
+        return os.environ["SANDBOXER_SOCKET"]
+    if os.geteuid() == 0:
+        return ROOT_SOCKET
+    from sandboxer.dirs import resolve_dirs
+
+    dirs = resolve_dirs(
+        config_dir=None, state_dir=None, environ=os.environ, euid=os.geteuid(), home=os.path.expanduser("~")
+    )
+    return os.path.join(dirs.state, "broker.sock")
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float | None) -> None:
+        super().__init__("sandboxer", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        sock = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self.path)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def _raise_for(document: Any, http_status: int) -> None:
+    """The service's error answer as the error class it names (by status when unknown)."""
+    failure = document.get("error") if isinstance(document, dict) else None
+    if not isinstance(failure, dict):
+        raise errors.BackendError(f"the service answered HTTP {http_status} without an error document")
+    kind = getattr(errors, str(failure.get("kind")), None)
+    status = failure.get("status")
+    by_status = {2: errors.UsageError, 3: errors.PolicyError, 4: errors.NotFoundError, 5: errors.BackendError}
+    by_status |= {6: errors.ResidueError, 75: errors.NotPendingError, 125: errors.ExecError}
+    if not (isinstance(kind, type) and issubclass(kind, errors.SandboxerError)) or kind in (
+        errors.ConfigError,
+        errors.DocumentError,
+    ):
+        kind = by_status.get(status if isinstance(status, int) else 5, errors.BackendError)
+    error = kind(str(failure.get("message")), hint=failure.get("hint"))
+    if isinstance(error, errors.ResidueError) and isinstance(document.get("receipt"), dict):
+        error.receipt = Receipt.from_json(document["receipt"])
+    raise error
+
+
+class Client:
+    """The broker service at `socket` (default: SANDBOXER_SOCKET, root's /run/sandboxer/broker.sock,
+    else the caller's state dir's broker.sock). `timeout` bounds each request but an exec's."""
+
+    def __init__(self, socket: str | None = None, *, timeout: float = 300.0) -> None:
+        self.socket = socket or default_socket()
+        self.timeout = timeout
+
+    def _request(self, method: str, path: str, body: Any = None) -> Any:
+        connection = _UnixConnection(self.socket, self.timeout)
+        try:
+            payload = None if body is None else json.dumps(body).encode()
+            headers = {"Content-Type": "application/json"} if payload is not None else {}
+            try:
+                connection.request(method, path, body=payload, headers=headers)
+                response = connection.getresponse()
+                data = response.read()
+            except OSError as exc:
+                raise errors.BackendError(
+                    f"the broker service at {self.socket} does not answer ({exc.strerror or exc})",
+                    hint="start it: sandboxer serve",
+                ) from None
+        finally:
+            connection.close()
+        try:
+            document = json.loads(data) if data else None
+        except ValueError:
+            raise errors.BackendError(f"the service answered HTTP {response.status} with no JSON") from None
+        if response.status >= 400:
+            _raise_for(document, response.status)
+        return document
+
+    def version(self) -> dict[str, Any]:
+        """The service's version and API version."""
+        result: dict[str, Any] = self._request("GET", "/v1/version")
+        return result
+
+    def create(self, profile: str) -> ClientSandbox:
+        """A new sandbox from the approved `profile`."""
+        return ClientSandbox(self, Created.from_json(self._request("POST", "/v1/sandboxes", {"profile": profile})))
+
+    def sandbox(self, sandbox_id: str) -> ClientSandbox:
+        """The sandbox `sandbox_id` (not checked until it is used)."""
+        return ClientSandbox(self, None, sandbox_id=sandbox_id)
+
+    def list(self) -> list[SandboxInfo]:
+        return [SandboxInfo.from_json(entry) for entry in self._request("GET", "/v1/sandboxes")["sandboxes"]]
+
+    def gc(self) -> GcReport:
+        return GcReport.from_json(self._request("POST", "/v1/gc"))
+
+
+class ClientSandbox:
+    """One live sandbox through the service; as a context manager it is torn down at the end."""
+
+    def __init__(self, client: Client, created: Created | None, *, sandbox_id: str | None = None) -> None:
+        self.client = client
+        self.created = created
+        self.id: str = created.id if created is not None else str(sandbox_id)
+        self._receipt: Receipt | None = None
+
+    def __repr__(self) -> str:
+        return f"ClientSandbox({self.id!r})"
+
+    def __enter__(self) -> ClientSandbox:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.teardown()
+
+    def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes = b"",
+        cwd: str | None = None,
+        timeout: float | None = None,
+        consumer: str | None = None,
+        executable: str | None = None,
+    ) -> ExecResult:
+        """Run `argv` in the sandbox and wait for it: its status and all of its output."""
+        stream = self.exec_stream(argv, stdin=stdin, cwd=cwd, timeout=timeout, consumer=consumer, executable=executable)
+        out: list[bytes] = []
+        err: list[bytes] = []
+        for name, chunk in stream:
+            (out if name == "stdout" else err).append(chunk)
+        return ExecResult(status=int(stream.status or 0), stdout=b"".join(out), stderr=b"".join(err))
+
+    def exec_stream(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes = b"",
+        cwd: str | None = None,
+        timeout: float | None = None,
+        consumer: str | None = None,
+        executable: str | None = None,
+    ) -> ClientExecStream:
+        """Run `argv` and yield its output as it arrives; `.status` once the iteration ended."""
+        options: dict[str, Any] = {"argv": list(argv)}
+        for name, value in (("cwd", cwd), ("timeout", timeout), ("consumer", consumer), ("executable", executable)):
+            if value is not None:
+                options[name] = value
+        return ClientExecStream(self.client, self.id, json.dumps(options).encode() + b"\n" + stdin)
+
+    def inspect(self) -> Evidence:
+        return Evidence.from_json(self.client._request("GET", f"/v1/sandboxes/{self.id}"))
+
+    def teardown(self) -> Receipt:
+        """Remove the sandbox; later calls return the same receipt (ResidueError, 6, on residue)."""
+        if self._receipt is None:
+            self._receipt = Receipt.from_json(self.client._request("DELETE", f"/v1/sandboxes/{self.id}"))
+        return self._receipt
+
+
+class ClientExecStream:
+    """An exec's frames as ("stdout" | "stderr", bytes) pairs; `.status` at the end."""
+
+    def __init__(self, client: Client, sandbox_id: str, body: bytes) -> None:
+        self._client = client
+        self._path = f"/v1/sandboxes/{sandbox_id}/exec"
+        self._body = body
+        self.status: int | None = None
+
+    def __iter__(self) -> Iterator[tuple[Stream, bytes]]:
+        connection = _UnixConnection(self._client.socket, None)  # an exec takes as long as it takes
+        try:
+            try:
+                connection.request("POST", self._path, body=self._body)
+                response = connection.getresponse()
+            except OSError as exc:
+                raise errors.BackendError(f"the broker service does not answer ({exc})") from None
+            if response.status >= 400:
+                data = response.read()
+                _raise_for(json.loads(data) if data else None, response.status)
+            reader = frames.FrameReader()
+            while chunk := response.read1(65536):
+                for kind, payload in reader.feed(chunk):
+                    if kind == frames.END:
+                        self._finish(json.loads(payload))
+                        return
+                    yield ("stdout" if kind == frames.STDOUT else "stderr"), payload
+            raise errors.BackendError("the service ended the exec's stream before its status")
+        finally:
+            connection.close()
+
+    def _finish(self, document: dict[str, Any]) -> None:
+        if "error" in document:
+            _raise_for(document, 500)
+        self.status = int(document["status"])

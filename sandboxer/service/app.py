@@ -1,0 +1,204 @@
+"""The service's HTTP/JSON API (aiohttp): `/v1/...` routes over the core's commands.
+
+Every request is first answered by who is calling (peer.py): owners only, until grants admit
+callers. A route runs the same command the CLI runs (sandboxer.commands), in a worker thread, and
+answers with the same JSON document; an error is `{"error": {kind, message, hint, status}}` with
+the CLI's exit status and an HTTP status for it. Exec answers with a stream of frames
+(frames.py). The routes are listed in openapi.json, which `GET /v1/openapi.json` serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from sandboxer.dirs import Dirs
+from sandboxer.errors import ExecError, ExecUsage, PolicyError, SandboxerError, UsageError
+from sandboxer.service import frames
+from sandboxer.service.peer import is_owner, peer_of
+
+API_DOCUMENT = Path(__file__).with_name("openapi.json")
+MAX_BODY = 16 * 1024 * 1024  # a request body (an exec's stdin) larger than this is refused (413)
+HTTP_STATUS = {2: 400, 3: 403, 4: 404, 5: 500, 6: 409, 75: 409, 125: 500}
+CREATE_FIELDS = {"profile"}
+EXEC_FIELDS = {"argv", "cwd", "timeout", "consumer", "executable"}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_document(error: SandboxerError) -> dict[str, Any]:
+    """An error as the API sends it: the class, the one line, the hint, the CLI's exit status."""
+    return {"kind": type(error).__name__, "message": error.message, "hint": error.hint, "status": error.status}
+
+
+def error_response(error: SandboxerError, **extra: Any) -> web.Response:
+    return web.json_response({"error": error_document(error), **extra}, status=HTTP_STATUS.get(error.status, 500))
+
+
+def make_app(dirs: Dirs) -> web.Application:
+    """The application for one config dir and state dir."""
+
+    @web.middleware
+    async def callers(request: web.Request, handler: Handler) -> web.StreamResponse:
+        sock = request.transport.get_extra_info("socket") if request.transport else None
+        if sock is None:
+            return error_response(PolicyError("the caller's credentials cannot be read"))
+        peer = peer_of(sock)
+        if not is_owner(peer, dirs.config):
+            return error_response(
+                PolicyError(f"uid {peer.uid} is not granted this broker", hint="grants arrive in a later version")
+            )
+        try:
+            return await handler(request)
+        except SandboxerError as exc:
+            return error_response(exc)
+        except web.HTTPRequestEntityTooLarge:
+            return error_response(UsageError(f"the request body is larger than {MAX_BODY} bytes"))
+
+    app = web.Application(middlewares=[callers], client_max_size=MAX_BODY)
+    app["dirs"] = dirs
+    app.router.add_get("/v1/version", version)
+    app.router.add_get("/v1/openapi.json", openapi)
+    app.router.add_get("/v1/sandboxes", list_sandboxes)
+    app.router.add_post("/v1/sandboxes", create)
+    app.router.add_get("/v1/sandboxes/{id}", inspect)
+    app.router.add_delete("/v1/sandboxes/{id}", teardown)
+    app.router.add_post("/v1/sandboxes/{id}/exec", exec_command)
+    app.router.add_post("/v1/gc", gc)
+    return app
+
+
+async def _in_thread(function: Callable[..., Any], *args: Any) -> Any:
+    """A blocking command, off the event loop."""
+    return await asyncio.get_running_loop().run_in_executor(None, function, *args)
+
+
+async def _json_body(request: web.Request, allowed: set[str], required: set[str]) -> dict[str, Any]:
+    """The request's JSON object: no other fields than `allowed`, all of `required`."""
+    try:
+        body = await request.json()
+    except ValueError:
+        raise UsageError("the request body is not JSON") from None
+    return _checked(body, allowed, required)
+
+
+def _checked(body: object, allowed: set[str], required: set[str]) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise UsageError("the request body must be a JSON object")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise UsageError(f"{unknown[0]}: unknown field (allowed: {', '.join(sorted(allowed))})")
+    missing = sorted(required - set(body))
+    if missing:
+        raise UsageError(f"{missing[0]}: required")
+    return body
+
+
+async def version(request: web.Request) -> web.Response:
+    from sandboxer import __version__
+
+    return web.json_response({"version": __version__, "api": "v1"})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.Response(body=API_DOCUMENT.read_bytes(), content_type="application/json")
+
+
+async def list_sandboxes(request: web.Request) -> web.Response:
+    from sandboxer.commands.teardown import list_sandboxes as listing
+
+    return web.json_response(await _in_thread(listing, request.app["dirs"]))
+
+
+async def create(request: web.Request) -> web.Response:
+    from sandboxer.commands.create import create as make
+
+    body = await _json_body(request, CREATE_FIELDS, {"profile"})
+    if not isinstance(body["profile"], str):
+        raise UsageError("profile: must be a profile name")
+    return web.json_response(await _in_thread(make, request.app["dirs"], body["profile"]), status=201)
+
+
+async def inspect(request: web.Request) -> web.Response:
+    from sandboxer.commands.inspect import inspect as observe
+
+    return web.json_response(await _in_thread(observe, request.app["dirs"], request.match_info["id"]))
+
+
+async def teardown(request: web.Request) -> web.Response:
+    from sandboxer.commands.teardown import teardown as remove
+    from sandboxer.errors import ResidueError
+
+    receipt = await _in_thread(remove, request.app["dirs"], request.match_info["id"])
+    if receipt["residue"]:
+        error = ResidueError(f"teardown of {receipt['id']} left residue: {'; '.join(receipt['residue'])}")
+        return error_response(error, receipt=receipt)
+    return web.json_response(receipt)
+
+
+async def gc(request: web.Request) -> web.Response:
+    from sandboxer.commands.teardown import gc as collect
+
+    return web.json_response(await _in_thread(collect, request.app["dirs"]))
+
+
+async def exec_command(request: web.Request) -> web.StreamResponse:
+    """The body is one line of JSON options, then the command's stdin; the answer is frames."""
+    head, _, stdin = (await request.read()).partition(b"\n")
+    try:
+        options = _checked(json.loads(head), EXEC_FIELDS, {"argv"})
+    except ValueError:
+        raise UsageError("exec: the first line of the body must be a JSON object of options") from None
+    argv = options["argv"]
+    if not isinstance(argv, list) or not argv or not all(isinstance(arg, str) for arg in argv):
+        raise UsageError("argv: must be a non-empty list of strings")
+    cli_options = {"id": request.match_info["id"]}
+    for name in ("cwd", "consumer", "executable"):
+        if options.get(name) is not None:
+            cli_options[name] = str(options[name])
+    if options.get("timeout") is not None:
+        cli_options["timeout"] = repr(float(options["timeout"]))
+
+    response = web.StreamResponse(headers={"Content-Type": frames.CONTENT_TYPE})
+    await response.prepare(request)
+    loop = asyncio.get_running_loop()
+    chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    def sink(stream: str, chunk: bytes) -> None:
+        kind = frames.STDOUT if stream == "stdout" else frames.STDERR
+        loop.call_soon_threadsafe(chunks.put_nowait, frames.frame(kind, chunk))
+
+    def run() -> dict[str, Any]:
+        try:
+            return {"status": _execute(request.app["dirs"], cli_options, argv, stdin, sink)}
+        except SandboxerError as exc:
+            return {"error": error_document(exc)}
+        finally:
+            loop.call_soon_threadsafe(chunks.put_nowait, None)
+
+    done = loop.run_in_executor(None, run)
+    while (data := await chunks.get()) is not None:
+        await response.write(data)
+    await response.write(frames.end(await done))
+    await response.write_eof()
+    return response
+
+
+def _execute(dirs: Dirs, options: dict[str, str], argv: list[str], stdin: bytes, sink: Any) -> int:
+    """The CLI's exec with the program's stdio (as the embedded API runs it)."""
+    from sandboxer import fastexec
+    from sandboxer.errors import EntryError
+    from sandboxer.host.stdio import Program
+
+    try:
+        return fastexec.execute(dirs, options, argv, Program(stdin, sink))
+    except ExecUsage as exc:
+        raise ExecError(str(exc)) from None
+    except EntryError as exc:
+        sink("stderr", f"sandboxer: exec: {exc.message}\n".encode())
+        return exc.status

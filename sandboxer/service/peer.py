@@ -1,0 +1,40 @@
+"""Who is calling: the kernel's word for the process at the other end of a Unix socket
+(SO_PEERCRED, read when the connection is accepted; never a header, token or argument), and
+whether that account is one of the broker's owners.
+
+Owners are root and the account that owns the config dir. Every other account is refused until
+grants (an approved owner file naming users, groups and profiles) admit it as a caller.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from dataclasses import dataclass
+
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """The calling process as the kernel reported it when it connected."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+def peer_of(sock: socket.socket) -> Peer:
+    """The credentials of the process that connected `sock`."""
+    pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    return Peer(pid=pid, uid=uid, gid=gid)
+
+
+def is_owner(peer: Peer, config_dir: str) -> bool:
+    """Root, or the account that owns the config dir."""
+    try:
+        owner = os.stat(config_dir).st_uid
+    except OSError:
+        return peer.uid == 0
+    return peer.uid in (0, owner)

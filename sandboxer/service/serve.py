@@ -1,0 +1,134 @@
+"""`sandboxer serve`: one service per state dir, on a Unix socket, in the foreground.
+
+It takes the state dir's service lock first (a second `serve` on the same state dir exits 3),
+then its socket: a socket file nobody answers on (a dead service's) is replaced, one that answers
+is refused (exit 3), and anything else at that path is never touched. The socket is 0666: who
+may do what is decided per connection by the caller's kernel-reported credentials (peer.py),
+never by file modes. SIGTERM or SIGINT stops accepting and ends the open requests; live
+sandboxes keep running, and the next service answers for them from the registry. Logs go to
+stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import stat
+import sys
+import time
+
+from sandboxer.dirs import Dirs
+from sandboxer.errors import PolicyError, UsageError
+from sandboxer.host.registry import Registry, try_lock_file
+
+LOCK_FILE = "service.lock"
+SOCKET_FILE = "broker.sock"
+ROOT_SOCKET = "/run/sandboxer/broker.sock"
+
+
+def default_socket(dirs: Dirs, euid: int) -> str:
+    """Root's service listens at /run/sandboxer/broker.sock, any other's in its state dir."""
+    return ROOT_SOCKET if euid == 0 else os.path.join(dirs.state, SOCKET_FILE)
+
+
+def serve(dirs: Dirs, *, socket_path: str | None, idle_exit: float | None) -> int:
+    """Run the service until SIGTERM/SIGINT (or `idle_exit` seconds without a request)."""
+    path = socket_path or default_socket(dirs, os.geteuid())
+    registry = Registry(dirs.state)
+    registry.ensure()
+    lock = try_lock_file(os.path.join(dirs.state, LOCK_FILE))
+    if lock is None:
+        raise PolicyError(f"a service already answers for the state dir {dirs.state}")
+    try:
+        listener = _listen(path)
+        try:
+            asyncio.run(_run(dirs, listener, idle_exit))
+        finally:
+            listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    finally:
+        os.close(lock)
+    return 0
+
+
+def _listen(path: str) -> socket.socket:
+    """A listening socket at `path`, replacing only a dead service's socket file."""
+    if len(path.encode()) > 107:
+        raise UsageError(f"--socket: {path} is longer than a Unix socket path may be (107 bytes)")
+    try:
+        seen = os.lstat(path)
+    except FileNotFoundError:
+        seen = None
+    if seen is not None:
+        if not stat.S_ISSOCK(seen.st_mode):
+            raise UsageError(f"--socket: {path} exists and is not a socket; it is left alone")
+        if _answers(path):
+            raise PolicyError(f"a service already listens on {path}")
+        os.unlink(path)  # a dead service's socket
+    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(path)
+        os.chmod(path, 0o666)  # noqa: S103 - callers are told apart by their credentials, not modes
+        listener.listen(128)
+    except BaseException:
+        listener.close()
+        raise
+    return listener
+
+
+def _answers(path: str) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+async def _run(dirs: Dirs, listener: socket.socket, idle_exit: float | None) -> None:
+    from aiohttp import web
+
+    from sandboxer.service.app import Handler, make_app
+
+    app = make_app(dirs)
+    last_request = [time.monotonic()]
+    active = [0]
+
+    @web.middleware
+    async def idle_clock(request: web.Request, handler: Handler) -> web.StreamResponse:
+        active[0] += 1
+        try:
+            return await handler(request)
+        finally:
+            active[0] -= 1
+            last_request[0] = time.monotonic()
+
+    app.middlewares.insert(0, idle_clock)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    site = web.SockSite(runner, listener)
+    await site.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    sys.stderr.write(f"sandboxer: serving {dirs.state} on {listener.getsockname()}\n")
+    sys.stderr.flush()
+    try:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+            if idle_exit is not None and not active[0] and time.monotonic() - last_request[0] > idle_exit:
+                sys.stderr.write("sandboxer: idle, exiting\n")
+                break
+    finally:
+        await runner.cleanup()
+    sys.stderr.write("sandboxer: stopped; live sandboxes keep running\n")

@@ -1,0 +1,304 @@
+"""`sandboxer serve` and `sandboxer.Client`: the broker as a service on its Unix socket.
+
+Real services (the CLI's `serve`, as the broker's user), real sandboxes on every backend, real
+accounts: the caller is whoever the kernel says is at the other end of the socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandboxer import Broker, Client
+from sandboxer.errors import ExecError, NotFoundError, SandboxerError, UsageError
+from tests.integration.conftest import UNPRIVILEGED_UID, SandboxBroker
+
+OTHER_ACCOUNT = "sbxsvcother"
+
+
+class Service:
+    """One `sandboxer serve` process for a broker's directories."""
+
+    def __init__(self, broker: SandboxBroker, socket_path: Path) -> None:
+        self.broker = broker
+        self.socket = socket_path
+        self.log = broker.root / f"serve-{time.monotonic_ns()}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Service:
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                self.broker.argv("serve", "--socket", str(self.socket)),
+                stdout=log,
+                stderr=log,
+                env=self.broker.env(),
+            )
+        deadline = time.monotonic() + 20
+        while not _answers(self.socket):
+            assert self.process.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, "the service never answered"
+            time.sleep(0.05)
+        return self
+
+    def stop(self, signum: int = signal.SIGTERM) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+        return self.process.wait(timeout=30)
+
+
+def _answers(path: Path) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+def _socket_dir(broker: SandboxBroker) -> Path:
+    directory = broker.root / "svc"
+    directory.mkdir(exist_ok=True)
+    directory.chmod(0o755)  # any account may reach the socket: the service tells callers apart
+    if broker.as_user:
+        os.chown(directory, UNPRIVILEGED_UID, UNPRIVILEGED_UID)  # the service's own account makes it
+    return directory
+
+
+@pytest.fixture
+def service(sbx: SandboxBroker) -> Iterator[Service]:
+    started = Service(sbx, _socket_dir(sbx) / "broker.sock").start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def test_the_client_drives_a_whole_sandbox_life(service: Service) -> None:
+    client = Client(str(service.socket))
+    assert client.version()["api"] == "v1"
+    with client.create(service.broker.profile) as sandbox:
+        result = sandbox.exec(["sh", "-c", "cat; echo warning >&2; exit 3"], stdin=b"hello\n")
+        assert (result.status, result.stdout, result.stderr) == (3, b"hello\n", b"warning\n")
+        stream = sandbox.exec_stream(["sh", "-c", "for i in 1 2 3; do echo $i; done; echo done >&2"])
+        chunks = list(stream)
+        assert b"".join(c for s, c in chunks if s == "stdout") == b"1\n2\n3\n"
+        assert ("stderr", b"done\n") in chunks
+        assert stream.status == 0
+        assert sandbox.exec(["pwd"], cwd="/workspace").stdout == b"/workspace\n"
+        assert sandbox.exec(["no-such-program"]).status == 127
+        assert sandbox.exec(["sleep", "30"], timeout=0.5).status == 124
+        evidence = sandbox.inspect()
+        assert evidence.matches_plan is True, evidence.differences
+        assert [(i.id, i.status) for i in client.list()] == [(sandbox.id, "running")]
+    assert sandbox.teardown().residue == ()
+    assert client.list() == []
+    with pytest.raises(ExecError) as gone:
+        sandbox.exec(["true"])
+    assert gone.value.status == 125
+    with pytest.raises(NotFoundError):
+        sandbox.inspect()
+    assert not (service.broker.state / "sandboxes" / sandbox.id).exists()
+
+
+def test_the_client_and_the_embedded_broker_answer_alike(sb_root: SandboxBroker) -> None:
+    """One sandbox, the same execs through the service and in-process."""
+    started = Service(sb_root, _socket_dir(sb_root) / "broker.sock").start()
+    try:
+        client = Client(str(started.socket))
+        broker = Broker(config_dir=str(sb_root.config), state_dir=str(sb_root.state))
+        with client.create(sb_root.profile) as through_service:
+            embedded = broker.sandbox(through_service.id)
+            for argv, options in (
+                (["sh", "-c", "echo out; echo err >&2; exit 7"], {}),
+                (["cat"], {"stdin": b"x" * 300_000}),
+                (["pwd"], {"cwd": "/workspace"}),
+                (["/nonexistent"], {}),
+            ):
+                assert through_service.exec(argv, **options) == embedded.exec(argv, **options)
+            assert through_service.inspect().matches_plan == embedded.inspect().matches_plan is True
+    finally:
+        started.stop()
+
+
+def test_a_second_service_for_the_same_state_dir_refuses(sb_root: SandboxBroker) -> None:
+    first = Service(sb_root, _socket_dir(sb_root) / "one.sock").start()
+    try:
+        second = sb_root.run("serve", "--socket", str(_socket_dir(sb_root) / "two.sock"), timeout=30)
+        assert second.status == 3, second
+        assert "a service already answers for the state dir" in second.stderr
+        assert Client(str(first.socket)).list() == []
+    finally:
+        first.stop()
+
+
+def test_a_dead_services_socket_is_replaced_and_nothing_else_at_the_path(sb_root: SandboxBroker) -> None:
+    path = _socket_dir(sb_root) / "broker.sock"
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(path))
+    dead.close()  # its file stays behind, as a killed service's does
+    started = Service(sb_root, path).start()
+    assert Client(str(path)).list() == []
+    started.stop()
+    assert not path.exists()
+
+    path.write_text("not a socket")
+    refused = sb_root.run("serve", "--socket", str(path), timeout=30)
+    assert refused.status == 2, refused
+    assert "exists and is not a socket" in refused.stderr
+    assert path.read_text() == "not a socket"
+
+
+def test_a_live_service_is_never_replaced(sb_root: SandboxBroker) -> None:
+    path = _socket_dir(sb_root) / "broker.sock"
+    other = make_other_state(sb_root)
+    first = Service(sb_root, path).start()
+    try:
+        dirs = ["--config-dir", str(sb_root.config), "--state-dir", str(other)]
+        refused = subprocess.run(
+            [sys.executable, "-m", "sandboxer", *dirs, "serve", "--socket", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert refused.returncode == 3, refused.stderr
+        assert "a service already listens on" in refused.stderr
+        assert Client(str(path)).list() == []
+    finally:
+        first.stop()
+
+
+def make_other_state(broker: SandboxBroker) -> Path:
+    other = broker.root / "other-state"
+    other.mkdir(mode=0o700)
+    return other
+
+
+def test_sigterm_leaves_sandboxes_running_for_the_next_service(sbx: SandboxBroker) -> None:
+    path = _socket_dir(sbx) / "broker.sock"
+    first = Service(sbx, path).start()
+    sandbox = Client(str(path)).create(sbx.profile)
+    assert first.stop(signal.SIGTERM) == 0
+    assert "live sandboxes keep running" in first.log.read_text()
+    assert not path.exists()
+    assert sbx.exec(sandbox.id, "true").status == 0  # still running, without any service
+    second = Service(sbx, path).start()
+    try:
+        client = Client(str(path))
+        assert [(i.id, i.status) for i in client.list()] == [(sandbox.id, "running")]
+        assert client.sandbox(sandbox.id).exec(["echo", "adopted"]).stdout == b"adopted\n"
+        assert client.sandbox(sandbox.id).teardown().residue == ()
+    finally:
+        second.stop()
+
+
+@pytest.fixture(scope="module")
+def other_account() -> Iterator[pwd.struct_passwd]:
+    """A real account that owns nothing of the broker (removed afterwards)."""
+    if os.geteuid() != 0:
+        pytest.skip("creating a test account needs root (CI runs as root)")
+    subprocess.run(["userdel", OTHER_ACCOUNT], capture_output=True, check=False)
+    subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", OTHER_ACCOUNT], check=True
+    )
+    try:
+        yield pwd.getpwnam(OTHER_ACCOUNT)
+    finally:
+        subprocess.run(["userdel", OTHER_ACCOUNT], check=False)
+
+
+def _as_account(account: pwd.struct_passwd, code: str) -> subprocess.CompletedProcess[str]:
+    ids = [str(account.pw_uid), str(account.pw_gid)]
+    argv = ["setpriv", "--reuid", ids[0], "--regid", ids[1], "--clear-groups", "--", sys.executable, "-c", code]
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/", "LANG": "C.UTF-8", "PYTHONPATH": str(Path(__file__).parents[2])}
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+
+
+def test_an_account_that_is_not_an_owner_is_refused_by_its_credentials(
+    sb_root: SandboxBroker, other_account: pwd.struct_passwd
+) -> None:
+    started = Service(sb_root, _socket_dir(sb_root) / "broker.sock").start()
+    try:
+        sandbox = Client(str(started.socket)).create(sb_root.profile)
+        code = (
+            "import json, sys\n"
+            "from sandboxer import Client\n"
+            "from sandboxer.errors import SandboxerError\n"
+            f"client = Client({str(started.socket)!r})\n"
+            "seen = {}\n"
+            "for name, call in (('list', client.list), ('create', lambda: client.create('any')),\n"
+            f"                   ('exec', lambda: client.sandbox({sandbox.id!r}).exec(['true'])),\n"
+            f"                   ('teardown', lambda: client.sandbox({sandbox.id!r}).teardown())):\n"
+            "    try:\n"
+            "        call(); seen[name] = 'allowed'\n"
+            "    except SandboxerError as exc:\n"
+            "        seen[name] = [type(exc).__name__, exc.status, exc.message]\n"
+            "print(json.dumps(seen))\n"
+        )
+        done = _as_account(other_account, code)
+        assert done.returncode == 0, done.stderr
+        seen = json.loads(done.stdout)
+        refusal = ["PolicyError", 3, f"uid {other_account.pw_uid} is not granted this broker"]
+        assert seen == {"list": refusal, "create": refusal, "exec": refusal, "teardown": refusal}
+        assert sb_root.exec(sandbox.id, "true").status == 0  # untouched
+        assert Client(str(started.socket)).sandbox(sandbox.id).teardown().residue == ()
+    finally:
+        started.stop()
+
+
+def _raw(path: Path, request: bytes) -> tuple[int, dict[str, object]]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(str(path))
+        with contextlib.suppress(BrokenPipeError):  # it stopped reading an oversized body: the answer is there
+            sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), json.loads(body)
+
+
+def test_bad_requests_get_one_clear_error_and_nothing_is_made(sb_root: SandboxBroker) -> None:
+    started = Service(sb_root, _socket_dir(sb_root) / "broker.sock").start()
+    try:
+        client = Client(str(started.socket))
+        with pytest.raises(UsageError) as unknown:
+            client._request("POST", "/v1/sandboxes", {"profile": sb_root.profile, "privileged": True})
+        assert unknown.value.message.startswith("privileged: unknown field")
+        with pytest.raises(SandboxerError) as unknown_profile:
+            client.create("no-such-profile")
+        assert unknown_profile.value.status == sb_root.run("create", "--profile", "no-such-profile").status
+        status, document = _raw(
+            started.socket,
+            b"POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\n{nope",
+        )
+        assert status == 400
+        assert document["error"] == {
+            "kind": "UsageError",
+            "message": "the request body is not JSON",
+            "hint": None,
+            "status": 2,
+        }
+        huge = 17 * 1024 * 1024
+        head = f"POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nContent-Length: {huge}\r\nConnection: close\r\n\r\n"
+        status, document = _raw(started.socket, head.encode() + b" " * huge)
+        assert status == 400
+        assert "larger than" in str(document["error"])
+        assert client.list() == []
+        assert sorted(os.listdir(sb_root.state / "sandboxes")) in ([], [".lock"])
+    finally:
+        started.stop()
