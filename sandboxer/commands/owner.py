@@ -65,7 +65,7 @@ def list_entries(dirs: Dirs) -> dict[str, Any]:
     names = present_names(dirs.config)
     for name in names:
         raw = None
-        entry: dict[str, Any] = {"name": name, "kind": "extension" if name.startswith("ext.") else "profile"}
+        entry: dict[str, Any] = {"name": name, "kind": _kind(name)}
         try:
             raw = read_owner_file(dirs.config, name)
             entry["file"] = raw.path
@@ -73,10 +73,7 @@ def list_entries(dirs: Dirs) -> dict[str, Any]:
             entry["valid"] = True
             entry["problem"] = None
         except SandboxerError as exc:
-            entry.setdefault(
-                "file",
-                os.path.join(dirs.config, "profiles" if entry["kind"] == "profile" else "extensions", f"{name}.yaml"),
-            )
+            entry.setdefault("file", os.path.join(dirs.config, validate_name(name)))
             entry["valid"] = False
             entry["problem"] = exc.message
         sha = None if raw is None else _sha256(raw.data)
@@ -90,7 +87,7 @@ def list_entries(dirs: Dirs) -> dict[str, Any]:
         entries.append(
             {
                 "name": name,
-                "kind": "extension" if name.startswith("ext.") else "profile",
+                "kind": _kind(name),
                 "file": None,
                 "valid": False,
                 "problem": "file is missing",
@@ -101,6 +98,12 @@ def list_entries(dirs: Dirs) -> dict[str, Any]:
             }
         )
     return {"config_dir": dirs.config, "entries": entries}
+
+
+def _kind(name: str) -> str:
+    from sandboxer.core.config_types import GRANTS_NAME
+
+    return "extension" if name.startswith("ext.") else GRANTS_NAME if name == GRANTS_NAME else "profile"
 
 
 def _sha256(data: bytes) -> str:

@@ -18,8 +18,11 @@ from sandboxer.core.config_types import (
     DEFAULT_PIDS,
     DEFAULT_WORKSPACE_MIB,
     EXTENSIONS,
+    GRANTS_NAME,
     ExtensionConfig,
     ExtensionName,
+    Grant,
+    GrantsFile,
     Limits,
     OwnerFile,
     Profile,
@@ -201,6 +204,8 @@ def _parse_profile(doc: _Doc, root: YNode, digest: str) -> Profile:
         PROFILE_NAME,
         "must be 1-63 of a-z 0-9 _ - starting with a letter or digit",
     )
+    if name == GRANTS_NAME:
+        raise doc.fail(top["profile"].mark, "profile", f"{GRANTS_NAME} is reserved for grants.yaml")
     doc.own_name(top["profile"], "profile", name)
     extension = doc.extension_name(top["extension"], "extension")
     workspace = doc.mapping(top["workspace"], "workspace", ("repository", "ref"))
@@ -280,15 +285,57 @@ def parse_owner_file(data: bytes, file: str, *, expected_name: str | None = None
     doc = _Doc(file, expected_name)
     if isinstance(root, YMap) and "profile" in set(root.keys()):
         return _parse_profile(doc, root, digest)
+    if isinstance(root, YMap) and GRANTS_NAME in set(root.keys()):
+        return _parse_grants(doc, root, digest)
     return _parse_extension(doc, root, digest)
+
+
+ACCOUNT_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")  # a POSIX account or group name (useradd's rule)
+MAX_SANDBOXES_RANGE = (1, 1000)
+MAX_TTL_RANGE = (60, 30 * 24 * 3600)
+
+
+def _parse_grants(doc: _Doc, root: YNode, digest: str) -> GrantsFile:
+    """grants.yaml: a list of entries, each naming users and/or groups, their profiles, limits."""
+    if doc.expected_name is not None and doc.expected_name != GRANTS_NAME:
+        raise doc.fail(root.mark, GRANTS_NAME, f"belongs in {GRANTS_NAME}.yaml, not a {doc.expected_name} file")
+    top = doc.mapping(root, "", (GRANTS_NAME,))
+
+    def account(node: YNode, path: str) -> str:
+        return doc.string(node, path, ACCOUNT_NAME, "must be an account name (a-z 0-9 _ -, at most 32)")
+
+    def profile(node: YNode, path: str) -> str:
+        return doc.string(node, path, PROFILE_NAME, "must be a profile name (a-z 0-9 _ -)")
+
+    def entry(node: YNode, path: str) -> Grant:
+        body = doc.mapping(node, path, ("profiles", "max_sandboxes", "max_ttl_seconds"), ("users", "groups"))
+        users = doc.sequence(body["users"], f"{path}.users", account) if "users" in body else ()
+        groups = doc.sequence(body["groups"], f"{path}.groups", account) if "groups" in body else ()
+        if not users and not groups:
+            raise doc.fail(node.mark, f"{path}.users", "an entry names at least one user or group")
+        profiles = doc.sequence(body["profiles"], f"{path}.profiles", profile)
+        if not profiles:
+            raise doc.fail(body["profiles"].mark, f"{path}.profiles", "must name at least one profile")
+        return Grant(
+            users=users,
+            groups=groups,
+            profiles=profiles,
+            max_sandboxes=doc.integer(body["max_sandboxes"], f"{path}.max_sandboxes", MAX_SANDBOXES_RANGE),
+            max_ttl_seconds=doc.integer(body["max_ttl_seconds"], f"{path}.max_ttl_seconds", MAX_TTL_RANGE),
+        )
+
+    return GrantsFile(grants=doc.sequence(top[GRANTS_NAME], GRANTS_NAME, entry), file_sha256=digest)
 
 
 def validate_name(name: str) -> str:
     """Check an approval NAME and return the config-relative file it stands for."""
     if name in EXTENSIONS:
         return f"extensions/{name}.yaml"
+    if name == GRANTS_NAME:
+        return f"{GRANTS_NAME}.yaml"
     if PROFILE_NAME.fullmatch(name):
         return f"profiles/{name}.yaml"
     raise UsageError(
-        f"{name!r} is not a configuration name: use {' or '.join(EXTENSIONS)} or a profile name (a-z 0-9 _ -)"
+        f"{name!r} is not a configuration name: use {' or '.join(EXTENSIONS)}, {GRANTS_NAME} or a profile name"
+        " (a-z 0-9 _ -)"
     )

@@ -77,11 +77,57 @@ class Profile:
     security: Security = Security()
 
 
-OwnerFile = ExtensionConfig | Profile
+GRANTS_NAME = "grants"  # <config-dir>/grants.yaml, approved as `sandboxer ext approve grants`
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Grant:
+    """One entry of grants.yaml: these accounts (by user or group name) may create these profiles,
+    with at most `max_sandboxes` live at once and lifetimes no longer than `max_ttl_seconds`."""
+
+    users: tuple[str, ...]
+    groups: tuple[str, ...]
+    profiles: tuple[str, ...]
+    max_sandboxes: int
+    max_ttl_seconds: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GrantsFile:
+    """`grants.yaml`: which accounts other than the owners may call the broker (docs/service.md)."""
+
+    grants: tuple[Grant, ...]
+    file_sha256: str
+
+
+OwnerFile = ExtensionConfig | Profile | GrantsFile
+
+
+def owner_file_name(item: OwnerFile) -> str:
+    """The name an owner file is approved under."""
+    if isinstance(item, Profile):
+        return item.name
+    if isinstance(item, GrantsFile):
+        return GRANTS_NAME
+    return item.extension
 
 
 def meaning(item: OwnerFile) -> dict[str, Any]:
     """The normalized meaning of a valid owner file, shaped like the file, defaults filled in."""
+    if isinstance(item, GrantsFile):
+        return {
+            "kind": GRANTS_NAME,
+            "grants": [
+                {
+                    "users": list(grant.users),
+                    "groups": list(grant.groups),
+                    "profiles": list(grant.profiles),
+                    "max_sandboxes": grant.max_sandboxes,
+                    "max_ttl_seconds": grant.max_ttl_seconds,
+                }
+                for grant in item.grants
+            ],
+        }
     if isinstance(item, Profile):
         return {
             "kind": "profile",
@@ -107,6 +153,20 @@ def meaning(item: OwnerFile) -> dict[str, Any]:
 
 def from_meaning(document: dict[str, Any], file_sha256: str) -> OwnerFile:
     """Rebuild a parsed owner file from `meaning()` output (the broker's own parse cache)."""
+    if document["kind"] == GRANTS_NAME:
+        return GrantsFile(
+            grants=tuple(
+                Grant(
+                    users=tuple(str(u) for u in entry["users"]),
+                    groups=tuple(str(g) for g in entry["groups"]),
+                    profiles=tuple(str(p) for p in entry["profiles"]),
+                    max_sandboxes=int(entry["max_sandboxes"]),
+                    max_ttl_seconds=int(entry["max_ttl_seconds"]),
+                )
+                for entry in document["grants"]
+            ),
+            file_sha256=file_sha256,
+        )
     if document["kind"] == "profile":
         limits = document["limits"]
         return Profile(

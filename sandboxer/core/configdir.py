@@ -13,7 +13,17 @@ from typing import Any
 
 from sandboxer.core.config import PROFILE_NAME, parse_owner_file
 from sandboxer.core.config import validate_name as file_for_name
-from sandboxer.core.config_types import EXTENSIONS, ExtensionConfig, OwnerFile, Profile, from_meaning, meaning
+from sandboxer.core.config_types import (
+    EXTENSIONS,
+    GRANTS_NAME,
+    ExtensionConfig,
+    GrantsFile,
+    OwnerFile,
+    Profile,
+    from_meaning,
+    meaning,
+    owner_file_name,
+)
 from sandboxer.core.yamlstrict import MAX_FILE_BYTES
 from sandboxer.errors import PolicyError, SandboxerError, UsageError
 from sandboxer.host.fsutil import atomic_write, ensure_private_dir
@@ -73,7 +83,7 @@ def load_owner_file(raw: OwnerFileBytes, *, cache_dir: str | None = None) -> Own
         if cached is not None:
             with contextlib.suppress(KeyError, TypeError, ValueError):  # written by an older broker
                 item = from_meaning(cached, digest)
-        if item is not None and (item.name if isinstance(item, Profile) else item.extension) == raw.name:
+        if item is not None and owner_file_name(item) == raw.name:
             return item
     item = parse_owner_file(raw.data, raw.path, expected_name=raw.name)
     if cache_dir is not None:
@@ -101,7 +111,7 @@ def _cached_meaning(cache_dir: str, digest: str) -> dict[str, Any] | None:
 
 def load_profile(config_dir: str, name: str, *, cache_dir: str | None = None) -> tuple[OwnerFileBytes, Profile]:
     """Read and parse a profile by name."""
-    if name in EXTENSIONS or not PROFILE_NAME.fullmatch(name):
+    if name in EXTENSIONS or name == GRANTS_NAME or not PROFILE_NAME.fullmatch(name):
         raise UsageError(f"--profile: {name!r} is not a profile name (a-z 0-9 _ -)")
     raw = read_owner_file(config_dir, name)
     parsed = load_owner_file(raw, cache_dir=cache_dir)
@@ -121,8 +131,19 @@ def load_extension(
     return raw, parsed
 
 
+def load_grants(config_dir: str, *, cache_dir: str | None = None) -> tuple[OwnerFileBytes, GrantsFile] | None:
+    """Read and parse grants.yaml; None when there is none."""
+    if not os.path.lexists(os.path.join(config_dir, f"{GRANTS_NAME}.yaml")):
+        return None
+    raw = read_owner_file(config_dir, GRANTS_NAME)
+    parsed = load_owner_file(raw, cache_dir=cache_dir)
+    if not isinstance(parsed, GrantsFile):
+        raise UsageError(f"{raw.path}: is not a grants file")
+    return raw, parsed
+
+
 def present_names(config_dir: str) -> list[str]:
-    """Names of the extension configs and profiles present, extensions first, each sorted."""
+    """Names of the owner files present: extensions, grants, then profiles, each sorted."""
     names: list[str] = []
     for sub in ("extensions", "profiles"):
         try:
@@ -133,8 +154,10 @@ def present_names(config_dir: str) -> list[str]:
             raise PolicyError(f"{config_dir}/{sub}: cannot be listed ({exc.strerror})") from None
         stems = [f.removesuffix(".yaml") for f in files if f.endswith(".yaml")]
         names.extend(stem for stem in stems if (stem in EXTENSIONS) == (sub == "extensions") and _is_name(stem))
+        if sub == "extensions" and os.path.lexists(os.path.join(config_dir, f"{GRANTS_NAME}.yaml")):
+            names.append(GRANTS_NAME)
     return names
 
 
 def _is_name(stem: str) -> bool:
-    return stem in EXTENSIONS or PROFILE_NAME.fullmatch(stem) is not None
+    return stem in EXTENSIONS or (stem != GRANTS_NAME and PROFILE_NAME.fullmatch(stem) is not None)
