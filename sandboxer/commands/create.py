@@ -19,10 +19,16 @@ if TYPE_CHECKING:
 
 
 def create(
-    dirs: Dirs, profile_name: str, *, manifest_path: str | None = None, bootstrap_path: str | None = None
+    dirs: Dirs,
+    profile_name: str,
+    *,
+    manifest_path: str | None = None,
+    bootstrap_path: str | None = None,
+    caller_uid: int | None = None,
 ) -> dict[str, Any]:
     """Create a sandbox from an approved profile (a lease manifest, a runtime bootstrap);
-    nothing is left behind if any step fails."""
+    nothing is left behind if any step fails. `caller_uid`: the account a service creates it
+    for, which alone (with the owners) may use it then."""
     from sandboxer.core.plan import WORKSPACE_TARGET
 
     request = CreateRequest(dirs, profile_name, manifest_path, bootstrap_path)
@@ -44,6 +50,7 @@ def create(
         created_at=now_text(),
         owner_pid=os.getpid(),
         owner_start=procs.start_time(os.getpid()),
+        caller_uid=caller_uid,
         warm_profile=bool(warm_count),  # its teardown tops the profile's warm sandboxes up
     )
     try:

@@ -190,6 +190,7 @@ class SandboxRecord:
     created_at: str
     owner_pid: int | None = None  # the broker process that created it, with its start time
     owner_start: int | None = None
+    caller_uid: int | None = None  # the account a service created it for (None: the broker's own)
     warm_profile: bool = False  # its teardown tops the profile's warm sandboxes up
     consumed: bool = False  # torn down after its assignment was used: materializations go too
     workspace_fs: WorkspaceFs | None = None
@@ -221,6 +222,8 @@ class SandboxRecord:
             "owner_start": self.owner_start,
             "warm_profile": self.warm_profile,
         }
+        if self.caller_uid is not None:
+            data["caller_uid"] = self.caller_uid
         if self.consumed:
             data["consumed"] = True
         for name, part in (

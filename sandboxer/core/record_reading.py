@@ -49,6 +49,7 @@ def read_record(data: object) -> SandboxRecord:
         created_at=top.text("created_at"),
         owner_pid=top.maybe_int("owner_pid"),
         owner_start=top.maybe_int("owner_start"),
+        caller_uid=top.maybe_int("caller_uid"),
         warm_profile=top.flag("warm_profile"),
         consumed=top.flag("consumed"),
         workspace_fs=top.part("workspace_fs", _workspace_fs),
@@ -65,7 +66,8 @@ def read_record(data: object) -> SandboxRecord:
 
 
 _TOP_KEYS = {
-    "format", "id", "profile", "backend", "state", "created_at", "owner_pid", "owner_start", "warm_profile",
+    "format", "id", "profile", "backend", "state", "created_at", "owner_pid", "owner_start", "caller_uid",
+    "warm_profile",
     "consumed", "workspace_fs", "manifest", "bootstrap", "limits", "seccomp", "image", "container_id", "warm",
 }  # fmt: skip
 _PLAN_KEYS = {"uid", "gid", "host_uid", "host_gid", "env", "runtime_path", "runtime_sha256", "allow_ptrace", "mounts"}

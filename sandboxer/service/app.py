@@ -20,6 +20,7 @@ from aiohttp import web
 from sandboxer.dirs import Dirs
 from sandboxer.errors import ExecError, ExecUsage, PolicyError, SandboxerError, UsageError
 from sandboxer.service import frames
+from sandboxer.service.grants import Rights, peer_groups, rights_of
 from sandboxer.service.peer import is_owner, peer_of
 
 API_DOCUMENT = Path(__file__).with_name("openapi.json")
@@ -49,10 +50,14 @@ def make_app(dirs: Dirs) -> web.Application:
         if sock is None:
             return error_response(PolicyError("the caller's credentials cannot be read"))
         peer = peer_of(sock)
+        rights = None
         if not is_owner(peer, dirs.config):
-            return error_response(
-                PolicyError(f"uid {peer.uid} is not granted this broker", hint="grants arrive in a later version")
-            )
+            rights = await _in_thread(rights_of, peer, peer_groups(sock, peer), dirs)
+            if rights is None:
+                return error_response(
+                    PolicyError(f"uid {peer.uid} is not granted this broker", hint="an owner grants it in grants.yaml")
+                )
+        request["rights"] = rights  # None: an owner, who may do everything
         try:
             return await handler(request)
         except SandboxerError as exc:
@@ -62,6 +67,7 @@ def make_app(dirs: Dirs) -> web.Application:
 
     app = web.Application(middlewares=[callers], client_max_size=MAX_BODY)
     app["dirs"] = dirs
+    app["create_lock"] = asyncio.Lock()  # a caller's count of live sandboxes, then its create
     app.router.add_get("/v1/version", version)
     app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_get("/v1/sandboxes", list_sandboxes)
@@ -112,28 +118,79 @@ async def openapi(request: web.Request) -> web.Response:
 async def list_sandboxes(request: web.Request) -> web.Response:
     from sandboxer.commands.teardown import list_sandboxes as listing
 
-    return web.json_response(await _in_thread(listing, request.app["dirs"]))
+    document = await _in_thread(listing, request.app["dirs"])
+    rights: Rights | None = request["rights"]
+    if rights is not None:
+        own = set(await _in_thread(_sandboxes_of, request.app["dirs"], rights.uid))
+        document["sandboxes"] = [entry for entry in document["sandboxes"] if entry["id"] in own]
+    return web.json_response(document)
+
+
+def _sandboxes_of(dirs: Dirs, uid: int) -> list[str]:
+    """The live sandboxes a caller created (through this or an earlier service)."""
+    from sandboxer.host.registry import Registry
+
+    registry = Registry(dirs.state)
+    found = []
+    for sandbox_id in registry.ids():
+        record = registry.read_or_none(sandbox_id)
+        if record is not None and record.caller_uid == uid and not record.hidden and record.state != "failed":
+            found.append(sandbox_id)
+    return found
+
+
+def _require_own(request: web.Request, unknown: SandboxerError) -> None:
+    """A granted caller may use its own sandboxes only; any other answers as an unknown id does."""
+    from sandboxer.host.registry import Registry, check_id
+
+    rights: Rights | None = request["rights"]
+    if rights is None:
+        return
+    from sandboxer.errors import NotFoundError
+
+    try:
+        sandbox_id = check_id(request.match_info["id"])
+    except NotFoundError:
+        return  # a malformed id: the command's own answer, the same for everyone
+    record = Registry(request.app["dirs"].state).read_or_none(sandbox_id)
+    if record is None or record.caller_uid != rights.uid:
+        raise unknown
 
 
 async def create(request: web.Request) -> web.Response:
     from sandboxer.commands.create import create as make
 
     body = await _json_body(request, CREATE_FIELDS, {"profile"})
-    if not isinstance(body["profile"], str):
+    profile = body["profile"]
+    if not isinstance(profile, str):
         raise UsageError("profile: must be a profile name")
-    return web.json_response(await _in_thread(make, request.app["dirs"], body["profile"]), status=201)
+    dirs = request.app["dirs"]
+    rights: Rights | None = request["rights"]
+    if rights is None:
+        return web.json_response(await _in_thread(make, dirs, profile), status=201)
+    limit = rights.limit_for(profile)
+    if limit is None:
+        raise PolicyError(f"profile {profile[:64]!r} is not granted to uid {rights.uid}")
+    async with request.app["create_lock"]:
+        if len(await _in_thread(_sandboxes_of, dirs, rights.uid)) >= limit:
+            raise PolicyError(f"uid {rights.uid} has its {limit} live sandboxes (max_sandboxes)")
+        created = await _in_thread(lambda: make(dirs, profile, caller_uid=rights.uid))
+    return web.json_response(created, status=201)
 
 
 async def inspect(request: web.Request) -> web.Response:
     from sandboxer.commands.inspect import inspect as observe
+    from sandboxer.errors import NotFoundError
 
+    await _in_thread(_require_own, request, NotFoundError(f"no such sandbox: {request.match_info['id']}"))
     return web.json_response(await _in_thread(observe, request.app["dirs"], request.match_info["id"]))
 
 
 async def teardown(request: web.Request) -> web.Response:
     from sandboxer.commands.teardown import teardown as remove
-    from sandboxer.errors import ResidueError
+    from sandboxer.errors import NotFoundError, ResidueError
 
+    await _in_thread(_require_own, request, NotFoundError(f"no such sandbox: {request.match_info['id']}"))
     receipt = await _in_thread(remove, request.app["dirs"], request.match_info["id"])
     if receipt["residue"]:
         error = ResidueError(f"teardown of {receipt['id']} left residue: {'; '.join(receipt['residue'])}")
@@ -144,6 +201,8 @@ async def teardown(request: web.Request) -> web.Response:
 async def gc(request: web.Request) -> web.Response:
     from sandboxer.commands.teardown import gc as collect
 
+    if request["rights"] is not None:
+        raise PolicyError("gc is for the broker's owners")
     return web.json_response(await _in_thread(collect, request.app["dirs"]))
 
 
@@ -157,6 +216,8 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
     argv = options["argv"]
     if not isinstance(argv, list) or not argv or not all(isinstance(arg, str) for arg in argv):
         raise UsageError("argv: must be a non-empty list of strings")
+    sandbox_id = request.match_info["id"]
+    await _in_thread(_require_own, request, ExecError(f"exec: no such sandbox: {sandbox_id}"))
     cli_options = {"id": request.match_info["id"]}
     for name in ("cwd", "consumer", "executable"):
         if options.get(name) is not None:

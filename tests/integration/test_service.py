@@ -25,6 +25,7 @@ from sandboxer.errors import ExecError, NotFoundError, SandboxerError, UsageErro
 from tests.integration.conftest import UNPRIVILEGED_UID, SandboxBroker
 
 OTHER_ACCOUNT = "sbxsvcother"
+CALLER_A, CALLER_B, CALLER_GROUP = "sbxsvca", "sbxsvcb", "sbxsvcgrp"
 
 
 class Service:
@@ -221,9 +222,11 @@ def other_account() -> Iterator[pwd.struct_passwd]:
         subprocess.run(["userdel", OTHER_ACCOUNT], check=False)
 
 
-def _as_account(account: pwd.struct_passwd, code: str) -> subprocess.CompletedProcess[str]:
+def _as_account(account: pwd.struct_passwd, code: str, *, groups: bool = False) -> subprocess.CompletedProcess[str]:
+    """`code` run by the account: its own uid and gid, and its supplementary groups with `groups`."""
     ids = [str(account.pw_uid), str(account.pw_gid)]
-    argv = ["setpriv", "--reuid", ids[0], "--regid", ids[1], "--clear-groups", "--", sys.executable, "-c", code]
+    group_option = "--init-groups" if groups else "--clear-groups"
+    argv = ["setpriv", "--reuid", ids[0], "--regid", ids[1], group_option, "--", sys.executable, "-c", code]
     env = {"PATH": "/usr/bin:/bin", "HOME": "/", "LANG": "C.UTF-8", "PYTHONPATH": str(Path(__file__).parents[2])}
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
 
@@ -300,5 +303,130 @@ def test_bad_requests_get_one_clear_error_and_nothing_is_made(sb_root: SandboxBr
         assert "larger than" in str(document["error"])
         assert client.list() == []
         assert sorted(os.listdir(sb_root.state / "sandboxes")) in ([], [".lock"])
+    finally:
+        started.stop()
+
+
+@pytest.fixture(scope="module")
+def callers() -> Iterator[tuple[pwd.struct_passwd, pwd.struct_passwd]]:
+    """Two real accounts, A and B (B in a group of its own making), removed afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("creating test accounts needs root (CI runs as root)")
+    for name in (CALLER_A, CALLER_B):
+        subprocess.run(["userdel", name], capture_output=True, check=False)
+    subprocess.run(["groupdel", CALLER_GROUP], capture_output=True, check=False)
+    subprocess.run(["groupadd", "--system", CALLER_GROUP], check=True)
+    for name, extra in ((CALLER_A, []), (CALLER_B, ["--groups", CALLER_GROUP])):
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", *extra, name], check=True
+        )
+    try:
+        yield pwd.getpwnam(CALLER_A), pwd.getpwnam(CALLER_B)
+    finally:
+        for name in (CALLER_A, CALLER_B):
+            subprocess.run(["userdel", name], check=False)
+        subprocess.run(["groupdel", CALLER_GROUP], check=False)
+
+
+DRIVER = """
+import json, sys
+from sandboxer import Client
+from sandboxer.errors import SandboxerError
+client = Client(sys.argv[1])
+results = []
+for op, *args in json.loads(sys.argv[2]):
+    try:
+        if op == "list":
+            results.append([item.id for item in client.list()])
+        elif op == "create":
+            results.append(client.create(args[0]).id)
+        elif op == "exec":
+            r = client.sandbox(args[0]).exec(args[1])
+            results.append([r.status, r.stdout.decode(), r.stderr.decode()])
+        elif op == "inspect":
+            results.append(client.sandbox(args[0]).inspect().matches_plan)
+        elif op == "teardown":
+            results.append(list(client.sandbox(args[0]).teardown().residue))
+        elif op == "gc":
+            results.append(client.gc().healthy)
+    except SandboxerError as exc:
+        results.append([type(exc).__name__, exc.status, exc.message])
+print(json.dumps(results))
+"""
+
+
+def _drive(account: pwd.struct_passwd, service: Service, *ops: list[object], groups: bool = False) -> list[object]:
+    done = _as_account(
+        account,
+        DRIVER.replace("sys.argv[1]", repr(str(service.socket))).replace("sys.argv[2]", repr(json.dumps(ops))),
+        groups=groups,
+    )
+    assert done.returncode == 0, done.stderr
+    results: list[object] = json.loads(done.stdout)
+    return results
+
+
+def test_grants_admit_a_caller_to_its_profiles_and_to_its_own_sandboxes_only(
+    sb_root: SandboxBroker, callers: tuple[pwd.struct_passwd, pwd.struct_passwd]
+) -> None:
+    a, b = callers
+    grants = sb_root.config / "grants.yaml"
+    entry_a = f"  - users: [{a.pw_name}]\n    profiles: [{sb_root.profile}]\n"
+    entry_a += "    max_sandboxes: 1\n    max_ttl_seconds: 3600\n"
+    grants.write_text("grants:\n" + entry_a)
+    started = Service(sb_root, _socket_dir(sb_root) / "broker.sock").start()
+    owner = Client(str(started.socket))
+    try:
+        refused_a = ["PolicyError", 3, f"uid {a.pw_uid} is not granted this broker"]
+        assert _drive(a, started, ["list"]) == [refused_a]  # written, not yet approved
+        assert sb_root.run("ext", "approve", "grants").status == 0
+
+        created = _drive(a, started, ["create", sb_root.profile], ["list"])
+        mine = str(created[0])
+        assert created[1] == [mine]
+        assert _drive(a, started, ["exec", mine, ["sh", "-c", "echo hi; id -u"]])[0][:2] == [0, "hi\n1000\n"]
+        assert _drive(a, started, ["create", sb_root.profile], ["create", "other-profile"], ["gc"]) == [
+            ["PolicyError", 3, f"uid {a.pw_uid} has its 1 live sandboxes (max_sandboxes)"],
+            ["PolicyError", 3, f"profile 'other-profile' is not granted to uid {a.pw_uid}"],
+            ["PolicyError", 3, "gc is for the broker's owners"],
+        ]
+
+        # The owner's sandbox, and one that does not exist, answer A alike: nothing leaks.
+        theirs = owner.create(sb_root.profile).id
+        unknown = "0123456789abcdef01234567"
+        ops = [["inspect", "ID"], ["exec", "ID", ["true"]], ["teardown", "ID"]]
+        seen = {
+            name: json.loads(
+                json.dumps(_drive(a, started, *[[*op[:1], sandbox, *op[2:]] for op in ops])).replace(sandbox, "ID")
+            )
+            for name, sandbox in (("theirs", theirs), ("unknown", unknown))
+        }
+        assert seen["theirs"] == seen["unknown"]
+        assert seen["theirs"][0] == ["NotFoundError", 4, "no such sandbox: ID"]
+        assert seen["theirs"][1] == ["ExecError", 125, "exec: no such sandbox: ID"]
+        assert sb_root.exec(theirs, "true").status == 0  # untouched
+        assert _drive(a, started, ["list"]) == [[mine]]
+        assert sorted(item.id for item in owner.list()) == sorted([mine, theirs])  # owners see everything
+
+        assert (
+            _drive(b, started, ["list"], ["create", sb_root.profile])
+            == [["PolicyError", 3, f"uid {b.pw_uid} is not granted this broker"]] * 2
+        )
+
+        # One byte more and nobody is granted until an owner approves the new bytes; then B is,
+        # through a group the kernel reports for its connection.
+        entry_group = f"  - groups: [{CALLER_GROUP}]\n    profiles: [{sb_root.profile}]\n"
+        entry_group += "    max_sandboxes: 2\n    max_ttl_seconds: 3600\n"
+        grants.write_text("grants:\n" + entry_a + entry_group)
+        assert _drive(a, started, ["list"]) == [refused_a]
+        assert _drive(b, started, ["list"], groups=True)[0][:2] == ["PolicyError", 3]
+        assert sb_root.run("ext", "approve", "grants").status == 0
+        assert _drive(a, started, ["list"]) == [[mine]]
+        assert _drive(b, started, ["list"], groups=True) == [[]]
+        assert _drive(b, started, ["list"], groups=False)[0][:2] == ["PolicyError", 3]  # not without the group
+
+        assert _drive(a, started, ["teardown", mine]) == [[]]
+        assert owner.sandbox(theirs).teardown().residue == ()
+        assert owner.list() == []
     finally:
         started.stop()

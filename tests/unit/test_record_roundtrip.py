@@ -82,6 +82,7 @@ records = st.builds(
     created_at=text,
     owner_pid=maybe_number,
     owner_start=maybe_number,
+    caller_uid=maybe_number,
     warm_profile=st.booleans(),
     consumed=st.booleans(),
     workspace_fs=st.none() | st.builds(WorkspaceFs, mib=number, enforced=st.booleans(), kind=maybe_text),

@@ -1,0 +1,84 @@
+"""What a caller other than the owners may do: the entries of grants.yaml that name its account
+or one of its groups — as the kernel reports them for the connection (SO_PEERCRED for the uid,
+SO_PEERGROUPS for the groups) — while grants.yaml is approved with its current bytes.
+
+The file is read and its approval checked again on every request: a byte changed revokes every
+caller at once, until an owner approves the new bytes. A create is admitted under the entries
+that grant its profile; its limit is the largest of theirs (each entry is a grant the owner made).
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import socket
+import struct
+from dataclasses import dataclass
+
+from sandboxer.core.config_types import GRANTS_NAME, Grant
+from sandboxer.dirs import Dirs
+from sandboxer.service.peer import Peer
+
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13; the Python module may lack the name
+MAX_GROUPS = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class Rights:
+    """A granted caller: its uid and the grant entries that name it."""
+
+    uid: int
+    entries: tuple[Grant, ...]
+
+    def limit_for(self, profile: str) -> int | None:
+        """The most live sandboxes this caller may have when creating `profile`; None: not granted."""
+        limits = [entry.max_sandboxes for entry in self.entries if profile in entry.profiles]
+        return max(limits) if limits else None
+
+
+def peer_groups(sock: socket.socket, peer: Peer) -> set[int]:
+    """The connecting process's groups as the kernel has them (its primary gid included)."""
+    size = 256
+    while True:
+        try:
+            data = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * size)
+        except OSError as exc:
+            if exc.errno == 34 and size < MAX_GROUPS:  # ERANGE: more groups than room
+                size *= 4
+                continue
+            return {peer.gid}
+        return {peer.gid, *struct.unpack(f"{len(data) // 4}I", data)}
+
+
+def rights_of(peer: Peer, groups: set[int], dirs: Dirs) -> Rights | None:
+    """The caller's rights, or None when no approved grant names it."""
+    from sandboxer.core.approvals import Ledger, Status
+    from sandboxer.core.configdir import load_grants
+    from sandboxer.errors import SandboxerError
+
+    try:
+        loaded = load_grants(dirs.config, cache_dir=os.path.join(dirs.state, "parsed"))
+        if loaded is None:
+            return None
+        _, grants = loaded
+        if Ledger(dirs.config).status(GRANTS_NAME, grants.file_sha256) is not Status.APPROVED:
+            return None
+    except (SandboxerError, OSError):
+        return None  # an invalid or unreadable grants file admits nobody
+    try:
+        user = pwd.getpwuid(peer.uid).pw_name
+    except KeyError:
+        user = None
+    group_names = set()
+    for gid in groups:
+        try:
+            group_names.add(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            continue
+    entries = tuple(
+        entry
+        for entry in grants.grants
+        if (user is not None and user in entry.users) or group_names & set(entry.groups)
+    )
+    return Rights(uid=peer.uid, entries=entries) if entries else None
