@@ -20,6 +20,7 @@ from aiohttp import web
 from sandboxer.dirs import Dirs
 from sandboxer.errors import ExecError, ExecUsage, PolicyError, SandboxerError, UsageError
 from sandboxer.service import frames
+from sandboxer.service.audit import AuditLog
 from sandboxer.service.grants import Rights, peer_groups, rights_of
 from sandboxer.service.peer import is_owner, peer_of
 
@@ -54,28 +55,43 @@ def make_app(dirs: Dirs) -> web.Application:
         if not is_owner(peer, dirs.config):
             rights = await _in_thread(rights_of, peer, peer_groups(sock, peer), dirs)
             if rights is None:
-                return error_response(
-                    PolicyError(f"uid {peer.uid} is not granted this broker", hint="an owner grants it in grants.yaml")
+                hint = "an owner grants it in grants.yaml"
+                refusal = PolicyError(f"uid {peer.uid} is not granted this broker", hint=hint)
+                await _in_thread(
+                    lambda: audit.record(
+                        uid=peer.uid, pid=peer.pid, verb="refused", sandbox=None, outcome="PolicyError", status=3
+                    )
                 )
+                return error_response(refusal)
         request["rights"] = rights  # None: an owner, who may do everything
+        response: web.StreamResponse
         try:
-            return await handler(request)
+            response = await handler(request)
+            outcome, status = "ok", request.get("exit_status", 0)
         except SandboxerError as exc:
-            return error_response(exc)
+            response, outcome, status = error_response(exc), type(exc).__name__, exc.status
         except web.HTTPRequestEntityTooLarge:
-            return error_response(UsageError(f"the request body is larger than {MAX_BODY} bytes"))
+            error = UsageError(f"the request body is larger than {MAX_BODY} bytes")
+            response, outcome, status = error_response(error), type(error).__name__, error.status
+        verb = request.match_info.route.name or "unknown"
+        sandbox = request.get("sandbox_id") or request.match_info.get("id")
+        await _in_thread(
+            lambda: audit.record(uid=peer.uid, pid=peer.pid, verb=verb, sandbox=sandbox, outcome=outcome, status=status)
+        )
+        return response
 
+    audit = AuditLog(dirs.state)
     app = web.Application(middlewares=[callers], client_max_size=MAX_BODY)
     app["dirs"] = dirs
     app["create_lock"] = asyncio.Lock()  # a caller's count of live sandboxes, then its create
-    app.router.add_get("/v1/version", version)
-    app.router.add_get("/v1/openapi.json", openapi)
-    app.router.add_get("/v1/sandboxes", list_sandboxes)
-    app.router.add_post("/v1/sandboxes", create)
-    app.router.add_get("/v1/sandboxes/{id}", inspect)
-    app.router.add_delete("/v1/sandboxes/{id}", teardown)
-    app.router.add_post("/v1/sandboxes/{id}/exec", exec_command)
-    app.router.add_post("/v1/gc", gc)
+    app.router.add_get("/v1/version", version, name="version")
+    app.router.add_get("/v1/openapi.json", openapi, name="openapi")
+    app.router.add_get("/v1/sandboxes", list_sandboxes, name="list")
+    app.router.add_post("/v1/sandboxes", create, name="create")
+    app.router.add_get("/v1/sandboxes/{id}", inspect, name="inspect")
+    app.router.add_delete("/v1/sandboxes/{id}", teardown, name="teardown")
+    app.router.add_post("/v1/sandboxes/{id}/exec", exec_command, name="exec")
+    app.router.add_post("/v1/gc", gc, name="gc")
     return app
 
 
@@ -167,7 +183,9 @@ async def create(request: web.Request) -> web.Response:
     dirs = request.app["dirs"]
     rights: Rights | None = request["rights"]
     if rights is None:
-        return web.json_response(await _in_thread(make, dirs, profile), status=201)
+        created = await _in_thread(make, dirs, profile)
+        request["sandbox_id"] = created["id"]
+        return web.json_response(created, status=201)
     limit = rights.limit_for(profile)
     if limit is None:
         raise PolicyError(f"profile {profile[:64]!r} is not granted to uid {rights.uid}")
@@ -175,6 +193,7 @@ async def create(request: web.Request) -> web.Response:
         if len(await _in_thread(_sandboxes_of, dirs, rights.uid)) >= limit:
             raise PolicyError(f"uid {rights.uid} has its {limit} live sandboxes (max_sandboxes)")
         created = await _in_thread(lambda: make(dirs, profile, caller_uid=rights.uid))
+    request["sandbox_id"] = created["id"]
     return web.json_response(created, status=201)
 
 
@@ -245,7 +264,9 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
     done = loop.run_in_executor(None, run)
     while (data := await chunks.get()) is not None:
         await response.write(data)
-    await response.write(frames.end(await done))
+    result = await done
+    request["exit_status"] = result.get("status", result.get("error", {}).get("status"))
+    await response.write(frames.end(result))
     await response.write_eof()
     return response
 

@@ -430,3 +430,36 @@ def test_grants_admit_a_caller_to_its_profiles_and_to_its_own_sandboxes_only(
         assert owner.list() == []
     finally:
         started.stop()
+
+
+def test_the_audit_log_names_who_did_what_and_never_what_they_sent(
+    sb_root: SandboxBroker, other_account: pwd.struct_passwd
+) -> None:
+    canary = "CANARY-" + os.urandom(6).hex()
+    started = Service(sb_root, _socket_dir(sb_root) / "broker.sock").start()
+    try:
+        client = Client(str(started.socket))
+        sandbox = client.create(sb_root.profile)
+        assert sandbox.exec(["sh", "-c", f"echo {canary}; exit 4"], stdin=canary.encode()).status == 4
+        with pytest.raises(NotFoundError):
+            client.sandbox("0" * 24).inspect()
+        listing = f"Client({str(started.socket)!r}).list()"
+        _as_account(other_account, f"from sandboxer import Client\ntry:\n    {listing}\nexcept Exception:\n    pass\n")
+        sandbox.teardown()
+    finally:
+        started.stop()
+    log = sb_root.state / "audit.log"
+    assert log.stat().st_mode & 0o777 == 0o600
+    text = log.read_text()
+    assert canary not in text
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert all(set(line) == {"time", "uid", "pid", "verb", "sandbox", "outcome", "status"} for line in lines)
+    seen = [(line["uid"], line["verb"], line["sandbox"], line["outcome"], line["status"]) for line in lines]
+    assert seen == [
+        (0, "create", sandbox.id, "ok", 0),
+        (0, "exec", sandbox.id, "ok", 4),
+        (0, "inspect", "0" * 24, "NotFoundError", 4),
+        (other_account.pw_uid, "refused", None, "PolicyError", 3),
+        (0, "teardown", sandbox.id, "ok", 0),
+    ]
+    assert all(line["pid"] > 0 for line in lines)
