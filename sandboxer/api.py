@@ -66,12 +66,14 @@ class Broker:
     def state_dir(self) -> str:
         return self.dirs.state
 
-    def create(self, profile: str, *, manifest: str | None = None, bootstrap: str | None = None) -> Sandbox:
+    def create(
+        self, profile: str, *, manifest: str | None = None, bootstrap: str | None = None, ttl: float | None = None
+    ) -> Sandbox:
         """A new sandbox from the approved `profile` (with a lease manifest and a runtime
         bootstrap file, by path, if given). Nothing is left behind when it fails."""
         from sandboxer.commands.create import create
 
-        document = create(self.dirs, profile, manifest_path=manifest, bootstrap_path=bootstrap)
+        document = create(self.dirs, profile, manifest_path=manifest, bootstrap_path=bootstrap, ttl=ttl)
         return Sandbox(self, Created.from_json(document))
 
     def sandbox(self, sandbox_id: str) -> Sandbox:

@@ -32,6 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("--profile", required=True, help="an approved profile name")
     create.add_argument("--manifest", help="a lease manifest (docs/manifest.md)")
     create.add_argument("--bootstrap", help="a runtime bootstrap file (docs/bootstrap.md)")
+    create.add_argument("--ttl", type=float, help="seconds until a running service tears it down (docs/service.md)")
     inspect = commands.add_parser("inspect", help="evidence observed from a live sandbox")
     inspect.add_argument("id", metavar="ID")
     commands.add_parser("list", help="list the sandboxes of this state dir")
@@ -58,7 +59,9 @@ def _run(args: argparse.Namespace, dirs: Dirs) -> None:
         case "create":
             from sandboxer.commands.create import create
 
-            result = create(dirs, args.profile, manifest_path=args.manifest, bootstrap_path=args.bootstrap)
+            result = create(
+                dirs, args.profile, manifest_path=args.manifest, bootstrap_path=args.bootstrap, ttl=args.ttl
+            )
             print_result(result, result["id"], args.json)
         case "inspect":
             from sandboxer.commands.inspect import inspect

@@ -118,9 +118,12 @@ class Client:
         result: dict[str, Any] = self._request("GET", "/v1/version")
         return result
 
-    def create(self, profile: str) -> ClientSandbox:
-        """A new sandbox from the approved `profile`."""
-        return ClientSandbox(self, Created.from_json(self._request("POST", "/v1/sandboxes", {"profile": profile})))
+    def create(self, profile: str, *, ttl: float | None = None) -> ClientSandbox:
+        """A new sandbox from the approved `profile`; the service tears it down after `ttl` seconds."""
+        body: dict[str, Any] = {"profile": profile}
+        if ttl is not None:
+            body["ttl"] = ttl
+        return ClientSandbox(self, Created.from_json(self._request("POST", "/v1/sandboxes", body)))
 
     def sandbox(self, sandbox_id: str) -> ClientSandbox:
         """The sandbox `sandbox_id` (not checked until it is used)."""

@@ -149,6 +149,7 @@ class SandboxInfo:
     backend: str | None
     status: str  # running, dead, creating, tearing-down, failed, unknown
     created_at: str | None
+    expires_at: str | None = None  # when the service tears it down (create --ttl)
 
     @classmethod
     def from_json(cls, document: Mapping[str, Any]) -> SandboxInfo:
@@ -158,6 +159,7 @@ class SandboxInfo:
             backend=document["backend"],
             status=document["status"],
             created_at=document["created_at"],
+            expires_at=document.get("expires_at"),
         )
 
 

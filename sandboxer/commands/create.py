@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from sandboxer.commands.making import CreateRequest, clone_workspace, deliver_requested, plan_for
-from sandboxer.core.record import SandboxRecord, WorkspaceFs, now_text
-from sandboxer.errors import SandboxerError
+from sandboxer.core.record import SandboxRecord, WorkspaceFs, expiry_text, now_text
+from sandboxer.errors import SandboxerError, UsageError
 from sandboxer.host import procs
 from sandboxer.host.destroy import destroy
 from sandboxer.host.registry import Registry
+
+MIN_TTL, MAX_TTL = 1, 30 * 24 * 3600  # create --ttl, in seconds
 
 if TYPE_CHECKING:
     from sandboxer.dirs import Dirs
@@ -25,10 +28,14 @@ def create(
     manifest_path: str | None = None,
     bootstrap_path: str | None = None,
     caller_uid: int | None = None,
+    ttl: float | None = None,
 ) -> dict[str, Any]:
     """Create a sandbox from an approved profile (a lease manifest, a runtime bootstrap);
     nothing is left behind if any step fails. `caller_uid`: the account a service creates it
-    for, which alone (with the owners) may use it then."""
+    for, which alone (with the owners) may use it then. `ttl`: seconds until the service tears
+    it down (create --ttl)."""
+    if ttl is not None and not MIN_TTL <= ttl <= MAX_TTL:
+        raise UsageError(f"--ttl: must be between {MIN_TTL} and {MAX_TTL} seconds")
     from sandboxer.core.plan import WORKSPACE_TARGET
 
     request = CreateRequest(dirs, profile_name, manifest_path, bootstrap_path)
@@ -51,6 +58,7 @@ def create(
         owner_pid=os.getpid(),
         owner_start=procs.start_time(os.getpid()),
         caller_uid=caller_uid,
+        expires_at=None if ttl is None else time.time() + ttl,
         warm_profile=bool(warm_count),  # its teardown tops the profile's warm sandboxes up
     )
     try:
@@ -80,6 +88,8 @@ def create(
         "workspace": WORKSPACE_TARGET,
         "limits": record.limits.mechanism if record.limits else None,
     }
+    if record.expires_at is not None:
+        result["expires_at"] = expiry_text(record.expires_at)
     if request.assignment is not None:
         manifest = request.assignment.manifest
         result["manifest"] = {"run_id": manifest.run_id, "leases": len(manifest.leases)}

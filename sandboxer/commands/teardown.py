@@ -8,6 +8,7 @@ import os
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from sandboxer.core.record import expiry_text
 from sandboxer.errors import BackendError, NotFoundError, ResidueError, SandboxerError
 from sandboxer.host.destroy import destroy
 from sandboxer.host.registry import Registry, check_id
@@ -65,7 +66,14 @@ def list_sandboxes(dirs: Dirs) -> dict[str, Any]:
         record = registry.read_or_none(sandbox_id)
         if record is None:
             entries.append(
-                {"id": sandbox_id, "profile": None, "backend": None, "status": "unknown", "created_at": None}
+                {
+                    "id": sandbox_id,
+                    "profile": None,
+                    "backend": None,
+                    "status": "unknown",
+                    "created_at": None,
+                    "expires_at": None,
+                }
             )
             continue
         if record.hidden:
@@ -81,6 +89,7 @@ def list_sandboxes(dirs: Dirs) -> dict[str, Any]:
                 "backend": record.backend,
                 "status": status,
                 "created_at": record.created_at,
+                "expires_at": None if record.expires_at is None else expiry_text(record.expires_at),
             }
         )
     return {"sandboxes": entries}

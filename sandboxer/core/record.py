@@ -191,6 +191,7 @@ class SandboxRecord:
     owner_pid: int | None = None  # the broker process that created it, with its start time
     owner_start: int | None = None
     caller_uid: int | None = None  # the account a service created it for (None: the broker's own)
+    expires_at: float | None = None  # POSIX time its lifetime ends (create --ttl): the service tears it down
     warm_profile: bool = False  # its teardown tops the profile's warm sandboxes up
     consumed: bool = False  # torn down after its assignment was used: materializations go too
     workspace_fs: WorkspaceFs | None = None
@@ -224,6 +225,8 @@ class SandboxRecord:
         }
         if self.caller_uid is not None:
             data["caller_uid"] = self.caller_uid
+        if self.expires_at is not None:
+            data["expires_at"] = self.expires_at
         if self.consumed:
             data["consumed"] = True
         for name, part in (
@@ -281,6 +284,13 @@ class SandboxRecord:
 
 
 HIDDEN_STATES = ("warming", "warm")  # started ahead, not yet any caller's sandbox
+
+
+def expiry_text(moment: float) -> str:
+    """A lifetime's end as list and create show it: UTC, to the second."""
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def now_text() -> str:

@@ -50,6 +50,7 @@ def read_record(data: object) -> SandboxRecord:
         owner_pid=top.maybe_int("owner_pid"),
         owner_start=top.maybe_int("owner_start"),
         caller_uid=top.maybe_int("caller_uid"),
+        expires_at=top.maybe_number("expires_at"),
         warm_profile=top.flag("warm_profile"),
         consumed=top.flag("consumed"),
         workspace_fs=top.part("workspace_fs", _workspace_fs),
@@ -67,7 +68,7 @@ def read_record(data: object) -> SandboxRecord:
 
 _TOP_KEYS = {
     "format", "id", "profile", "backend", "state", "created_at", "owner_pid", "owner_start", "caller_uid",
-    "warm_profile",
+    "expires_at", "warm_profile",
     "consumed", "workspace_fs", "manifest", "bootstrap", "limits", "seccomp", "image", "container_id", "warm",
 }  # fmt: skip
 _PLAN_KEYS = {"uid", "gid", "host_uid", "host_gid", "env", "runtime_path", "runtime_sha256", "allow_ptrace", "mounts"}
@@ -116,6 +117,10 @@ class _Reader:
     def maybe_int(self, key: str) -> int | None:
         value = self.typed(key, int, optional=True)
         return None if value is None else int(value)
+
+    def maybe_number(self, key: str) -> float | None:
+        value = self.typed(key, (int, float), optional=True)
+        return None if value is None else float(value)
 
     def flag(self, key: str) -> bool:
         return bool(self.typed(key, bool, optional=True))

@@ -27,7 +27,7 @@ from sandboxer.service.peer import is_owner, peer_of
 API_DOCUMENT = Path(__file__).with_name("openapi.json")
 MAX_BODY = 16 * 1024 * 1024  # a request body (an exec's stdin) larger than this is refused (413)
 HTTP_STATUS = {2: 400, 3: 403, 4: 404, 5: 500, 6: 409, 75: 409, 125: 500}
-CREATE_FIELDS = {"profile"}
+CREATE_FIELDS = {"profile", "ttl"}
 EXEC_FIELDS = {"argv", "cwd", "timeout", "consumer", "executable"}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -83,6 +83,7 @@ def make_app(dirs: Dirs) -> web.Application:
     audit = AuditLog(dirs.state)
     app = web.Application(middlewares=[callers], client_max_size=MAX_BODY)
     app["dirs"] = dirs
+    app["audit"] = audit
     app["create_lock"] = asyncio.Lock()  # a caller's count of live sandboxes, then its create
     app.router.add_get("/v1/version", version, name="version")
     app.router.add_get("/v1/openapi.json", openapi, name="openapi")
@@ -177,22 +178,28 @@ async def create(request: web.Request) -> web.Response:
     from sandboxer.commands.create import create as make
 
     body = await _json_body(request, CREATE_FIELDS, {"profile"})
-    profile = body["profile"]
+    profile, ttl = body["profile"], body.get("ttl")
     if not isinstance(profile, str):
         raise UsageError("profile: must be a profile name")
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)):
+        raise UsageError("ttl: must be a number of seconds")
     dirs = request.app["dirs"]
     rights: Rights | None = request["rights"]
     if rights is None:
-        created = await _in_thread(make, dirs, profile)
+        created = await _in_thread(lambda: make(dirs, profile, ttl=ttl))
         request["sandbox_id"] = created["id"]
         return web.json_response(created, status=201)
     limit = rights.limit_for(profile)
-    if limit is None:
+    ceiling = rights.ttl_ceiling_for(profile)
+    if limit is None or ceiling is None:
         raise PolicyError(f"profile {profile[:64]!r} is not granted to uid {rights.uid}")
+    if ttl is not None and ttl > ceiling:
+        raise PolicyError(f"ttl: {ttl:g} seconds is past the granted ceiling of {ceiling} (max_ttl_seconds)")
+    ttl = ceiling if ttl is None else ttl  # a caller's sandbox always ends
     async with request.app["create_lock"]:
         if len(await _in_thread(_sandboxes_of, dirs, rights.uid)) >= limit:
             raise PolicyError(f"uid {rights.uid} has its {limit} live sandboxes (max_sandboxes)")
-        created = await _in_thread(lambda: make(dirs, profile, caller_uid=rights.uid))
+        created = await _in_thread(lambda: make(dirs, profile, caller_uid=rights.uid, ttl=ttl))
     request["sandbox_id"] = created["id"]
     return web.json_response(created, status=201)
 

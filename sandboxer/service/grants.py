@@ -36,6 +36,11 @@ class Rights:
         limits = [entry.max_sandboxes for entry in self.entries if profile in entry.profiles]
         return max(limits) if limits else None
 
+    def ttl_ceiling_for(self, profile: str) -> int | None:
+        """The longest lifetime this caller's sandbox of `profile` may have; None: not granted."""
+        ceilings = [entry.max_ttl_seconds for entry in self.entries if profile in entry.profiles]
+        return max(ceilings) if ceilings else None
+
 
 def peer_groups(sock: socket.socket, peer: Peer) -> set[int]:
     """The connecting process's groups as the kernel has them (its primary gid included)."""

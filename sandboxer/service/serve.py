@@ -97,6 +97,7 @@ async def _run(dirs: Dirs, listener: socket.socket, idle_exit: float | None) -> 
     from aiohttp import web
 
     from sandboxer.service.app import Handler, make_app
+    from sandboxer.service.lifetimes import REAP_EVERY, reap
 
     app = make_app(dirs)
     last_request = [time.monotonic()]
@@ -125,7 +126,8 @@ async def _run(dirs: Dirs, listener: socket.socket, idle_exit: float | None) -> 
     try:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=1.0)
+                await asyncio.wait_for(stop.wait(), timeout=REAP_EVERY)
+            await loop.run_in_executor(None, reap, dirs, app["audit"])
             if idle_exit is not None and not active[0] and time.monotonic() - last_request[0] > idle_exit:
                 sys.stderr.write("sandboxer: idle, exiting\n")
                 break

@@ -339,7 +339,7 @@ for op, *args in json.loads(sys.argv[2]):
         if op == "list":
             results.append([item.id for item in client.list()])
         elif op == "create":
-            results.append(client.create(args[0]).id)
+            results.append(client.create(args[0], ttl=args[1] if len(args) > 1 else None).id)
         elif op == "exec":
             r = client.sandbox(args[0]).exec(args[1])
             results.append([r.status, r.stdout.decode(), r.stderr.decode()])
@@ -463,3 +463,41 @@ def test_the_audit_log_names_who_did_what_and_never_what_they_sent(
         (0, "teardown", sandbox.id, "ok", 0),
     ]
     assert all(line["pid"] > 0 for line in lines)
+
+
+def test_a_sandbox_ends_with_its_ttl_and_a_callers_ttl_with_its_grant(
+    sb_root: SandboxBroker, callers: tuple[pwd.struct_passwd, pwd.struct_passwd]
+) -> None:
+    a, _ = callers
+    grants = f"grants:\n  - users: [{a.pw_name}]\n    profiles: [{sb_root.profile}]\n"
+    (sb_root.config / "grants.yaml").write_text(grants + "    max_sandboxes: 3\n    max_ttl_seconds: 3600\n")
+    assert sb_root.run("ext", "approve", "grants").status == 0
+    started = Service(sb_root, _socket_dir(sb_root) / "broker.sock").start()
+    try:
+        client = Client(str(started.socket))
+        short = client.create(sb_root.profile, ttl=2)
+        lasting = client.create(sb_root.profile)
+        listed = {item.id: item.expires_at for item in client.list()}
+        assert listed[lasting.id] is None
+        assert listed[short.id] is not None
+        deadline = time.monotonic() + 20
+        while short.id in {item.id for item in client.list()}:
+            assert time.monotonic() < deadline, "the expired sandbox was not torn down"
+            time.sleep(0.2)
+        assert not (sb_root.state / "sandboxes" / short.id).exists()
+        assert [item.id for item in client.list()] == [lasting.id]
+        expiries = [
+            line
+            for line in map(json.loads, (sb_root.state / "audit.log").read_text().splitlines())
+            if line["verb"] == "expire"
+        ]
+        assert [(line["sandbox"], line["outcome"], line["status"]) for line in expiries] == [(short.id, "ok", 0)]
+
+        too_long, granted = _drive(a, started, ["create", sb_root.profile, 7200], ["create", sb_root.profile])
+        assert too_long == ["PolicyError", 3, "ttl: 7200 seconds is past the granted ceiling of 3600 (max_ttl_seconds)"]
+        entries = {item.id: item.expires_at for item in client.list()}
+        assert entries[str(granted)] is not None  # a caller's sandbox always ends
+        client.sandbox(str(granted)).teardown()
+        lasting.teardown()
+    finally:
+        started.stop()
