@@ -19,12 +19,14 @@ import socket
 import stat
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from sandboxer.dirs import Dirs
 from sandboxer.errors import PolicyError, UsageError
 from sandboxer.host.registry import Registry, try_lock_file
 
 LOCK_FILE = "service.lock"
+WORKERS = 256  # requests the service works on at once (each exec holds one while it runs)
 SOCKET_FILE = "broker.sock"
 ROOT_SOCKET = "/run/sandboxer/broker.sock"
 
@@ -113,12 +115,15 @@ async def _run(dirs: Dirs, listener: socket.socket, idle_exit: float | None) -> 
             last_request[0] = time.monotonic()
 
     app.middlewares.insert(0, idle_clock)
+    # Every command runs in a worker thread, an exec for as long as its command runs: the default
+    # pool (a handful of threads on a small machine) would let a few long execs starve the rest.
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="sandboxer"))
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
     site = web.SockSite(runner, listener)
     await site.start()
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     sys.stderr.write(f"sandboxer: serving {dirs.state} on {listener.getsockname()}\n")

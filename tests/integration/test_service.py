@@ -501,3 +501,59 @@ def test_a_sandbox_ends_with_its_ttl_and_a_callers_ttl_with_its_grant(
         lasting.teardown()
     finally:
         started.stop()
+
+
+def test_many_waiting_execs_do_not_starve_another(sb_root: SandboxBroker) -> None:
+    """Twelve execs wait for a file only a thirteenth creates: it must get to run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    started = Service(sb_root, _socket_dir(sb_root) / "broker.sock").start()
+    try:
+        client = Client(str(started.socket))
+        with client.create(sb_root.profile) as sandbox:
+            loop = "n=0; while [ ! -e /workspace/go ] && [ $n -lt 600 ]; do sleep 0.05; n=$((n+1)); done"
+            wait = ["sh", "-c", loop + "; ls /workspace/go"]
+            with ThreadPoolExecutor(max_workers=12) as pool:
+                waiting = [pool.submit(sandbox.exec, wait) for _ in range(12)]
+                time.sleep(0.5)
+                assert sandbox.exec(["touch", "/workspace/go"]).status == 0
+                results = [future.result(timeout=60) for future in waiting]
+            assert [(r.status, r.stdout) for r in results] == [(0, b"/workspace/go\n")] * 12
+    finally:
+        started.stop()
+
+
+def test_a_service_killed_mid_create_leaves_nothing_gc_cannot_finish(sb_root: SandboxBroker) -> None:
+    import threading
+
+    path = _socket_dir(sb_root) / "broker.sock"
+    first = Service(sb_root, path).start()
+    outcome: list[object] = []
+    creating = threading.Thread(target=lambda: outcome.append(_create_or_error(Client(str(path)), sb_root.profile)))
+    creating.start()
+    deadline = time.monotonic() + 20
+    while not list((sb_root.state / "sandboxes").glob("*/record.json")):  # the create is under way
+        assert time.monotonic() < deadline, "no create started"
+        time.sleep(0.005)
+    first.stop(signal.SIGKILL)
+    creating.join(timeout=60)
+    assert path.exists()  # a killed service leaves its socket file behind
+    collected = sb_root.run("gc", "--json")
+    assert collected.status == 0, collected
+    assert json.loads(collected.stdout)["collected"] or (outcome and not isinstance(outcome[0], Exception))
+    second = Service(sb_root, path).start()  # the dead socket is replaced
+    try:
+        client = Client(str(path))
+        for item in client.list():
+            client.sandbox(item.id).teardown()
+        assert client.list() == []
+        assert sorted(p.name for p in (sb_root.state / "sandboxes").iterdir()) == [".lock"]
+    finally:
+        second.stop()
+
+
+def _create_or_error(client: Client, profile: str) -> object:
+    try:
+        return client.create(profile).id
+    except SandboxerError as exc:
+        return exc
