@@ -16,18 +16,25 @@ if TYPE_CHECKING:
     from sandboxer.results import Stream
 
 TIMED_OUT = 124  # the status of an exec whose --timeout expired
+CALLER_GONE = 128 + 9  # the status of an exec killed because its caller went away
+CANCEL_POLL = 0.2  # seconds between two questions to Program.cancelled
 
 
 class Program:
-    """The stdio of an exec a program runs (the Python API): `stdin` is all of its input, and
-    `output(stream, chunk)` receives what it writes as it arrives ("stdout" or "stderr"). Signals
-    to the calling process are its own business then: none are forwarded."""
+    """The stdio of an exec a program runs (the Python API, the service): `stdin` is all of its
+    input, and `output(stream, chunk)` receives what it writes as it arrives ("stdout" or
+    "stderr"). Signals to the calling process are its own business then: none are forwarded.
+    `cancelled`, when given, is asked a few times a second: once it says yes (the service's
+    client went away), everything the exec started is killed and it ends with CALLER_GONE."""
 
-    __slots__ = ("output", "stdin")
+    __slots__ = ("cancelled", "output", "stdin")
 
-    def __init__(self, stdin: bytes, output: Callable[[Stream, bytes], None]) -> None:
+    def __init__(
+        self, stdin: bytes, output: Callable[[Stream, bytes], None], cancelled: Callable[[], bool] | None = None
+    ) -> None:
         self.stdin = stdin
         self.output = output
+        self.cancelled = cancelled
 
 
 class Pumps:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -255,6 +256,7 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     loop = asyncio.get_running_loop()
     chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
+    gone = threading.Event()  # the client went away: everything the exec started is killed
 
     def sink(stream: str, chunk: bytes) -> None:
         kind = frames.STDOUT if stream == "stdout" else frames.STDERR
@@ -262,30 +264,52 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
 
     def run() -> dict[str, Any]:
         try:
-            return {"status": _execute(request.app["dirs"], cli_options, argv, stdin, sink)}
+            return {"status": _execute(request.app["dirs"], cli_options, argv, stdin, sink, cancelled=gone.is_set)}
         except SandboxerError as exc:
             return {"error": error_document(exc)}
         finally:
             loop.call_soon_threadsafe(chunks.put_nowait, None)
 
     done = loop.run_in_executor(None, run)
-    while (data := await chunks.get()) is not None:
-        await response.write(data)
+    while True:
+        try:
+            data = await asyncio.wait_for(chunks.get(), timeout=0.5)
+        except TimeoutError:
+            if request.transport is None or request.transport.is_closing():
+                gone.set()
+            continue
+        if data is None:
+            break
+        if not gone.is_set():
+            try:
+                await response.write(data)
+            except ConnectionError:
+                gone.set()
     result = await done
     request["exit_status"] = result.get("status", result.get("error", {}).get("status"))
-    await response.write(frames.end(result))
-    await response.write_eof()
+    if not gone.is_set():
+        await response.write(frames.end(result))
+        await response.write_eof()
     return response
 
 
-def _execute(dirs: Dirs, options: dict[str, str], argv: list[str], stdin: bytes, sink: Any) -> int:
-    """The CLI's exec with the program's stdio (as the embedded API runs it)."""
+def _execute(
+    dirs: Dirs,
+    options: dict[str, str],
+    argv: list[str],
+    stdin: bytes,
+    sink: Any,
+    *,
+    cancelled: Callable[[], bool],
+) -> int:
+    """The CLI's exec with the program's stdio (as the embedded API runs it), killed once
+    `cancelled` says the client went away."""
     from sandboxer import fastexec
     from sandboxer.errors import EntryError
     from sandboxer.host.stdio import Program
 
     try:
-        return fastexec.execute(dirs, options, argv, Program(stdin, sink))
+        return fastexec.execute(dirs, options, argv, Program(stdin, sink, cancelled))
     except ExecUsage as exc:
         raise ExecError(str(exc)) from None
     except EntryError as exc:

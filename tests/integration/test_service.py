@@ -557,3 +557,38 @@ def _create_or_error(client: Client, profile: str) -> object:
         return client.create(profile).id
     except SandboxerError as exc:
         return exc
+
+
+def _running_marker(broker: SandboxBroker, sandbox_id: str, marker: str) -> bool:
+    """Whether any process in the sandbox has `marker` on its command line."""
+    scan = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done"
+    listed = broker.exec(sandbox_id, "sh", "-c", scan)
+    assert listed.status == 0, listed
+    return marker in listed.stdout.replace(scan, "")
+
+
+def test_an_exec_whose_client_goes_away_is_killed_with_all_it_started(sbx_root: SandboxBroker) -> None:
+    started = Service(sbx_root, _socket_dir(sbx_root) / "broker.sock").start()
+    try:
+        client = Client(str(started.socket))
+        with client.create(sbx_root.profile) as sandbox:
+            marker = f"{7000 + os.getpid() % 1000}.5"
+            options = {"argv": ["sh", "-c", f"echo started; sleep {marker} & sleep {marker}; echo never"]}
+            body = json.dumps(options).encode() + b"\n"
+            request = f"POST /v1/sandboxes/{sandbox.id}/exec HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.connect(str(started.socket))
+                sock.sendall(request.encode() + body)
+                seen = b""
+                while b"started" not in seen:
+                    seen += sock.recv(4096)
+                assert _running_marker(sbx_root, sandbox.id, f"sleep {marker}")
+            deadline = time.monotonic() + 20
+            while _running_marker(sbx_root, sandbox.id, f"sleep {marker}"):
+                assert time.monotonic() < deadline, "the exec outlived its client"
+                time.sleep(0.2)
+            assert sandbox.exec(["echo", "still serving"]).stdout == b"still serving\n"
+        lines = [json.loads(line) for line in (sbx_root.state / "audit.log").read_text().splitlines()]
+        assert next(line["status"] for line in lines if line["verb"] == "exec") == 137
+    finally:
+        started.stop()

@@ -13,11 +13,12 @@ import time
 
 from sandboxer.errors import ExecUsage
 from sandboxer.host import procs
-from sandboxer.host.stdio import TIMED_OUT, Pumps
+from sandboxer.host.stdio import CALLER_GONE, CANCEL_POLL, TIMED_OUT, Pumps
 
 TYPE_CHECKING = False  # `typing` costs ~1.5 ms to import on the exec path; mypy knows the name
 if TYPE_CHECKING:
     import signal
+    from collections.abc import Callable
 
     from sandboxer.backends.bwrap import joiner
     from sandboxer.core.record_exec import ExecView
@@ -65,7 +66,8 @@ def run(
         holder_start=holder_start,
         keyring=joiner.keyring_name(options["id"]),
     )
-    exec_group = _exec_group(record) if timeout is not None else None
+    cancelled = program.cancelled if program is not None else None
+    exec_group = _exec_group(record) if timeout is not None or cancelled is not None else None
     if exec_group is not None:
         parent = os.path.dirname(exec_group)
         procs_files = tuple(
@@ -79,7 +81,7 @@ def run(
             started = joiner.start(entry, stdin=pumps.given[0], stdout=pumps.given[1], stderr=pumps.given[2])
         finally:
             pumps.given_away()
-        return _wait(started, timeout, exec_group, pumps, forward_signals=program is None)
+        return _wait(started, timeout, exec_group, pumps, forward_signals=program is None, cancelled=cancelled)
     finally:
         pumps.close()
         if exec_group is not None:
@@ -123,7 +125,13 @@ def _exec_group(record: ExecView) -> str | None:
 
 
 def _wait(
-    started: joiner.Started, timeout: float | None, exec_group: str | None, pumps: Pumps, *, forward_signals: bool
+    started: joiner.Started,
+    timeout: float | None,
+    exec_group: str | None,
+    pumps: Pumps,
+    *,
+    forward_signals: bool,
+    cancelled: Callable[[], bool] | None = None,
 ) -> int:
     def forward(signum: int, _frame: object) -> None:
         procs.signal_all(procs.in_session(started.command_pid) or [started.command_pid], signum)
@@ -136,6 +144,8 @@ def _wait(
     try:
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if cancelled is not None:
+                remaining = CANCEL_POLL if remaining is None else min(remaining, CANCEL_POLL)
             try:
                 readable, writable, _ = select.select([pidfd, *pumps.readers()], pumps.writers(), [], remaining)
             except InterruptedError:
@@ -143,12 +153,13 @@ def _wait(
             pumps.pump(readable, writable)
             if pidfd in readable:
                 break
-            if deadline is not None and time.monotonic() >= deadline:
+            gone = cancelled is not None and cancelled()
+            if gone or (deadline is not None and time.monotonic() >= deadline):
                 if exec_group is not None:
                     procs.kill_cgroup(exec_group)
                 procs.kill_session(started.command_pid)
                 os.waitpid(started.relay_pid, 0)
-                return TIMED_OUT
+                return CALLER_GONE if gone else TIMED_OUT
     finally:
         os.close(pidfd)
         pumps.finish()

@@ -14,7 +14,7 @@ import time
 from sandboxer.backends.docker import engine, execs
 from sandboxer.errors import ExecUsage
 from sandboxer.host import procs
-from sandboxer.host.stdio import TIMED_OUT, feeder
+from sandboxer.host.stdio import CALLER_GONE, TIMED_OUT, feeder
 
 TYPE_CHECKING = False  # `typing` costs ~1.5 ms to import on the exec path; mypy knows the name
 if TYPE_CHECKING:
@@ -38,6 +38,8 @@ def run(
 ) -> int:
     """exec through the Engine API; statuses as on bwrap (env -i gives 126/127 for us)."""
     user = _user(record, options["id"])
+    cancelled = program.cancelled if program is not None else None
+    gated = timeout is not None or cancelled is not None  # its own cgroup, to kill all of it
     try:
         exec_id = execs.create_exec(
             str(record.container_id),
@@ -48,7 +50,7 @@ def run(
             executable=options.get("executable"),
             # A provider's values travel in the exec's environment, never on a command line.
             values_apart="consumer" in options and "executable" in options,
-            gate=timeout is not None,
+            gate=gated,
         )
     except (OSError, engine.EngineError) as exc:
         raise ExecUsage(f"exec: the Docker Engine failed ({exc})") from None
@@ -77,11 +79,16 @@ def run(
 
     try:
         finished = execs.run(
-            exec_id, stdin=stdin, output=output, timeout=timeout, started=started if timeout is not None else None
+            exec_id,
+            stdin=stdin,
+            output=output,
+            timeout=timeout,
+            started=started if gated else None,
+            cancelled=cancelled,
         )
         if not finished:
             _kill_docker_exec(exec_id, groups)
-            return TIMED_OUT
+            return CALLER_GONE if cancelled is not None and cancelled() else TIMED_OUT
         return execs.exit_code(exec_id)
     except _Interrupted as stop:
         _kill_docker_exec(exec_id, groups)  # the caller gave up: nothing of this exec outlives it

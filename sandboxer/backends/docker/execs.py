@@ -16,6 +16,7 @@ import time
 
 from sandboxer.backends.docker.engine import EngineError, frames, hijack, inspect_exec, request
 from sandboxer.core.fastjson import dumps, loads
+from sandboxer.host.stdio import CANCEL_POLL
 
 TYPE_CHECKING = False  # `typing` costs ~1.5 ms to import on the exec path; mypy knows the name
 if TYPE_CHECKING:
@@ -209,6 +210,7 @@ def run(
     output: Callable[[int, bytes], None],
     timeout: float | None,
     started: Callable[[], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> bool:
     """Start the exec and stream until it ends; False if `timeout` expired first. What it
     writes goes to `output` (stream 1 or 2, bytes) as it arrives. `started` is called once the
@@ -224,8 +226,10 @@ def run(
             for stream, payload in ready_frames:
                 output(stream, payload)
             remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
+            if (remaining is not None and remaining <= 0) or (cancelled is not None and cancelled()):
                 return False
+            if cancelled is not None:
+                remaining = CANCEL_POLL if remaining is None else min(remaining, CANCEL_POLL)
             ready, _, _ = select.select([sock], [], [], remaining)
             if not ready:
                 continue
