@@ -1,9 +1,11 @@
 """An orchestrator driving sandboxes through the Python API (docs/api.md shows this file).
 
     python3 examples/orchestrator.py --profile bwrap-local [--config-dir D] [--state-dir S]
+    python3 examples/orchestrator.py --profile bwrap-local --socket /run/sandboxer/broker.sock
 
 It gives a sandbox a task, runs it, streams its output, checks the live sandbox against its
-plan, and tears it down; it prints a JSON summary and exits 0 when everything held.
+plan, and tears it down; it prints a JSON summary and exits 0 when everything held. In-process
+(`Broker`) or through a running service (`Client`): the one line that picks it is all that differs.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import argparse
 import json
 import sys
 
-from sandboxer import Broker
+from sandboxer import Broker, Client
 from sandboxer.errors import ExecError, SandboxerError
 
 TASK = """\
@@ -29,8 +31,9 @@ def main() -> int:
     parser.add_argument("--profile", required=True)
     parser.add_argument("--config-dir")
     parser.add_argument("--state-dir")
+    parser.add_argument("--socket", help="use the service listening here instead of the broker in-process")
     args = parser.parse_args()
-    broker = Broker(config_dir=args.config_dir, state_dir=args.state_dir)
+    broker = Client(args.socket) if args.socket else Broker(config_dir=args.config_dir, state_dir=args.state_dir)
     summary: dict[str, object] = {}
     try:
         with broker.create(args.profile) as sb:

@@ -37,9 +37,14 @@ def test_the_orchestrator_drives_a_whole_sandbox_life(sbx: SandboxBroker) -> Non
     argv += ["--config-dir", str(sbx.config), "--state-dir", str(sbx.state)]
     done = subprocess.run(argv, capture_output=True, text=True, env=sbx.env(), timeout=300, check=False)
     assert done.returncode == 0, done.stderr
-    summary = json.loads(done.stdout)
+    assert_orchestrated(json.loads(done.stdout), sbx)
+
+
+def assert_orchestrated(summary: dict[str, object], sbx: SandboxBroker) -> None:
+    """What the orchestrator reports of a whole sandbox life, in-process or through a service."""
     assert summary["task"] == {"status": 0, "stdout": "counted 3 words\n", "stderr": "a warning\n"}
     streamed = summary["streamed"]
+    assert isinstance(streamed, list)
     assert ["stdout", "3\n"] in streamed
     assert ["stderr", "done\n"] in streamed
     assert summary["streamed_status"] == 0
@@ -50,7 +55,7 @@ def test_the_orchestrator_drives_a_whole_sandbox_life(sbx: SandboxBroker) -> Non
     assert summary["residue"] == []
     assert summary["listed_after"] == []
     assert summary["after_teardown"] == 125
-    assert not (sbx.state / "sandboxes" / summary["id"]).exists()
+    assert not (sbx.state / "sandboxes" / str(summary["id"])).exists()
 
 
 @pytest.fixture(params=["bwrap", "docker"])

@@ -115,6 +115,17 @@ def test_the_client_drives_a_whole_sandbox_life(service: Service) -> None:
     assert not (service.broker.state / "sandboxes" / sandbox.id).exists()
 
 
+def test_the_orchestrator_drives_a_whole_sandbox_life_through_the_service(service: Service) -> None:
+    """The documented orchestrator, switched to the client by its --socket: the same summary."""
+    from tests.integration.test_python_api import ORCHESTRATOR, assert_orchestrated
+
+    broker = service.broker
+    argv = broker.python(str(ORCHESTRATOR), "--profile", broker.profile, "--socket", str(service.socket))
+    done = subprocess.run(argv, capture_output=True, text=True, env=broker.env(), timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert_orchestrated(json.loads(done.stdout), broker)
+
+
 def test_the_client_and_the_embedded_broker_answer_alike(sb_root: SandboxBroker) -> None:
     """One sandbox, the same execs through the service and in-process."""
     started = Service(sb_root, _socket_dir(sb_root) / "broker.sock").start()
