@@ -192,6 +192,20 @@ class Sandbox:
             sink("stderr", f"sandboxer: exec: {exc.message}\n".encode())
             return exc.status
 
+    def put(self, source: str, destination: str) -> None:
+        """Copy the local file or directory `source` to `destination` (an absolute path) inside
+        the sandbox, as its user (sandboxer.transfer)."""
+        from sandboxer.transfer import put
+
+        put(self.exec, source, destination)
+
+    def get(self, source: str, destination: str) -> None:
+        """Copy the file or directory `source` inside the sandbox to the new local `destination`:
+        regular files and directories only (sandboxer.transfer)."""
+        from sandboxer.transfer import get
+
+        get(self.exec, source, destination)
+
     def inspect(self) -> Evidence:
         """The live sandbox observed against its plan (inspect --json)."""
         from sandboxer.commands.inspect import inspect

@@ -191,6 +191,20 @@ class ClientSandbox:
                 options[name] = value
         return ClientExecStream(self.client, self.id, json.dumps(options).encode() + b"\n" + stdin)
 
+    def put(self, source: str, destination: str) -> None:
+        """Copy the local file or directory `source` to `destination` (an absolute path) inside
+        the sandbox, as its user (sandboxer.transfer)."""
+        from sandboxer.transfer import put
+
+        put(self.exec, source, destination)
+
+    def get(self, source: str, destination: str) -> None:
+        """Copy the file or directory `source` inside the sandbox to the new local `destination`:
+        regular files and directories only (sandboxer.transfer)."""
+        from sandboxer.transfer import get
+
+        get(self.exec, source, destination)
+
     def inspect(self) -> Evidence:
         return Evidence.from_json(self.client._request("GET", f"/v1/sandboxes/{self.id}"))
 

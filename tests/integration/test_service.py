@@ -603,3 +603,51 @@ def test_an_exec_whose_client_goes_away_is_killed_with_all_it_started(sbx_root: 
         assert next(line["status"] for line in lines if line["verb"] == "exec") == 137
     finally:
         started.stop()
+
+
+@pytest.mark.parametrize("front", ["embedded", "client"])
+def test_put_and_get_copy_files_and_directories_as_the_sandbox_user(
+    sbx_root: SandboxBroker, front: str, tmp_path: Path
+) -> None:
+    started = Service(sbx_root, _socket_dir(sbx_root) / "broker.sock").start() if front == "client" else None
+    try:
+        broker = (
+            Client(str(started.socket))
+            if started
+            else Broker(config_dir=str(sbx_root.config), state_dir=str(sbx_root.state))
+        )
+        tree = tmp_path / "tree"
+        (tree / "sub").mkdir(parents=True)
+        (tree / "a.txt").write_text("alpha\n")
+        (tree / "sub" / "b.bin").write_bytes(bytes(range(256)) * 1000)
+        (tree / "sub" / "run.sh").write_text("#!/bin/sh\necho ran\n")
+        (tree / "sub" / "run.sh").chmod(0o755)
+        with broker.create(sbx_root.profile) as sandbox:
+            sandbox.put(str(tree), "/workspace/in/tree")
+            sandbox.put(str(tree / "a.txt"), "/workspace/single.txt")
+            script = "cat /workspace/in/tree/a.txt /workspace/single.txt; /workspace/in/tree/sub/run.sh"
+            seen = sandbox.exec(["sh", "-c", script + "; stat -c %u /workspace/single.txt"])
+            assert seen.stdout == b"alpha\nalpha\nran\n1000\n", seen.stderr
+            made = sandbox.exec(["sh", "-c", "mkdir -p /workspace/out/deep && echo made > /workspace/out/deep/x"])
+            assert made.status == 0
+            sandbox.get("/workspace/in/tree", str(tmp_path / "back"))
+            sandbox.get("/workspace/out", str(tmp_path / "out"))
+            sandbox.get("/workspace/single.txt", str(tmp_path / "single.txt"))
+            assert (tmp_path / "back" / "sub" / "b.bin").read_bytes() == (tree / "sub" / "b.bin").read_bytes()
+            assert (tmp_path / "back" / "sub" / "run.sh").stat().st_mode & 0o777 == 0o755
+            assert (tmp_path / "out" / "deep" / "x").read_text() == "made\n"
+            assert (tmp_path / "single.txt").read_text() == "alpha\n"
+
+            # What the sandbox hands back is only ever regular files and directories.
+            assert sandbox.exec(["ln", "-s", "/etc/shadow", "/workspace/out/link"]).status == 0
+            with pytest.raises(UsageError) as refused:
+                sandbox.get("/workspace/out", str(tmp_path / "again"))
+            assert "is not a regular file or directory" in refused.value.message
+            assert not (tmp_path / "again").exists()
+            with pytest.raises(UsageError):
+                sandbox.get("/workspace/single.txt", str(tmp_path / "single.txt"))  # never overwrites
+            with pytest.raises(UsageError):
+                sandbox.put(str(tree), "relative/path")
+    finally:
+        if started:
+            started.stop()
