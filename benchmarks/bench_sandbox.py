@@ -138,6 +138,75 @@ def sandbox_memory(world: World, sandbox_id: str) -> dict[str, float]:
     return {"processes": len(pids), "rss_mib": rss / 2**20, "uss_mib": uss / 2**20}
 
 
+def service(world: World, rounds: int) -> dict[str, Any]:
+    """The broker as a service (`sandboxer serve`): `Client.exec(["true"])` from this warm
+    process, and 200 concurrent execs over 20 sandboxes (each a thread with its own connection)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sandboxer import Client
+
+    path = world.root / "broker.sock"
+    served = subprocess.Popen([*world.cli("serve", "--socket", str(path))], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not path.exists():
+            assert served.poll() is None, "the service did not start"
+            assert time.monotonic() < deadline, "the service did not answer"
+            time.sleep(0.05)
+        client = Client(str(path))
+        results: dict[str, Any] = {}
+        with client.create("bench") as sandbox:
+            sandbox.exec(["true"])
+            results["client_exec_true_ms"] = timed(lambda: sandbox.exec(["true"]), rounds)
+        sandboxes = [client.create("bench") for _ in range(20)]
+        try:
+
+            def one(index: int) -> tuple[int, float]:
+                start = time.perf_counter()
+                status = sandboxes[index % 20].exec(["true"]).status
+                return status, (time.perf_counter() - start) * 1000
+
+            started = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=200) as pool:
+                done = list(pool.map(one, range(200)))
+            latencies = sorted(ms for _, ms in done)
+            results["service_200_execs"] = {
+                "seconds": round(time.perf_counter() - started, 2),
+                "all_succeeded": all(status == 0 for status, _ in done),
+                "p50_ms": round(latencies[99], 1),
+                "p99_ms": round(latencies[197], 1),
+            }
+        finally:
+            for sandbox in sandboxes:
+                sandbox.teardown()
+        return results
+    finally:
+        served.terminate()
+        served.wait(timeout=30)
+
+
+def docker_references(world: World, rounds: int, results: dict[str, Any]) -> None:
+    """`docker exec` and `docker run --rm` in the same run, the ratios against them, and the
+    Docker backend's own figures."""
+    docker = docker_setup()
+    if docker is None:
+        results["docker"] = "unavailable"
+        return
+    image, container = docker
+    try:
+        results["docker_exec_true_ms"] = timed(lambda: run(["docker", "exec", container, "true"]), rounds)
+        results["docker_run_true_ms"] = timed(
+            lambda: run(["docker", "run", "--rm", "--network", "none", image, "/usr/bin/true"]),
+            max(5, rounds // 2),
+        )
+    finally:
+        subprocess.run(["docker", "rm", "-f", container], capture_output=True, check=False)
+    results["exec_vs_docker_exec"] = results["exec_true_ms"] / results["docker_exec_true_ms"]
+    results["client_exec_vs_docker_exec"] = results["client_exec_true_ms"] / results["docker_exec_true_ms"]
+    results["cycle_vs_docker_run"] = results["cycle_ms"] / results["docker_run_true_ms"]
+    results.update(docker_backend(world, image, rounds, results))
+
+
 def docker_setup() -> tuple[str, str] | None:
     docker = shutil.which("docker")
     if docker is None or subprocess.run([docker, "info"], capture_output=True, check=False).returncode != 0:
@@ -289,24 +358,11 @@ def main() -> int:
             "residue": [r["residue"] for r in receipts if r["residue"]],
             "left_in_registry": [name for name in left if not name.startswith(".")],
         }
-        docker = docker_setup()
-        if docker is None:
-            results["docker"] = "unavailable"
-        else:
-            image, container = docker
-            try:
-                results["docker_exec_true_ms"] = timed(lambda: run(["docker", "exec", container, "true"]), rounds)
-                results["docker_run_true_ms"] = timed(
-                    lambda: run(["docker", "run", "--rm", "--network", "none", image, "/usr/bin/true"]),
-                    max(5, rounds // 2),
-                )
-            finally:
-                subprocess.run(["docker", "rm", "-f", container], capture_output=True, check=False)
-            results["exec_vs_docker_exec"] = results["exec_true_ms"] / results["docker_exec_true_ms"]
-            results["cycle_vs_docker_run"] = results["cycle_ms"] / results["docker_run_true_ms"]
-            results.update(docker_backend(world, image, rounds, results))
+        results.update(service(world, rounds))
+        docker_references(world, rounds, results)
     report(results, as_json=args.json)
     ok = results["concurrent_20"]["all_succeeded"] and not results["concurrent_20"]["residue"]
+    ok = ok and results["service_200_execs"]["all_succeeded"]
     return 0 if ok else 1
 
 
@@ -320,6 +376,7 @@ def report(results: dict[str, Any], *, as_json: bool) -> None:
         ("sandboxer --help (full CLI import)", results["cli_version_ms"]),
         ("sandboxer exec ID -- true", results["exec_true_ms"]),
         ("create -> exec true -> teardown", results["cycle_ms"]),
+        ("Client.exec(['true']) through the service", results["client_exec_true_ms"]),
     ]
     if results.get("docker") != "unavailable":
         rows += [
