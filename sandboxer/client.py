@@ -226,6 +226,7 @@ class ClientExecStream:
 
     def __iter__(self) -> Iterator[tuple[Stream, bytes]]:
         connection = _UnixConnection(self._client.socket, None)  # an exec takes as long as it takes
+        response: http.client.HTTPResponse | None = None
         try:
             try:
                 connection.request("POST", self._path, body=self._body)
@@ -244,6 +245,8 @@ class ClientExecStream:
                     yield ("stdout" if kind == frames.STDOUT else "stderr"), payload
             raise errors.BackendError("the service ended the exec's stream before its status")
         finally:
+            if response is not None:
+                response.close()
             connection.close()
 
     def _finish(self, document: dict[str, Any]) -> None:

@@ -6,7 +6,8 @@ is refused (exit 3), and anything else at that path is never touched. The socket
 may do what is decided per connection by the caller's kernel-reported credentials (peer.py),
 never by file modes. SIGTERM or SIGINT stops accepting and ends the open requests; live
 sandboxes keep running, and the next service answers for them from the registry. Logs go to
-stderr.
+stderr. Under systemd socket activation (contrib/sandboxer.socket) it serves the socket it is
+given instead of making one.
 """
 
 from __future__ import annotations
@@ -45,16 +46,31 @@ def serve(dirs: Dirs, *, socket_path: str | None, idle_exit: float | None) -> in
     if lock is None:
         raise PolicyError(f"a service already answers for the state dir {dirs.state}")
     try:
-        listener = _listen(path)
+        inherited = _activated_listener()
+        listener = inherited or _listen(path)
         try:
             asyncio.run(_run(dirs, listener, idle_exit))
         finally:
             listener.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+            if inherited is None:  # a socket systemd made stays systemd's
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
     finally:
         os.close(lock)
     return 0
+
+
+def _activated_listener() -> socket.socket | None:
+    """The listening socket systemd passed (socket activation: LISTEN_PID names this process and
+    LISTEN_FDS is 1, the socket at fd 3), or None."""
+    if os.environ.get("LISTEN_PID") != str(os.getpid()) or os.environ.get("LISTEN_FDS") != "1":
+        return None
+    listener = socket.socket(fileno=3)
+    if listener.family != socket.AF_UNIX or listener.type != socket.SOCK_STREAM:
+        listener.detach()
+        raise UsageError("the socket passed by socket activation is not a Unix stream socket")
+    os.set_inheritable(3, False)
+    return listener
 
 
 def _listen(path: str) -> socket.socket:

@@ -593,7 +593,10 @@ def test_an_exec_whose_client_goes_away_is_killed_with_all_it_started(sbx_root: 
                 seen = b""
                 while b"started" not in seen:
                     seen += sock.recv(4096)
-                assert _running_marker(sbx_root, sandbox.id, f"sleep {marker}")
+                deadline = time.monotonic() + 20
+                while not _running_marker(sbx_root, sandbox.id, f"sleep {marker}"):  # its sleeps start
+                    assert time.monotonic() < deadline, "the exec's processes never showed"
+                    time.sleep(0.1)
             deadline = time.monotonic() + 20
             while _running_marker(sbx_root, sandbox.id, f"sleep {marker}"):
                 assert time.monotonic() < deadline, "the exec outlived its client"
@@ -651,3 +654,46 @@ def test_put_and_get_copy_files_and_directories_as_the_sandbox_user(
     finally:
         if started:
             started.stop()
+
+
+def test_the_systemd_units_verify(tmp_path: Path) -> None:
+    """contrib/'s units as systemd reads them (systemd-analyze verify), with ExecStart pointing at
+    this checkout's console script."""
+    contrib = Path(__file__).parents[2] / "contrib"
+    script = Path(sys.executable).with_name("sandboxer")
+    service_text = (contrib / "sandboxer.service").read_text()
+    assert "KillMode=process" in service_text  # sandboxes outlive a restart
+    for forbidden in ("ProtectSystem", "PrivateTmp", "ProtectHome", "PrivateDevices", "ProtectClock"):
+        assert f"\n{forbidden}=" not in service_text  # no mount namespace or device policy of its own
+    (tmp_path / "sandboxer.service").write_text(service_text.replace("/usr/local/bin/sandboxer", str(script)))
+    (tmp_path / "sandboxer.socket").write_text((contrib / "sandboxer.socket").read_text())
+    units = [str(tmp_path / "sandboxer.socket"), str(tmp_path / "sandboxer.service")]
+    checked = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", *units], capture_output=True, text=True, check=False
+    )
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stderr == ""
+
+
+def test_socket_activation_serves_the_socket_it_is_given(sb_root: SandboxBroker) -> None:
+    """As systemd starts it from sandboxer.socket (systemd-socket-activate passes the socket)."""
+    path = _socket_dir(sb_root) / "activated.sock"
+    activator = subprocess.Popen(
+        ["systemd-socket-activate", "--listen", str(path), *sb_root.argv("serve")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=sb_root.env(),
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not path.exists():
+            assert activator.poll() is None, activator.stderr.read() if activator.stderr else ""
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        client = Client(str(path))
+        with client.create(sb_root.profile) as sandbox:
+            assert sandbox.exec(["echo", "activated"]).stdout == b"activated\n"
+    finally:
+        activator.terminate()
+        activator.wait(timeout=30)
+    assert not list(sb_root.state.glob("*.sock"))  # it made no socket of its own
