@@ -19,7 +19,6 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from types import TracebackType
 
 from sandboxer.dirs import Dirs, resolve_dirs
 from sandboxer.errors import EntryError, ExecError, NotFoundError, ResidueError
@@ -35,6 +34,7 @@ from sandboxer.results import (
     SandboxInfo,
     Stream,
 )
+from sandboxer.verbs import SandboxBase
 
 __all__ = ["Broker", "ExecStream", "Owner", "Sandbox"]
 
@@ -99,25 +99,12 @@ class Broker:
         return GcReport.from_json(gc(self.dirs))
 
 
-class Sandbox:
+class Sandbox(SandboxBase):
     """One live sandbox. As a context manager it is torn down when the block ends."""
 
     def __init__(self, broker: Broker, created: Created | None, *, sandbox_id: str | None = None) -> None:
+        super().__init__(created, sandbox_id)
         self.broker = broker
-        self.created = created  # what create reported; None for a sandbox looked up by id
-        self.id: str = created.id if created is not None else str(sandbox_id)
-        self._receipt: Receipt | None = None
-
-    def __repr__(self) -> str:
-        return f"Sandbox({self.id!r})"
-
-    def __enter__(self) -> Sandbox:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.teardown()
 
     def exec(
         self,
@@ -191,20 +178,6 @@ class Sandbox:
         except EntryError as exc:
             sink("stderr", f"sandboxer: exec: {exc.message}\n".encode())
             return exc.status
-
-    def put(self, source: str, destination: str) -> None:
-        """Copy the local file or directory `source` to `destination` (an absolute path) inside
-        the sandbox, as its user (sandboxer.transfer)."""
-        from sandboxer.transfer import put
-
-        put(self.exec, source, destination)
-
-    def get(self, source: str, destination: str) -> None:
-        """Copy the file or directory `source` inside the sandbox to the new local `destination`:
-        regular files and directories only (sandboxer.transfer)."""
-        from sandboxer.transfer import get
-
-        get(self.exec, source, destination)
 
     def inspect(self) -> Evidence:
         """The live sandbox observed against its plan (inspect --json)."""

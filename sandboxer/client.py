@@ -19,12 +19,12 @@ import json
 import os
 import socket as socketlib
 from collections.abc import Iterator, Sequence
-from types import TracebackType
 from typing import Any
 
 from sandboxer import errors
 from sandboxer.results import Created, Evidence, ExecResult, GcReport, Receipt, SandboxInfo, Stream
 from sandboxer.service import frames
+from sandboxer.verbs import SandboxBase
 
 __all__ = ["Client", "ClientExecStream", "ClientSandbox"]
 
@@ -136,25 +136,12 @@ class Client:
         return GcReport.from_json(self._request("POST", "/v1/gc"))
 
 
-class ClientSandbox:
+class ClientSandbox(SandboxBase):
     """One live sandbox through the service; as a context manager it is torn down at the end."""
 
     def __init__(self, client: Client, created: Created | None, *, sandbox_id: str | None = None) -> None:
+        super().__init__(created, sandbox_id)
         self.client = client
-        self.created = created
-        self.id: str = created.id if created is not None else str(sandbox_id)
-        self._receipt: Receipt | None = None
-
-    def __repr__(self) -> str:
-        return f"ClientSandbox({self.id!r})"
-
-    def __enter__(self) -> ClientSandbox:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.teardown()
 
     def exec(
         self,
@@ -190,20 +177,6 @@ class ClientSandbox:
             if value is not None:
                 options[name] = value
         return ClientExecStream(self.client, self.id, json.dumps(options).encode() + b"\n" + stdin)
-
-    def put(self, source: str, destination: str) -> None:
-        """Copy the local file or directory `source` to `destination` (an absolute path) inside
-        the sandbox, as its user (sandboxer.transfer)."""
-        from sandboxer.transfer import put
-
-        put(self.exec, source, destination)
-
-    def get(self, source: str, destination: str) -> None:
-        """Copy the file or directory `source` inside the sandbox to the new local `destination`:
-        regular files and directories only (sandboxer.transfer)."""
-        from sandboxer.transfer import get
-
-        get(self.exec, source, destination)
 
     def inspect(self) -> Evidence:
         return Evidence.from_json(self.client._request("GET", f"/v1/sandboxes/{self.id}"))

@@ -1,0 +1,62 @@
+"""What a sandbox offers whichever way it is reached — in-process (`sandboxer.api.Sandbox`) or
+through the service (`sandboxer.client.ClientSandbox`): its id and what create reported, teardown
+at the end of a `with` block, and put/get on top of its own exec."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Self
+
+from sandboxer.results import Created, ExecResult, Receipt
+
+
+class SandboxBase:
+    """The verbs both kinds of sandbox share; each implements exec and teardown its own way."""
+
+    def __init__(self, created: Created | None, sandbox_id: str | None) -> None:
+        self.created = created  # what create reported; None for a sandbox looked up by id
+        self.id: str = created.id if created is not None else str(sandbox_id)
+        self._receipt: Receipt | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.id!r})"
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.teardown()
+
+    def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes = b"",
+        cwd: str | None = None,
+        timeout: float | None = None,
+        consumer: str | None = None,
+        executable: str | None = None,
+    ) -> ExecResult:
+        """Run `argv` in the sandbox and wait for it: its status and all of its output."""
+        raise NotImplementedError
+
+    def teardown(self) -> Receipt:
+        """Remove the sandbox; later calls return the same receipt."""
+        raise NotImplementedError
+
+    def put(self, source: str, destination: str) -> None:
+        """Copy the local file or directory `source` to `destination` (an absolute path) inside
+        the sandbox, as its user (sandboxer.transfer)."""
+        from sandboxer.transfer import put
+
+        put(self.exec, source, destination)
+
+    def get(self, source: str, destination: str) -> None:
+        """Copy the file or directory `source` inside the sandbox to the new local `destination`:
+        regular files and directories only (sandboxer.transfer)."""
+        from sandboxer.transfer import get
+
+        get(self.exec, source, destination)
