@@ -230,10 +230,19 @@ def git_homes() -> set[str]:
 
 
 def gc_clean(broker: SandboxBroker, sandbox_id: str) -> dict[str, Any]:
-    """gc exits 0; whatever it says of this sandbox carries no residue."""
-    done = broker.run("gc", "--json")
-    assert done.status == 0, (done.stdout, done.stderr)
-    receipt: dict[str, Any] = json.loads(done.stdout)
+    """gc exits 0; whatever it says of this sandbox carries no residue.
+
+    A process the killed broker had just forked (a relay into the sandbox, before it closes what
+    it inherited) holds the sandbox's lock for the moment it takes to die of the broker's death;
+    gc rightly calls the sandbox busy meanwhile, so it is asked again for a few seconds."""
+    deadline = time.monotonic() + 5
+    while True:
+        done = broker.run("gc", "--json")
+        assert done.status == 0, (done.stdout, done.stderr)
+        receipt: dict[str, Any] = json.loads(done.stdout)
+        if sandbox_id not in receipt["busy"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     for entry in receipt["collected"]:
         assert entry["residue"] == [], entry
     return receipt

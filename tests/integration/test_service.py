@@ -678,16 +678,18 @@ def test_the_systemd_units_verify(tmp_path: Path) -> None:
 def test_socket_activation_serves_the_socket_it_is_given(sb_root: SandboxBroker) -> None:
     """As systemd starts it from sandboxer.socket (systemd-socket-activate passes the socket)."""
     path = _socket_dir(sb_root) / "activated.sock"
-    activator = subprocess.Popen(
-        ["systemd-socket-activate", "--listen", str(path), *sb_root.argv("serve")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env=sb_root.env(),
-    )
+    log = sb_root.root / "activated.log"
+    with log.open("wb") as output:
+        activator = subprocess.Popen(
+            ["systemd-socket-activate", "--listen", str(path), *sb_root.argv("serve")],
+            stdout=output,
+            stderr=output,
+            env=sb_root.env(),
+        )
     try:
         deadline = time.monotonic() + 20
         while not path.exists():
-            assert activator.poll() is None, activator.stderr.read() if activator.stderr else ""
+            assert activator.poll() is None, log.read_text()
             assert time.monotonic() < deadline
             time.sleep(0.05)
         client = Client(str(path))
