@@ -116,7 +116,8 @@ class Sandbox(SandboxBase):
         consumer: str | None = None,
         executable: str | None = None,
     ) -> ExecResult:
-        """Run `argv` in the sandbox and wait for it: its status and all of its output."""
+        """Run `argv` in the sandbox and wait for it: its status and all of its output (collected
+        in this thread: in-process there is no need for exec_stream's)."""
         out: list[bytes] = []
         err: list[bytes] = []
 

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sandboxer import errors
-from sandboxer.results import Created, Evidence, ExecResult, GcReport, Receipt, SandboxInfo, Stream
+from sandboxer.results import Created, Evidence, GcReport, Receipt, SandboxInfo, Stream
 from sandboxer.service import frames
 from sandboxer.verbs import SandboxBase
 
@@ -142,24 +142,6 @@ class ClientSandbox(SandboxBase):
     def __init__(self, client: Client, created: Created | None, *, sandbox_id: str | None = None) -> None:
         super().__init__(created, sandbox_id)
         self.client = client
-
-    def exec(
-        self,
-        argv: Sequence[str],
-        *,
-        stdin: bytes = b"",
-        cwd: str | None = None,
-        timeout: float | None = None,
-        consumer: str | None = None,
-        executable: str | None = None,
-    ) -> ExecResult:
-        """Run `argv` in the sandbox and wait for it: its status and all of its output."""
-        stream = self.exec_stream(argv, stdin=stdin, cwd=cwd, timeout=timeout, consumer=consumer, executable=executable)
-        out: list[bytes] = []
-        err: list[bytes] = []
-        for name, chunk in stream:
-            (out if name == "stdout" else err).append(chunk)
-        return ExecResult(status=int(stream.status or 0), stdout=b"".join(out), stderr=b"".join(err))
 
     def exec_stream(
         self,

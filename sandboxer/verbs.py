@@ -4,15 +4,23 @@ at the end of a `with` block, and put/get on top of its own exec."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import TracebackType
-from typing import Self
+from typing import Protocol, Self
 
-from sandboxer.results import Created, ExecResult, Receipt
+from sandboxer.results import Created, ExecResult, Receipt, Stream
+
+
+class OutputStream(Protocol):
+    """An exec's output as it arrives: ("stdout" | "stderr", bytes); `.status` once it ended."""
+
+    status: int | None
+
+    def __iter__(self) -> Iterator[tuple[Stream, bytes]]: ...
 
 
 class SandboxBase:
-    """The verbs both kinds of sandbox share; each implements exec and teardown its own way."""
+    """The verbs both kinds of sandbox share; each implements exec_stream and teardown its own way."""
 
     def __init__(self, created: Created | None, sandbox_id: str | None) -> None:
         self.created = created  # what create reported; None for a sandbox looked up by id
@@ -41,6 +49,24 @@ class SandboxBase:
         executable: str | None = None,
     ) -> ExecResult:
         """Run `argv` in the sandbox and wait for it: its status and all of its output."""
+        stream = self.exec_stream(argv, stdin=stdin, cwd=cwd, timeout=timeout, consumer=consumer, executable=executable)
+        out: list[bytes] = []
+        err: list[bytes] = []
+        for name, chunk in stream:
+            (out if name == "stdout" else err).append(chunk)
+        return ExecResult(status=int(stream.status or 0), stdout=b"".join(out), stderr=b"".join(err))
+
+    def exec_stream(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes = b"",
+        cwd: str | None = None,
+        timeout: float | None = None,
+        consumer: str | None = None,
+        executable: str | None = None,
+    ) -> OutputStream:
+        """Run `argv` and yield its output as it arrives; `.status` once the iteration ended."""
         raise NotImplementedError
 
     def teardown(self) -> Receipt:
