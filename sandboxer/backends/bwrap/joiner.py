@@ -312,6 +312,15 @@ def start(entry: Entry, *, stdin: int = 0, stdout: int = 1, stderr: int = 2) -> 
     return Started(relay_pid=relay, command_pid=command_pid)
 
 
+def _keep_only(kept: set[int]) -> None:
+    """Close every descriptor of this process but `kept` (and 0-2), however high."""
+    low = 3
+    for fd in sorted(fd for fd in kept if fd >= low):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 0x7FFFFFFF)
+
+
 def _report(fd: int, text: str) -> None:
     os.write(fd, text.encode() + b"\n")
 
@@ -321,6 +330,9 @@ def _relay(
 ) -> None:
     """Process A: never returns."""
     broker = os.getppid()
+    # First of all, keep only what A and B use: the broker's other descriptors (a sandbox's lock
+    # above all) must not outlive the broker in a process that is slow to follow it.
+    _keep_only({report, *stdio, *cgroups, *(fd for fd, _ in namespaces)})
     try:
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         for fd in cgroups:
