@@ -240,12 +240,38 @@ def gc_clean(broker: SandboxBroker, sandbox_id: str) -> dict[str, Any]:
         done = broker.run("gc", "--json")
         assert done.status == 0, (done.stdout, done.stderr)
         receipt: dict[str, Any] = json.loads(done.stdout)
-        if sandbox_id not in receipt["busy"] or time.monotonic() > deadline:
+        if sandbox_id not in receipt["busy"]:
             break
+        if time.monotonic() > deadline:
+            holders = lock_holders(broker.sandbox_dir(sandbox_id) / "lock")
+            raise AssertionError(f"gc still calls {sandbox_id} busy; its lock is held by {holders}")
         time.sleep(0.1)
     for entry in receipt["collected"]:
         assert entry["residue"] == [], entry
     return receipt
+
+
+def lock_holders(path: Path) -> list[str]:
+    """Every process with `path` open: pid, state, parent and command line (what a failure shows)."""
+    try:
+        wanted = os.stat(path)
+    except OSError:
+        return []
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    seen = os.stat(f"/proc/{pid}/fd/{fd}")
+                    if (seen.st_dev, seen.st_ino) == (wanted.st_dev, wanted.st_ino):
+                        status = dict(
+                            line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                        )
+                        command = Path(f"/proc/{pid}/cmdline").read_bytes()[:120]
+                        found.append(f"{pid} {status.get('State')} ppid {status.get('PPid')} {command!r}")
+        except OSError:
+            continue
+    return found
 
 
 def assert_nothing_left(broker: SandboxBroker, sandbox_id: str, homes_before: set[str]) -> None:
