@@ -160,7 +160,7 @@ class Sandbox(SandboxBase):
     ) -> int:
         """The CLI's exec with pipes for stdio: its broker failures (status 125) raise ExecError;
         a command it cannot start ends with the CLI's status and line on stderr."""
-        from sandboxer import fastexec
+        from sandboxer.commands import execute
         from sandboxer.errors import ExecUsage
         from sandboxer.host.stdio import Program
 
@@ -173,7 +173,7 @@ class Sandbox(SandboxBase):
         if timeout is not None:
             options["timeout"] = repr(float(timeout))
         try:
-            return fastexec.execute(self.broker.dirs, options, list(argv), Program(stdin, sink))
+            return execute.execute(self.broker.dirs, options, list(argv), Program(stdin, sink))
         except ExecUsage as exc:
             raise ExecError(str(exc)) from None
         except EntryError as exc:

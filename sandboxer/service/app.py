@@ -304,12 +304,12 @@ def _execute(
 ) -> int:
     """The CLI's exec with the program's stdio (as the embedded API runs it), killed once
     `cancelled` says the client went away."""
-    from sandboxer import fastexec
+    from sandboxer.commands import execute
     from sandboxer.errors import EntryError
     from sandboxer.host.stdio import Program
 
     try:
-        return fastexec.execute(dirs, options, argv, Program(stdin, sink, cancelled))
+        return execute.execute(dirs, options, argv, Program(stdin, sink, cancelled))
     except ExecUsage as exc:
         raise ExecError(str(exc)) from None
     except EntryError as exc:

@@ -1,8 +1,8 @@
 """The exec hot path's import budget: what `sandboxer exec` loads before the command runs.
 
-The exec path (sandboxer.fastexec, and each backend's entry: sandboxer.backends.bwrap.enter with
-its joiner, sandboxer.backends.docker.enter with the Engine client) avoids modules that
-cost milliseconds at every exec (`signal` and `enum`, `typing`, `collections`, `re`, `json`,
+The exec path below the CLI (each backend's entry: sandboxer.backends.bwrap.enter with its
+joiner, sandboxer.backends.docker.enter with the Engine client, and the record they read) avoids
+modules that cost milliseconds at every exec (`signal` and `enum`, `typing`, `collections`, `re`, `json`,
 `dataclasses`): this test fails when one comes back.
 """
 
@@ -18,7 +18,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 HEAVY = {"enum", "signal", "typing", "collections", "re", "json", "dataclasses", "subprocess", "pathlib"}
 BUDGET = {
-    "sandboxer.fastexec": HEAVY,
     "sandboxer.backends.bwrap.enter": HEAVY,
     "sandboxer.backends.bwrap.joiner": HEAVY,
     "sandboxer.backends.docker.enter": HEAVY - {"collections"},  # threading (the stdin pump) brings it

@@ -1,31 +1,31 @@
-"""`sandboxer exec`: the hot path, kept free of typer, YAML and netlink imports.
+"""Running one command in a sandbox: what `sandboxer exec` (sandboxer/cli/caller.py), the Python
+API and the service share, below any parsing of a command line.
 
-    sandboxer [--config-dir D] [--state-dir S] [--debug] exec ID [--cwd DIR] [--consumer NAME]
-              [--executable NAME] [--timeout S] -- ARGV…
+execute() takes the exec options as strings (cwd, consumer, executable, timeout), checks them,
+reads the sandbox's record and hands the command to its backend's entry. Every refusal is an
+ExecUsage (one line, status 125); a command that cannot start is an EntryError (125, 126, 127).
+Otherwise the status is the command's own, 128+N when it died of signal N, 124 when the timeout
+expired (the exec's whole session is killed).
 
-Exit status: the command's own, 128+N when it died of signal N, 124 when --timeout expired (the
-exec's whole session is killed), 125 when the broker failed (unknown id, bad usage, a sandbox
-that is not running), 126 not executable, 127 not found.
+Kept free of typer, YAML and netlink imports: it runs on every exec.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
+from typing import TYPE_CHECKING
 
 from sandboxer.backends import enter_for
 from sandboxer.core.fastjson import loads
 from sandboxer.core.record_exec import ExecView, ExecViewError
-from sandboxer.dirs import resolve_dirs
-from sandboxer.errors import EntryError, ExecUsage
+from sandboxer.errors import ExecUsage
 
-TYPE_CHECKING = False  # `typing` itself costs ~1.5 ms to import on this path; mypy knows the name
 if TYPE_CHECKING:
     from sandboxer.dirs import Dirs
     from sandboxer.host.stdio import Program
 
-BROKER_FAILED = 125
+BROKER_FAILED = 125  # the exec status of every broker failure
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -43,62 +43,6 @@ def _is_consumer(name: str) -> bool:
 
 def _is_id(value: str) -> bool:
     return len(value) == 24 and set(value) <= _HEX
-
-
-_GLOBAL_WITH_VALUE = ("--config-dir", "--state-dir")
-
-
-def _parse(argv: list[str]) -> tuple[dict[str, str], dict[str, str], list[str]]:
-    globals_: dict[str, str] = {}
-    options: dict[str, str] = {}
-    i = 0
-    while argv[i] != "exec":
-        arg = argv[i]
-        if arg == "--debug":
-            globals_["debug"] = "1"
-            i += 1
-        elif "=" in arg:
-            key, value = arg.split("=", 1)
-            globals_[key] = value
-            i += 1
-        else:
-            globals_[arg] = argv[i + 1]
-            i += 2
-    rest = argv[i + 1 :]
-    if "--" not in rest:
-        raise ExecUsage("exec: put -- before the command: sandboxer exec ID [OPTIONS] -- ARGV...")
-    split = rest.index("--")
-    head, command = rest[:split], rest[split + 1 :]
-    if not command:
-        raise ExecUsage("exec: no command after --")
-    options.update(_parse_exec_options(head))
-    return globals_, options, command
-
-
-def _parse_exec_options(head: list[str]) -> dict[str, str]:
-    options: dict[str, str] = {}
-    positional: list[str] = []
-    j = 0
-    while j < len(head):
-        arg = head[j]
-        if arg in ("--cwd", "--consumer", "--executable", "--timeout"):
-            if j + 1 >= len(head):
-                raise ExecUsage(f"exec: {arg} needs a value")
-            options[arg[2:]] = head[j + 1]
-            j += 2
-        elif arg.startswith(("--cwd=", "--consumer=", "--executable=", "--timeout=")):
-            key, value = arg[2:].split("=", 1)
-            options[key] = value
-            j += 1
-        elif arg.startswith("-"):
-            raise ExecUsage(f"exec: no such option: {arg}")
-        else:
-            positional.append(arg)
-            j += 1
-    if len(positional) != 1:
-        raise ExecUsage("exec: exactly one sandbox ID is expected before --")
-    options["id"] = positional[0]
-    return options
 
 
 def _validate(options: dict[str, str]) -> float | None:
@@ -142,19 +86,6 @@ def _load(state_dir: str, sandbox_id: str) -> ExecView:
     return record
 
 
-def run(argv: list[str]) -> int:
-    """Run one exec with this process's stdio; returns its exit status."""
-    globals_, options, command = _parse(argv)
-    dirs = resolve_dirs(
-        config_dir=globals_.get("--config-dir"),
-        state_dir=globals_.get("--state-dir"),
-        environ=os.environ,
-        euid=os.geteuid(),
-        home=os.path.expanduser("~"),
-    )
-    return execute(dirs, options, command)
-
-
 def execute(dirs: Dirs, options: dict[str, str], command: list[str], program: Program | None = None) -> int:
     """Run `command` in the sandbox `options["id"]` with the exec options of the CLI (cwd,
     consumer, executable, timeout, as strings), on this process's stdio or `program`'s."""
@@ -194,20 +125,3 @@ def _provider_environment(
         )
     except SandboxerError as exc:
         raise ExecUsage(f"exec: provider launch refused: {exc.message}") from None
-
-
-def main(argv: list[str]) -> int:
-    """Entry point for `sandboxer … exec …`: every broker failure is one line and status 125."""
-    try:
-        return run(argv)
-    except ExecUsage as exc:
-        sys.stderr.write(f"sandboxer: {exc}\n")
-        return BROKER_FAILED
-    except EntryError as exc:
-        sys.stderr.write(f"sandboxer: exec: {exc.message}\n")
-        return exc.status
-    except Exception as exc:
-        if "--debug" in argv[: argv.index("exec")]:
-            raise
-        sys.stderr.write(f"sandboxer: exec: internal error ({type(exc).__name__}); rerun with --debug\n")
-        return BROKER_FAILED

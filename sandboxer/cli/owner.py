@@ -1,31 +1,18 @@
-"""The command line: global options, one handler for every error, commands that print results."""
+"""The owner's commands: ext (check, approve, revoke, list), runtime digest, manifest check,
+bootstrap check, and serve (the broker as a service)."""
 
 from __future__ import annotations
 
 import os
-import sys
 from typing import Annotated
 
 import typer
-from typer._click.exceptions import ClickException, NoArgsIsHelpError  # typer 0.29 vendors click
 
-from sandboxer.dirs import Dirs, resolve_dirs
-from sandboxer.errors import SandboxerError
-from sandboxer.output import emit_error, flatten, report_failure
+from sandboxer.cli.options import JsonOption, dirs_of
+from sandboxer.output import flatten
 from sandboxer.output import print_result as _print
 
-app = typer.Typer(
-    name="sandboxer",
-    help="A sandbox broker: owner-approved profiles, pinned runtimes, bubblewrap and Docker backends.",
-    epilog=(
-        "Caller commands (each has --help): create --profile NAME, exec ID -- ARGV..., inspect ID --json, "
-        "list, teardown ID, gc."
-    ),
-    pretty_exceptions_enable=False,  # they print local variables, which may hold secrets
-    add_completion=False,
-    no_args_is_help=True,
-    rich_markup_mode=None,
-)
+app = typer.Typer()
 ext_app = typer.Typer(
     help="Owner: check, approve, revoke and list extension configs and profiles.", no_args_is_help=True
 )
@@ -36,35 +23,6 @@ manifest_app = typer.Typer(help="Lease manifests (docs/manifest.md).", no_args_i
 app.add_typer(manifest_app, name="manifest")
 bootstrap_app = typer.Typer(help="Runtime bootstrap files (docs/bootstrap.md).", no_args_is_help=True)
 app.add_typer(bootstrap_app, name="bootstrap")
-
-JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
-
-
-def _dirs(ctx: typer.Context) -> Dirs:
-    obj: Dirs = ctx.find_root().obj
-    return obj
-
-
-@app.callback()
-def main_options(
-    ctx: typer.Context,
-    config_dir: Annotated[
-        str | None, typer.Option("--config-dir", help="Owner config directory (env SANDBOXER_CONFIG).")
-    ] = None,
-    state_dir: Annotated[
-        str | None, typer.Option("--state-dir", help="Live state directory (env SANDBOXER_STATE).")
-    ] = None,
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of internal errors.")] = False,
-) -> None:
-    """Resolve the broker's directories once for every command."""
-    del debug  # read by main() before the command runs
-    ctx.obj = resolve_dirs(
-        config_dir=config_dir,
-        state_dir=state_dir,
-        environ=os.environ,
-        euid=os.geteuid(),
-        home=os.path.expanduser("~"),
-    )
 
 
 @ext_app.command("check")
@@ -90,7 +48,7 @@ def manifest_check(
     """Validate a lease manifest and its sources; print what it grants (never a value)."""
     from sandboxer.core import manifest
 
-    dirs = _dirs(ctx)
+    dirs = dirs_of(ctx)
     checked = manifest.load(os.path.abspath(file), forbidden=(dirs.config, dirs.state))
     result = {"valid": True, **manifest.meaning(checked)}
     lines = [f"{checked.file}: valid lease manifest, version {checked.version}, run {checked.run_id}"]
@@ -126,7 +84,7 @@ def ext_approve(
     """Approve the exact current bytes of an extension config or profile."""
     from sandboxer.commands import owner
 
-    result = owner.approve(_dirs(ctx), name)
+    result = owner.approve(dirs_of(ctx), name)
     _print(result, f"approved {name} (sha256 {result['sha256']})", json)
 
 
@@ -139,7 +97,7 @@ def ext_revoke(
     """Withdraw an approval."""
     from sandboxer.commands import owner
 
-    result = owner.revoke(_dirs(ctx), name)
+    result = owner.revoke(dirs_of(ctx), name)
     _print(result, f"revoked {name}" if result["revoked"] else f"{name} was not approved", json)
 
 
@@ -148,7 +106,7 @@ def ext_list(ctx: typer.Context, json: JsonOption = False) -> None:
     """List every extension config and profile with its approval status."""
     from sandboxer.commands import owner
 
-    result = owner.list_entries(_dirs(ctx))
+    result = owner.list_entries(dirs_of(ctx))
     rows = [("NAME", "KIND", "STATUS", "VALID")]
     rows += [(e["name"], e["kind"], e["status"], "yes" if e["valid"] else "no") for e in result["entries"]]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
@@ -168,7 +126,7 @@ def runtime_digest(
     """Print the tree digest v1 of a runtime directory."""
     from sandboxer.commands import owner
 
-    result = owner.runtime_digest(_dirs(ctx), path, full=full)
+    result = owner.runtime_digest(dirs_of(ctx), path, full=full)
     _print(result, result["sha256"], json)
 
 
@@ -188,31 +146,4 @@ def serve(
     """Run the broker as a service for the state dir: HTTP/JSON on a Unix socket (docs/service.md)."""
     from sandboxer.service.serve import serve as run_service
 
-    run_service(_dirs(ctx), socket_path=socket, idle_exit=idle_exit)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; every error becomes one line (or a JSON object) and its exit status."""
-    args = sys.argv[1:] if argv is None else argv
-    head = args[: args.index("--")] if "--" in args else args
-    as_json = "--json" in head
-    command = typer.main.get_command(app)
-    try:
-        command.main(args=args, prog_name="sandboxer", standalone_mode=False)
-    except SandboxerError as exc:
-        return report_failure(exc, as_json=as_json, debug="--debug" in head)
-    except NoArgsIsHelpError as exc:
-        exc.show()
-        return 2
-    except ClickException as exc:
-        message = exc.format_message()
-        emit_error(kind="usage", message=message[:1].lower() + message[1:], as_json=as_json)
-        return 2
-    except typer.Exit as exc:
-        return int(exc.exit_code)
-    except typer.Abort:
-        emit_error(kind="interrupted", message="interrupted", as_json=as_json)
-        return 130
-    except Exception as exc:  # a bug: say so without dumping locals; --debug shows the traceback
-        return report_failure(exc, as_json=as_json, debug="--debug" in head)
-    return 0
+    run_service(dirs_of(ctx), socket_path=socket, idle_exit=idle_exit)

@@ -1,0 +1,101 @@
+"""The command line: one typer table for every command, its global options, and one handler
+that turns every error into one line (or a JSON object) and its exit status.
+
+The commands live in sandboxer.cli.caller (create, exec, inspect, list, teardown, gc,
+dispatch-tool, warm) and sandboxer.cli.owner (ext, runtime, manifest, bootstrap, serve).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+import typer
+from typer._click.core import Context  # typer 0.29 vendors click
+from typer._click.exceptions import ClickException, NoArgsIsHelpError
+from typer.core import TyperGroup
+
+from sandboxer.cli import caller, owner
+from sandboxer.cli.options import remember
+from sandboxer.dirs import resolve_dirs
+from sandboxer.errors import NotPendingError, ResidueError, SandboxerError
+from sandboxer.output import emit_error, print_result, report_failure
+
+
+class _Root(TyperGroup):
+    """The root group: Ctrl-C while a command runs is reported, not a silent status 130."""
+
+    def invoke(self, ctx: Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise typer.Abort() from None
+
+
+app = typer.Typer(
+    name="sandboxer",
+    cls=_Root,
+    help="A sandbox broker: owner-approved profiles, pinned runtimes, bubblewrap and Docker backends.",
+    pretty_exceptions_enable=False,  # they print local variables, which may hold secrets
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(caller.app)
+app.add_typer(owner.app)
+
+
+@app.callback()
+def main_options(
+    ctx: typer.Context,
+    config_dir: Annotated[
+        str | None, typer.Option("--config-dir", help="Owner config directory (env SANDBOXER_CONFIG).")
+    ] = None,
+    state_dir: Annotated[
+        str | None, typer.Option("--state-dir", help="Live state directory (env SANDBOXER_STATE).")
+    ] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of internal errors.")] = False,
+) -> None:
+    """Resolve the broker's directories once for every command."""
+    dirs = resolve_dirs(
+        config_dir=config_dir,
+        state_dir=state_dir,
+        environ=os.environ,
+        euid=os.geteuid(),
+        home=os.path.expanduser("~"),
+    )
+    remember(ctx, dirs, debug=debug)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; every error becomes one line (or a JSON object) and its exit status."""
+    args = sys.argv[1:] if argv is None else argv
+    head = args[: args.index("--")] if "--" in args else args
+    as_json, debug = "--json" in head, "--debug" in head
+    command = typer.main.get_command(app)
+    try:
+        status = command.main(args=args, prog_name="sandboxer", standalone_mode=False)
+    except ResidueError as exc:  # the receipt (with its residue) is already the JSON document
+        sys.stderr.write(f"sandboxer: {exc}\n")
+        return exc.exit_status
+    except NotPendingError as exc:  # the contract's retryable answer, not an error object
+        sys.stderr.write(f"sandboxer: {exc}\n")
+        if as_json:
+            print_result({"status": "not-pending", "retryable": True}, "", True)
+        return exc.exit_status
+    except SandboxerError as exc:
+        return report_failure(exc, as_json=as_json, debug=debug)
+    except NoArgsIsHelpError as exc:
+        exc.show()
+        return 2
+    except ClickException as exc:
+        message = exc.format_message()
+        emit_error(kind="usage", message=message[:1].lower() + message[1:], as_json=as_json)
+        return 2
+    except typer.Abort:
+        emit_error(kind="interrupted", message="interrupted", as_json=as_json)
+        return 130
+    except Exception as exc:  # a bug: say so without dumping locals; --debug shows the traceback
+        return report_failure(exc, as_json=as_json, debug=debug)
+    return status if isinstance(status, int) else 0  # a typer.Exit's status (exec's, --help's)

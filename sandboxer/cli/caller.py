@@ -1,0 +1,230 @@
+"""The caller's commands: create, exec, inspect, list, teardown, gc, dispatch-tool (and the
+owner's warm, which fills what create takes from).
+
+Each command imports only its own module when it runs. `exec` keeps its own contract: the
+command after `--` is taken verbatim, and every broker failure — bad usage included — is one
+line on stderr and status 125 (sandboxer.commands.execute).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from typer._click.core import Context
+from typer._click.exceptions import BadOptionUsage, NoSuchOption
+from typer._click.exceptions import UsageError as ClickUsageError
+from typer.core import TyperCommand
+
+from sandboxer.cli.options import JsonOption, debug_of, dirs_of
+from sandboxer.errors import EntryError, ExecUsage
+from sandboxer.output import flatten, print_result
+
+app = typer.Typer()
+
+IdArgument = Annotated[str, typer.Argument(metavar="ID", help="A sandbox id (24 lowercase hex digits).")]
+
+
+@app.command("create")
+def create(
+    ctx: typer.Context,
+    *,
+    profile: Annotated[str, typer.Option("--profile", help="An approved profile name.")],
+    manifest: Annotated[str | None, typer.Option("--manifest", help="A lease manifest (docs/manifest.md).")] = None,
+    bootstrap: Annotated[
+        str | None, typer.Option("--bootstrap", help="A runtime bootstrap file (docs/bootstrap.md).")
+    ] = None,
+    ttl: Annotated[
+        float | None, typer.Option("--ttl", help="Seconds until a running service tears it down (docs/service.md).")
+    ] = None,
+    json: JsonOption = False,
+) -> None:
+    """Create a sandbox from an approved profile and print its id."""
+    from sandboxer.commands.create import create as create_sandbox
+
+    result = create_sandbox(dirs_of(ctx), profile, manifest_path=manifest, bootstrap_path=bootstrap, ttl=ttl)
+    print_result(result, result["id"], json)
+
+
+_COMMAND = "sandboxer.exec.command"  # where exec's parser leaves the command for exec_()
+
+
+class _ExecCommand(TyperCommand):
+    """exec's command line: the ID and options before `--`, the command verbatim after it; a
+    usage error is one line and status 125, like every other broker failure of exec."""
+
+    def collect_usage_pieces(self, ctx: Context) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), "-- ARGV..."]
+
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        head = args[: args.index("--")] if "--" in args else args
+        if "--help" in head:
+            return super().parse_args(ctx, head)
+        try:
+            return self._parse(ctx, args, head)
+        except ExecUsage as exc:
+            raise typer.Exit(_exec_failure(exc, debug=False)) from None
+
+    def _parse(self, ctx: Context, args: list[str], head: list[str]) -> list[str]:
+        if "--" not in args:
+            raise ExecUsage("exec: put -- before the command: sandboxer exec ID [OPTIONS] -- ARGV...")
+        command = args[len(head) + 1 :]
+        if not command:
+            raise ExecUsage("exec: no command after --")
+        ctx.meta[_COMMAND] = command
+        try:
+            return super().parse_args(ctx, head)
+        except NoSuchOption as exc:
+            raise ExecUsage(f"exec: no such option: {exc.option_name}") from None
+        except BadOptionUsage as exc:
+            raise ExecUsage(f"exec: {exc.option_name} needs a value") from None
+        except ClickUsageError:  # a missing ID, or more than one
+            raise ExecUsage("exec: exactly one sandbox ID is expected before --") from None
+
+
+@app.command("exec", cls=_ExecCommand)
+def exec_(
+    ctx: typer.Context,
+    *,
+    sandbox_id: IdArgument,
+    cwd: Annotated[
+        str | None, typer.Option("--cwd", metavar="DIR", help="The working directory inside the sandbox.")
+    ] = None,
+    consumer: Annotated[
+        str | None, typer.Option("--consumer", metavar="NAME", help="The manifest consumer this command runs as.")
+    ] = None,
+    executable: Annotated[
+        str | None,
+        typer.Option(
+            "--executable",
+            metavar="NAME",
+            help="With --consumer: the provider this command launches (docs/manifest.md).",
+        ),
+    ] = None,
+    timeout: Annotated[
+        str | None,
+        typer.Option(
+            "--timeout", metavar="SECONDS", help="Seconds until the exec's whole session is killed (status 124)."
+        ),
+    ] = None,
+) -> None:
+    """Run ARGV in a sandbox on this terminal's stdio; exit with its status.
+
+    Everything after -- is the command. Exit status: the command's own, 128+N when it died of
+    signal N, 124 when --timeout expired, 125 when the broker failed, 126 not executable, 127 not found.
+    """
+    from sandboxer.commands.execute import execute
+
+    options = {"id": sandbox_id}
+    for name, value in (("cwd", cwd), ("consumer", consumer), ("executable", executable), ("timeout", timeout)):
+        if value is not None:
+            options[name] = value
+    try:
+        status = execute(dirs_of(ctx), options, ctx.meta[_COMMAND])
+    except Exception as exc:
+        status = _exec_failure(exc, debug=debug_of(ctx))
+    raise typer.Exit(status)
+
+
+def _exec_failure(exc: Exception, *, debug: bool) -> int:
+    """Report an exec's failure as its contract wants (one line on stderr); return its status."""
+    from sandboxer.commands.execute import BROKER_FAILED
+
+    if isinstance(exc, ExecUsage):
+        sys.stderr.write(f"sandboxer: {exc}\n")
+        return BROKER_FAILED
+    if isinstance(exc, EntryError):
+        sys.stderr.write(f"sandboxer: exec: {exc.message}\n")
+        return exc.status
+    if debug:
+        import traceback
+
+        traceback.print_exception(exc)
+    sys.stderr.write(f"sandboxer: exec: internal error ({type(exc).__name__}); rerun with --debug\n")
+    return BROKER_FAILED
+
+
+@app.command("inspect")
+def inspect(ctx: typer.Context, sandbox_id: IdArgument, json: JsonOption = False) -> None:
+    """Evidence observed from a live sandbox."""
+    from sandboxer.commands.inspect import inspect as inspect_sandbox
+
+    result = inspect_sandbox(dirs_of(ctx), sandbox_id)
+    print_result(result, "\n".join(f"{k}: {v}" for k, v in flatten(result)), json)
+
+
+@app.command("list")
+def list_(ctx: typer.Context, json: JsonOption = False) -> None:
+    """List the sandboxes of this state dir."""
+    from sandboxer.commands.teardown import list_sandboxes
+
+    result = list_sandboxes(dirs_of(ctx))
+    rows = [("ID", "PROFILE", "BACKEND", "STATUS", "CREATED")]
+    rows += [
+        (e["id"], str(e["profile"]), str(e["backend"]), e["status"], str(e["created_at"])) for e in result["sandboxes"]
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    table = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+    print_result(result, table if result["sandboxes"] else "no sandboxes", json)
+
+
+@app.command("teardown")
+def teardown(ctx: typer.Context, sandbox_id: IdArgument, json: JsonOption = False) -> None:
+    """Remove everything a sandbox owns; print the receipt."""
+    from sandboxer.commands.teardown import receipt_or_raise
+    from sandboxer.commands.teardown import teardown as teardown_sandbox
+
+    receipt = teardown_sandbox(dirs_of(ctx), sandbox_id)
+    lines = [f"removed {item}" for item in receipt["removed"]]
+    lines += [f"RESIDUE {item}" for item in receipt["residue"]]
+    print_result(receipt, "\n".join(lines) or f"{sandbox_id}: nothing to remove", json)
+    receipt_or_raise(receipt)
+
+
+@app.command("gc")
+def gc(ctx: typer.Context, json: JsonOption = False) -> None:
+    """Finish sandboxes whose broker died mid-way."""
+    from sandboxer.commands.teardown import gc as collect
+    from sandboxer.commands.teardown import receipt_or_raise
+
+    result = collect(dirs_of(ctx))
+    lines = [f"collected {r['id']}" + (" (RESIDUE)" if r["residue"] else "") for r in result["collected"]]
+    print_result(result, "\n".join(lines) or "nothing to collect", json)
+    for receipt in result["collected"]:
+        receipt_or_raise(receipt)
+
+
+@app.command("dispatch-tool")
+def dispatch_tool(
+    ctx: typer.Context,
+    *,
+    sandbox_id: IdArgument,
+    lease: Annotated[str, typer.Option("--lease", help="The tool-request lease.")],
+    request_id: Annotated[str, typer.Option("--request-id", help="The request id (requests/<id>.json).")],
+    wait_seconds: Annotated[int, typer.Option("--wait-seconds", help="How long to wait for it (0-300).")],
+    json: JsonOption = False,
+) -> None:
+    """Relay one tool request from a sandbox's spool to its endpoint."""
+    from sandboxer.host.dispatch import dispatch
+
+    result = dispatch(dirs_of(ctx).state, sandbox_id, lease_id=lease, request_id=request_id, wait_seconds=wait_seconds)
+    print_result(result, f"dispatched {result['request_id']} ({result['response']})", json)
+
+
+@app.command("warm")
+def warm(
+    ctx: typer.Context,
+    profile: Annotated[str, typer.Argument(metavar="PROFILE", help="A Docker profile name.")],
+    json: JsonOption = False,
+) -> None:
+    """Start the warm containers a Docker profile keeps (ext.docker config.warm); remove stale ones."""
+    from sandboxer.commands.warm import fill
+
+    result = fill(dirs_of(ctx), profile)
+    text = f"{result['profile']}: " + (
+        "another fill is running"
+        if result["busy"]
+        else f"{result['warm']} warm (started {len(result['started'])}, removed {len(result['removed'])})"
+    )
+    print_result(result, text, json)
