@@ -16,6 +16,7 @@ from typer._click.core import Context  # typer 0.29 vendors click
 from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from typer.core import TyperGroup
 
+from sandboxer import __version__
 from sandboxer.cli import caller, owner
 from sandboxer.cli.options import remember
 from sandboxer.dirs import resolve_dirs
@@ -46,6 +47,12 @@ app.add_typer(caller.app)
 app.add_typer(owner.app)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"sandboxer {__version__}\n")
+        raise typer.Exit()
+
+
 @app.callback()
 def main_options(
     ctx: typer.Context,
@@ -56,8 +63,13 @@ def main_options(
         str | None, typer.Option("--state-dir", help="Live state directory (env SANDBOXER_STATE).")
     ] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of internal errors.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print the version and exit.", is_eager=True, callback=_print_version),
+    ] = False,
 ) -> None:
     """Resolve the broker's directories once for every command."""
+    del version  # handled by its callback
     dirs = resolve_dirs(
         config_dir=config_dir,
         state_dir=state_dir,
