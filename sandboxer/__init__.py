@@ -11,7 +11,8 @@ and its start-up must not pay for it.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False
+from typing import TYPE_CHECKING
+
 if TYPE_CHECKING:
     from sandboxer.api import Broker, ExecStream, Owner, Sandbox
     from sandboxer.client import Client, ClientSandbox

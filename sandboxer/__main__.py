@@ -1,17 +1,9 @@
-"""Entry point of the `sandboxer` console script and `python -m sandboxer`: every command goes to
-the one typer table of sandboxer.cli."""
+"""Entry point of the `sandboxer` console script and `python -m sandboxer`: the small client that
+hands the command line to the service, or runs it in-process (sandboxer.cliclient)."""
 
 from __future__ import annotations
 
-import sys
-
-
-def main() -> None:
-    """Run the CLI and exit with its status."""
-    from sandboxer.cli import main as run
-
-    sys.exit(run())
-
+from sandboxer.cliclient import main
 
 if __name__ == "__main__":
     main()

@@ -28,21 +28,15 @@ from sandboxer.verbs import SandboxBase
 
 __all__ = ["Client", "ClientExecStream", "ClientSandbox"]
 
-ROOT_SOCKET = "/run/sandboxer/broker.sock"
-
 
 def default_socket() -> str:
-    """SANDBOXER_SOCKET, else root's service socket, else the one in the caller's state dir."""
-    if os.environ.get("SANDBOXER_SOCKET"):
-        return os.environ["SANDBOXER_SOCKET"]
-    if os.geteuid() == 0:
-        return ROOT_SOCKET
-    from sandboxer.dirs import resolve_dirs
+    """SANDBOXER_SOCKET, else the socket in the caller's state dir (root's: /run/sandboxer)."""
+    from sandboxer.dirs import resolve_dirs, service_socket
 
     dirs = resolve_dirs(
         config_dir=None, state_dir=None, environ=os.environ, euid=os.geteuid(), home=os.path.expanduser("~")
     )
-    return os.path.join(dirs.state, "broker.sock")
+    return service_socket(dirs, os.environ)
 
 
 class _UnixConnection(http.client.HTTPConnection):

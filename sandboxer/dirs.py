@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import os
-
-TYPE_CHECKING = False  # `collections.abc` and `typing` cost ~1 ms on the exec path; mypy knows the name
-if TYPE_CHECKING:
-    from collections.abc import Mapping
+from collections.abc import Mapping
 
 
 class Dirs:
     """The config directory (owner YAML, approvals) and the state directory (live sandboxes, caches).
 
-    A plain slotted class: `exec` resolves these on its hot path, where importing dataclasses
-    would cost more than the rest of the lookup.
+    A plain slotted class: the CLI client resolves these before anything else, and imports
+    little (sandboxer/cliclient.py).
     """
 
     __slots__ = ("config", "state")
@@ -52,3 +49,12 @@ def resolve_dirs(
 def _absolute(value: str | None) -> str | None:
     # The XDG spec says relative values are invalid and must be ignored.
     return value if value and os.path.isabs(value) else None
+
+
+SOCKET_FILE = "broker.sock"
+
+
+def service_socket(dirs: Dirs, environ: Mapping[str, str]) -> str:
+    """Where the service of `dirs` answers: SANDBOXER_SOCKET, else `broker.sock` in the state dir
+    (root's default: /run/sandboxer/broker.sock)."""
+    return environ.get("SANDBOXER_SOCKET") or os.path.join(dirs.state, SOCKET_FILE)

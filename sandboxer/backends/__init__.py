@@ -8,14 +8,14 @@ that maps a name to its implementation. Each implementation is a package of its 
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # `typing` costs ~1.5 ms to import on the exec path; mypy knows the name
-if TYPE_CHECKING:
-    from collections.abc import Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
     from sandboxer.backends.protocol import Backend
     from sandboxer.core.plan import Backend as Name
 
-    Enter = Callable[..., int]
+Enter = Callable[..., int]
 
 NAMES: tuple[Name, ...] = ("bwrap", "docker")  # every backend, in the order gc asks each for its orphans
 

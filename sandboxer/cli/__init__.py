@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from typing import Annotated
 
 import typer
@@ -18,9 +19,10 @@ from typer.core import TyperGroup
 
 from sandboxer import __version__
 from sandboxer.cli import caller, owner
-from sandboxer.cli.options import remember
-from sandboxer.dirs import resolve_dirs
-from sandboxer.errors import NotPendingError, ResidueError, SandboxerError
+from sandboxer.cli.options import dirs_of, remember
+from sandboxer.dirs import Dirs, resolve_dirs
+from sandboxer.errors import NotPendingError, ResidueError, SandboxerError, UsageError
+from sandboxer.invocation import current
 from sandboxer.output import emit_error, print_result, report_failure
 
 
@@ -70,14 +72,81 @@ def main_options(
 ) -> None:
     """Resolve the broker's directories once for every command."""
     del version  # handled by its callback
-    dirs = resolve_dirs(
-        config_dir=config_dir,
-        state_dir=state_dir,
-        environ=os.environ,
-        euid=os.geteuid(),
-        home=os.path.expanduser("~"),
-    )
+    invocation = current()
+    if invocation.access is None:
+        dirs = resolve_dirs(
+            config_dir=config_dir,
+            state_dir=state_dir,
+            environ=invocation.environ,
+            euid=os.geteuid(),
+            home=os.path.expanduser("~"),
+        )
+    else:
+        dirs = _service_dirs(invocation.access.dirs, config_dir, state_dir, invocation.environ, invocation.cwd)
     remember(ctx, dirs, debug=debug)
+
+
+def _service_dirs(
+    served: Dirs, config_dir: str | None, state_dir: str | None, environ: Mapping[str, str], cwd: str
+) -> Dirs:
+    """The service's own directories; a client that names others is refused, never served from
+    the wrong ones."""
+    for what, named, own in (
+        ("config dir", config_dir or environ.get("SANDBOXER_CONFIG"), served.config),
+        ("state dir", state_dir or environ.get("SANDBOXER_STATE"), served.state),
+    ):
+        if named and os.path.realpath(os.path.join(cwd, named)) != os.path.realpath(own):
+            raise UsageError(
+                f"this service answers for the {what} {own}, not {named}",
+                hint="set SANDBOXER_NO_SERVICE=1 to run in-process",
+            )
+    return served
+
+
+def command_path(argv: list[str]) -> str:
+    """The names of the command and subcommand `argv` runs (for the audit log: never an
+    argument's value); "" when it names none."""
+    group: object = typer.main.get_command(app)
+    names: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--config-dir", "--state-dir"):
+            skip = True
+            continue
+        if arg.startswith("-"):
+            continue
+        commands = getattr(group, "commands", None)
+        if not isinstance(commands, dict) or arg not in commands:
+            break
+        names.append(arg)
+        group = commands[arg]
+    return " ".join(names)
+
+
+@app.command("serve")
+def serve(
+    ctx: typer.Context,
+    socket: Annotated[
+        str | None,
+        typer.Option(
+            "--socket", help="The Unix socket (default: STATE/broker.sock; root's: /run/sandboxer/broker.sock)."
+        ),
+    ] = None,
+    idle_exit: Annotated[
+        float | None, typer.Option("--idle-exit", help="Exit after this many seconds without a request.", min=1)
+    ] = None,
+) -> None:
+    """Run the broker as a service for the state dir: HTTP/JSON on a Unix socket (docs/service.md)."""
+    from sandboxer.service.cliserver import CommandTable
+    from sandboxer.service.serve import serve as run_service
+
+    if current().access is not None:
+        raise UsageError("serve runs in its own process, never as a service's command")
+    table = CommandTable(run=main, name=command_path)
+    run_service(dirs_of(ctx), socket_path=socket, idle_exit=idle_exit, commands=table)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,7 @@ line on stderr and status 125 (sandboxer.commands.execute).
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from typer._click.core import Context
@@ -17,8 +17,8 @@ from typer._click.exceptions import BadOptionUsage, NoSuchOption
 from typer._click.exceptions import UsageError as ClickUsageError
 from typer.core import TyperCommand
 
-from sandboxer.cli.options import JsonOption, debug_of, dirs_of
-from sandboxer.errors import EntryError, ExecUsage
+from sandboxer.cli.options import JsonOption, access, caller_path, debug_of, dirs_of, require_own, require_owner
+from sandboxer.errors import EntryError, ExecUsage, NotFoundError
 from sandboxer.output import flatten, print_result
 
 app = typer.Typer()
@@ -43,7 +43,17 @@ def create(
     """Create a sandbox from an approved profile and print its id."""
     from sandboxer.commands.create import create as create_sandbox
 
-    result = create_sandbox(dirs_of(ctx), profile, manifest_path=manifest, bootstrap_path=bootstrap, ttl=ttl)
+    dirs = dirs_of(ctx)
+    manifest = None if manifest is None else caller_path(manifest, "--manifest")
+    bootstrap = None if bootstrap is None else caller_path(bootstrap, "--bootstrap")
+
+    def make(caller_uid: int | None, lifetime: float | None) -> dict[str, Any]:
+        return create_sandbox(
+            dirs, profile, manifest_path=manifest, bootstrap_path=bootstrap, ttl=lifetime, caller_uid=caller_uid
+        )
+
+    rules = access()
+    result = make(None, ttl) if rules is None else rules.create(profile, ttl, make)
     print_result(result, result["id"], json)
 
 
@@ -115,13 +125,21 @@ def exec_(
     signal N, 124 when --timeout expired, 125 when the broker failed, 126 not executable, 127 not found.
     """
     from sandboxer.commands.execute import execute
+    from sandboxer.host.stdio import CallerStdio, Control
+    from sandboxer.invocation import current
 
     options = {"id": sandbox_id}
     for name, value in (("cwd", cwd), ("consumer", consumer), ("executable", executable), ("timeout", timeout)):
         if value is not None:
             options[name] = value
+    invocation = current()
+    program = None  # this process's own stdio and signals
+    if invocation.stdio is not None:
+        control = None if invocation.control is None else Control(invocation.control)
+        program = CallerStdio(invocation.stdio, control)
     try:
-        status = execute(dirs_of(ctx), options, ctx.meta[_COMMAND])
+        require_own(sandbox_id, ExecUsage(f"exec: no such sandbox: {sandbox_id}"))
+        status = execute(dirs_of(ctx), options, ctx.meta[_COMMAND], program)
     except Exception as exc:
         status = _exec_failure(exc, debug=debug_of(ctx))
     raise typer.Exit(status)
@@ -150,6 +168,7 @@ def inspect(ctx: typer.Context, sandbox_id: IdArgument, json: JsonOption = False
     """Evidence observed from a live sandbox."""
     from sandboxer.commands.inspect import inspect as inspect_sandbox
 
+    require_own(sandbox_id, NotFoundError(f"no such sandbox: {sandbox_id}"))
     result = inspect_sandbox(dirs_of(ctx), sandbox_id)
     print_result(result, "\n".join(f"{k}: {v}" for k, v in flatten(result)), json)
 
@@ -158,8 +177,12 @@ def inspect(ctx: typer.Context, sandbox_id: IdArgument, json: JsonOption = False
 def list_(ctx: typer.Context, json: JsonOption = False) -> None:
     """List the sandboxes of this state dir."""
     from sandboxer.commands.teardown import list_sandboxes
+    from sandboxer.service.access import visible
 
+    rules = access()
     result = list_sandboxes(dirs_of(ctx))
+    if rules is not None:
+        result = visible(result, rules.own_ids())
     rows = [("ID", "PROFILE", "BACKEND", "STATUS", "CREATED")]
     rows += [
         (e["id"], str(e["profile"]), str(e["backend"]), e["status"], str(e["created_at"])) for e in result["sandboxes"]
@@ -175,6 +198,7 @@ def teardown(ctx: typer.Context, sandbox_id: IdArgument, json: JsonOption = Fals
     from sandboxer.commands.teardown import receipt_or_raise
     from sandboxer.commands.teardown import teardown as teardown_sandbox
 
+    require_own(sandbox_id, NotFoundError(f"no such sandbox: {sandbox_id}"))
     receipt = teardown_sandbox(dirs_of(ctx), sandbox_id)
     lines = [f"removed {item}" for item in receipt["removed"]]
     lines += [f"RESIDUE {item}" for item in receipt["residue"]]
@@ -188,6 +212,7 @@ def gc(ctx: typer.Context, json: JsonOption = False) -> None:
     from sandboxer.commands.teardown import gc as collect
     from sandboxer.commands.teardown import receipt_or_raise
 
+    require_owner("gc")
     result = collect(dirs_of(ctx))
     lines = [f"collected {r['id']}" + (" (RESIDUE)" if r["residue"] else "") for r in result["collected"]]
     print_result(result, "\n".join(lines) or "nothing to collect", json)
@@ -208,6 +233,7 @@ def dispatch_tool(
     """Relay one tool request from a sandbox's spool to its endpoint."""
     from sandboxer.host.dispatch import dispatch
 
+    require_own(sandbox_id, NotFoundError(f"no such sandbox: {sandbox_id}"))
     result = dispatch(dirs_of(ctx).state, sandbox_id, lease_id=lease, request_id=request_id, wait_seconds=wait_seconds)
     print_result(result, f"dispatched {result['request_id']} ({result['response']})", json)
 
@@ -221,6 +247,7 @@ def warm(
     """Start the warm containers a Docker profile keeps (ext.docker config.warm); remove stale ones."""
     from sandboxer.commands.warm import fill
 
+    require_owner("warm")
     result = fill(dirs_of(ctx), profile)
     text = f"{result['profile']}: " + (
         "another fill is running"

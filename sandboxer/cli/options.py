@@ -1,13 +1,19 @@
-"""What every command of the CLI shares: the --json option, and what the root's global options
-resolved (the broker's directories, --debug) before the command runs."""
+"""What every command of the CLI shares: the --json option, what the root's global options
+resolved (the broker's directories, --debug) before the command runs, and — when the service
+runs the command for a CLI client — the rules for that caller (sandboxer.service.access)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import os
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from sandboxer.dirs import Dirs
+from sandboxer.invocation import current
+
+if TYPE_CHECKING:
+    from sandboxer.service.access import Access
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
 
@@ -29,3 +35,36 @@ def dirs_of(ctx: typer.Context) -> Dirs:
 def debug_of(ctx: typer.Context) -> bool:
     """Whether --debug was given: show the traceback of an internal error."""
     return bool(ctx.meta.get(_DEBUG, False))
+
+
+# ------------------------------------------------------------------- the caller, in the service
+
+
+def access() -> Access | None:
+    """The service's rules for the client this command runs for; None in-process, where the
+    account's own rights are all there is."""
+    return current().access
+
+
+def require_owner(what: str) -> None:
+    """An owner verb: refused to a granted caller of the service."""
+    rules = access()
+    if rules is not None:
+        rules.require_owner(what)
+
+
+def caller_path(path: str, what: str) -> str:
+    """The path to open for a file the caller named: as given in-process; in the service only
+    for a caller of the service's own account, relative to the client's working directory."""
+    rules = access()
+    if rules is None:
+        return path
+    rules.require_own_files(what)
+    return os.path.join(current().cwd, path)
+
+
+def require_own(sandbox_id: str, unknown: Exception) -> None:
+    """A sandbox the caller may name: in the service, its own (another's raises `unknown`)."""
+    rules = access()
+    if rules is not None:
+        rules.require_own(sandbox_id, unknown)

@@ -1,5 +1,5 @@
-"""The owner's commands: ext (check, approve, revoke, list), runtime digest, manifest check,
-bootstrap check, and serve (the broker as a service)."""
+"""The owner's commands: ext (check, approve, revoke, list), runtime digest, manifest check and
+bootstrap check. (`serve` is the root's: the service runs this whole table.)"""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from sandboxer.cli.options import JsonOption, dirs_of
+from sandboxer.cli.options import JsonOption, caller_path, dirs_of, require_owner
 from sandboxer.output import flatten
 from sandboxer.output import print_result as _print
 
@@ -32,7 +32,7 @@ def ext_check(
     """Validate an extension config or profile and print what it means."""
     from sandboxer.commands import owner
 
-    result = owner.check(file)
+    result = owner.check(caller_path(file, "ext check"))
     lines = [f"{file}: valid {result['kind']} (sha256 {result['sha256']})"]
     shown = {key: value for key, value in result.items() if key not in ("file", "sha256", "valid", "kind")}
     lines += [f"  {key}: {value}" for key, value in flatten(shown)]
@@ -49,7 +49,7 @@ def manifest_check(
     from sandboxer.core import manifest
 
     dirs = dirs_of(ctx)
-    checked = manifest.load(os.path.abspath(file), forbidden=(dirs.config, dirs.state))
+    checked = manifest.load(os.path.abspath(caller_path(file, "manifest check")), forbidden=(dirs.config, dirs.state))
     result = {"valid": True, **manifest.meaning(checked)}
     lines = [f"{checked.file}: valid lease manifest, version {checked.version}, run {checked.run_id}"]
     lines += [
@@ -68,8 +68,9 @@ def bootstrap_check(
     """Validate a runtime bootstrap file; print its fields but never the credential."""
     from sandboxer.core import bootstrap
 
-    document, _ = bootstrap.load(file)
-    result = {"valid": True, "file": os.path.abspath(file), **document.meaning()}
+    opened = caller_path(file, "bootstrap check")
+    document, _ = bootstrap.load(opened)
+    result = {"valid": True, "file": os.path.abspath(opened), **document.meaning()}
     human = [f"{result['file']}: valid runtime bootstrap, version {document.version}"]
     human += [f"  {key}: {value}" for key, value in document.meaning().items() if key != "version"]
     _print(result, "\n".join(human), json)
@@ -84,6 +85,7 @@ def ext_approve(
     """Approve the exact current bytes of an extension config or profile."""
     from sandboxer.commands import owner
 
+    require_owner("ext approve")
     result = owner.approve(dirs_of(ctx), name)
     _print(result, f"approved {name} (sha256 {result['sha256']})", json)
 
@@ -97,6 +99,7 @@ def ext_revoke(
     """Withdraw an approval."""
     from sandboxer.commands import owner
 
+    require_owner("ext revoke")
     result = owner.revoke(dirs_of(ctx), name)
     _print(result, f"revoked {name}" if result["revoked"] else f"{name} was not approved", json)
 
@@ -106,6 +109,7 @@ def ext_list(ctx: typer.Context, json: JsonOption = False) -> None:
     """List every extension config and profile with its approval status."""
     from sandboxer.commands import owner
 
+    require_owner("ext list")
     result = owner.list_entries(dirs_of(ctx))
     rows = [("NAME", "KIND", "STATUS", "VALID")]
     rows += [(e["name"], e["kind"], e["status"], "yes" if e["valid"] else "no") for e in result["entries"]]
@@ -126,24 +130,6 @@ def runtime_digest(
     """Print the tree digest v1 of a runtime directory."""
     from sandboxer.commands import owner
 
-    result = owner.runtime_digest(dirs_of(ctx), path, full=full)
+    require_owner("runtime digest")
+    result = owner.runtime_digest(dirs_of(ctx), caller_path(path, "runtime digest"), full=full)
     _print(result, result["sha256"], json)
-
-
-@app.command("serve")
-def serve(
-    ctx: typer.Context,
-    socket: Annotated[
-        str | None,
-        typer.Option(
-            "--socket", help="The Unix socket (default: /run/sandboxer/broker.sock as root, else STATE/broker.sock)."
-        ),
-    ] = None,
-    idle_exit: Annotated[
-        float | None, typer.Option("--idle-exit", help="Exit after this many seconds without a request.", min=1)
-    ] = None,
-) -> None:
-    """Run the broker as a service for the state dir: HTTP/JSON on a Unix socket (docs/service.md)."""
-    from sandboxer.service.serve import serve as run_service
-
-    run_service(dirs_of(ctx), socket_path=socket, idle_exit=idle_exit)

@@ -12,18 +12,19 @@ Kept free of typer, YAML and netlink imports: it runs on every exec.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import TYPE_CHECKING
 
 from sandboxer.backends import enter_for
-from sandboxer.core.fastjson import loads
 from sandboxer.core.record_exec import ExecView, ExecViewError
 from sandboxer.errors import ExecUsage
+from sandboxer.invocation import current
 
 if TYPE_CHECKING:
     from sandboxer.dirs import Dirs
-    from sandboxer.host.stdio import Program
+    from sandboxer.host.stdio import CallerStdio, Program
 
 BROKER_FAILED = 125  # the exec status of every broker failure
 _HEX = frozenset("0123456789abcdef")
@@ -72,7 +73,7 @@ def _load(state_dir: str, sandbox_id: str) -> ExecView:
         raise ExecUsage("exec: no such sandbox (ids are 24 lowercase hex digits)")
     try:
         with open(os.path.join(state_dir, "sandboxes", sandbox_id, "record.json"), "rb") as stream:
-            record = ExecView(loads(stream.read()))
+            record = ExecView(json.loads(stream.read()))
     except FileNotFoundError:
         raise ExecUsage(f"exec: no such sandbox: {sandbox_id}") from None
     except ExecViewError as exc:
@@ -86,7 +87,9 @@ def _load(state_dir: str, sandbox_id: str) -> ExecView:
     return record
 
 
-def execute(dirs: Dirs, options: dict[str, str], command: list[str], program: Program | None = None) -> int:
+def execute(
+    dirs: Dirs, options: dict[str, str], command: list[str], program: Program | CallerStdio | None = None
+) -> int:
     """Run `command` in the sandbox `options["id"]` with the exec options of the CLI (cwd,
     consumer, executable, timeout, as strings), on this process's stdio or `program`'s."""
     timeout = _validate(options)
@@ -121,7 +124,7 @@ def _provider_environment(
         if manifest is None:
             raise ExecUsage("exec: the sandbox's manifest record is gone")
         return leases.provider_environment(
-            manifest, consumer=consumer, executable=executable, caller_env=dict(os.environ)
+            manifest, consumer=consumer, executable=executable, caller_env=dict(current().environ)
         )
     except SandboxerError as exc:
         raise ExecUsage(f"exec: provider launch refused: {exc.message}") from None

@@ -1,22 +1,24 @@
-"""An exec's stdio: the caller's own descriptors, or a program's bytes (the Python API), and the
-pipes and copying between them — shared by both engines' exec paths (kept to plain os calls)."""
+"""An exec's stdio: a caller's own descriptors (this process's, or those a CLI client passed the
+service), or a program's bytes (the Python API, the HTTP API), and the pipes and copying between
+them — shared by both engines' exec paths."""
 
 from __future__ import annotations
 
 import os
 import select
+import signal
 import stat
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from sandboxer.errors import ExecUsage
 
-TYPE_CHECKING = False  # `typing` costs ~1.5 ms to import on the exec path; mypy knows the name
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from sandboxer.results import Stream
 
 TIMED_OUT = 124  # the status of an exec whose --timeout expired
 CALLER_GONE = 128 + 9  # the status of an exec killed because its caller went away
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what reaches an exec's command
 CANCEL_POLL = 0.2  # seconds between two questions to Program.cancelled
 
 
@@ -35,6 +37,45 @@ class Program:
         self.stdin = stdin
         self.output = output
         self.cancelled = cancelled
+
+
+class Control:
+    """A CLI client's connection to the service while its exec runs: each byte the client sends
+    is a signal number for the command (its Ctrl-C, its SIGTERM), and the connection's end means
+    the client went away — the exec is then killed with everything it started."""
+
+    __slots__ = ("fd", "gone")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.gone = False
+
+    def signals(self) -> list[int]:
+        """The signals the client sent since the last call (without waiting; only SIGINT, SIGTERM
+        and SIGHUP, which an in-process exec forwards too); at the connection's end, `gone`."""
+        if self.gone or not select.select([self.fd], [], [], 0)[0]:
+            return []
+        try:
+            data = os.read(self.fd, 64)
+        except BlockingIOError:
+            return []
+        except OSError:
+            data = b""
+        if not data:
+            self.gone = True
+        return [signum for signum in data if signum in FORWARDED]
+
+
+class CallerStdio:
+    """A caller's own stdio for an exec: descriptors for the command's 0-2 (pipes are put in front
+    of a terminal or a regular file, as for this process's own), and the client's `control` when
+    the service runs it for a CLI client (None: this process's own signals are forwarded)."""
+
+    __slots__ = ("control", "fds")
+
+    def __init__(self, fds: tuple[int, int, int], control: Control | None) -> None:
+        self.fds = fds
+        self.control = control
 
 
 class Pumps:
@@ -86,13 +127,15 @@ class Pumps:
         return pumps
 
     @classmethod
-    def for_caller_stdio(cls) -> Pumps:
-        """The pumps this process's fds 0-2 need."""
+    def for_caller_stdio(cls, fds: tuple[int, int, int] = (0, 1, 2)) -> Pumps:
+        """The pumps a caller's descriptors (this process's fds 0-2 by default) need."""
         pumps = cls()
+        pumps.given = list(fds)
+        pumps.stdin_source = fds[0]
         try:
-            for target in (0, 1, 2):
+            for target, fd in enumerate(fds):
                 try:
-                    mode = os.fstat(target).st_mode
+                    mode = os.fstat(fd).st_mode
                 except OSError:
                     continue  # closed: the command gets it closed too
                 if stat.S_ISDIR(mode) or stat.S_ISBLK(mode):
@@ -100,12 +143,12 @@ class Pumps:
                     raise ExecUsage(
                         f"exec: {('stdin', 'stdout', 'stderr')[target]} is {what}: give it a file or a pipe"
                     )
-                if not (stat.S_ISREG(mode) or os.isatty(target)):
+                if not (stat.S_ISREG(mode) or os.isatty(fd)):
                     continue
                 if target == 0:
                     pumps._pipe_in()
                 else:
-                    pumps._pipe_out(target, _writer(target))
+                    pumps._pipe_out(target, _writer(fd))
         except BaseException:
             pumps.given_away()
             pumps.close()

@@ -21,9 +21,8 @@ from aiohttp import web
 from sandboxer.dirs import Dirs
 from sandboxer.errors import ExecError, ExecUsage, PolicyError, SandboxerError, UsageError
 from sandboxer.service import frames
+from sandboxer.service.access import Access, Refused, admit, visible
 from sandboxer.service.audit import AuditLog
-from sandboxer.service.grants import Rights, peer_groups, rights_of
-from sandboxer.service.peer import is_owner, peer_of
 
 API_DOCUMENT = Path(__file__).with_name("openapi.json")
 MAX_BODY = 16 * 1024 * 1024  # a request body (an exec's stdin) larger than this is refused (413)
@@ -51,20 +50,18 @@ def make_app(dirs: Dirs) -> web.Application:
         sock = request.transport.get_extra_info("socket") if request.transport else None
         if sock is None:
             return error_response(PolicyError("the caller's credentials cannot be read"))
-        peer = peer_of(sock)
-        rights = None
-        if not is_owner(peer, dirs.config):
-            rights = await _in_thread(rights_of, peer, peer_groups(sock, peer), dirs)
-            if rights is None:
-                hint = "an owner grants it in grants.yaml"
-                refusal = PolicyError(f"uid {peer.uid} is not granted this broker", hint=hint)
-                await _in_thread(
-                    lambda: audit.record(
-                        uid=peer.uid, pid=peer.pid, verb="refused", sandbox=None, outcome="PolicyError", status=3
-                    )
+        try:
+            access = await _in_thread(admit, dirs, sock)
+        except Refused as refusal:
+            peer = refusal.peer
+            await _in_thread(
+                lambda: audit.record(
+                    uid=peer.uid, pid=peer.pid, verb="refused", sandbox=None, outcome="PolicyError", status=3
                 )
-                return error_response(refusal)
-        request["rights"] = rights  # None: an owner, who may do everything
+            )
+            return error_response(refusal)
+        request["access"] = access
+        peer = access.peer
         response: web.StreamResponse
         try:
             response = await handler(request)
@@ -85,7 +82,6 @@ def make_app(dirs: Dirs) -> web.Application:
     app = web.Application(middlewares=[callers], client_max_size=MAX_BODY)
     app["dirs"] = dirs
     app["audit"] = audit
-    app["create_lock"] = asyncio.Lock()  # a caller's count of live sandboxes, then its create
     app.router.add_get("/v1/version", version, name="version")
     app.router.add_get("/v1/openapi.json", openapi, name="openapi")
     app.router.add_get("/v1/sandboxes", list_sandboxes, name="list")
@@ -136,43 +132,9 @@ async def openapi(request: web.Request) -> web.Response:
 async def list_sandboxes(request: web.Request) -> web.Response:
     from sandboxer.commands.teardown import list_sandboxes as listing
 
+    access: Access = request["access"]
     document = await _in_thread(listing, request.app["dirs"])
-    rights: Rights | None = request["rights"]
-    if rights is not None:
-        own = set(await _in_thread(_sandboxes_of, request.app["dirs"], rights.uid))
-        document["sandboxes"] = [entry for entry in document["sandboxes"] if entry["id"] in own]
-    return web.json_response(document)
-
-
-def _sandboxes_of(dirs: Dirs, uid: int) -> list[str]:
-    """The live sandboxes a caller created (through this or an earlier service)."""
-    from sandboxer.host.registry import Registry
-
-    registry = Registry(dirs.state)
-    found = []
-    for sandbox_id in registry.ids():
-        record = registry.read_or_none(sandbox_id)
-        if record is not None and record.caller_uid == uid and not record.hidden and record.state != "failed":
-            found.append(sandbox_id)
-    return found
-
-
-def _require_own(request: web.Request, unknown: SandboxerError) -> None:
-    """A granted caller may use its own sandboxes only; any other answers as an unknown id does."""
-    from sandboxer.host.registry import Registry, check_id
-
-    rights: Rights | None = request["rights"]
-    if rights is None:
-        return
-    from sandboxer.errors import NotFoundError
-
-    try:
-        sandbox_id = check_id(request.match_info["id"])
-    except NotFoundError:
-        return  # a malformed id: the command's own answer, the same for everyone
-    record = Registry(request.app["dirs"].state).read_or_none(sandbox_id)
-    if record is None or record.caller_uid != rights.uid:
-        raise unknown
+    return web.json_response(visible(document, await _in_thread(access.own_ids)))
 
 
 async def create(request: web.Request) -> web.Response:
@@ -185,39 +147,32 @@ async def create(request: web.Request) -> web.Response:
     if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)):
         raise UsageError("ttl: must be a number of seconds")
     dirs = request.app["dirs"]
-    rights: Rights | None = request["rights"]
-    if rights is None:
-        created = await _in_thread(lambda: make(dirs, profile, ttl=ttl))
-        request["sandbox_id"] = created["id"]
-        return web.json_response(created, status=201)
-    limit = rights.limit_for(profile)
-    ceiling = rights.ttl_ceiling_for(profile)
-    if limit is None or ceiling is None:
-        raise PolicyError(f"profile {profile[:64]!r} is not granted to uid {rights.uid}")
-    if ttl is not None and ttl > ceiling:
-        raise PolicyError(f"ttl: {ttl:g} seconds is past the granted ceiling of {ceiling} (max_ttl_seconds)")
-    ttl = ceiling if ttl is None else ttl  # a caller's sandbox always ends
-    async with request.app["create_lock"]:
-        if len(await _in_thread(_sandboxes_of, dirs, rights.uid)) >= limit:
-            raise PolicyError(f"uid {rights.uid} has its {limit} live sandboxes (max_sandboxes)")
-        created = await _in_thread(lambda: make(dirs, profile, caller_uid=rights.uid, ttl=ttl))
+    access: Access = request["access"]
+    created = await _in_thread(
+        lambda: access.create(profile, ttl, lambda uid, lifetime: make(dirs, profile, caller_uid=uid, ttl=lifetime))
+    )
     request["sandbox_id"] = created["id"]
     return web.json_response(created, status=201)
 
 
-async def inspect(request: web.Request) -> web.Response:
-    from sandboxer.commands.inspect import inspect as observe
+def _unknown(request: web.Request) -> SandboxerError:
     from sandboxer.errors import NotFoundError
 
-    await _in_thread(_require_own, request, NotFoundError(f"no such sandbox: {request.match_info['id']}"))
+    return NotFoundError(f"no such sandbox: {request.match_info['id']}")
+
+
+async def inspect(request: web.Request) -> web.Response:
+    from sandboxer.commands.inspect import inspect as observe
+
+    await _in_thread(request["access"].require_own, request.match_info["id"], _unknown(request))
     return web.json_response(await _in_thread(observe, request.app["dirs"], request.match_info["id"]))
 
 
 async def teardown(request: web.Request) -> web.Response:
     from sandboxer.commands.teardown import teardown as remove
-    from sandboxer.errors import NotFoundError, ResidueError
+    from sandboxer.errors import ResidueError
 
-    await _in_thread(_require_own, request, NotFoundError(f"no such sandbox: {request.match_info['id']}"))
+    await _in_thread(request["access"].require_own, request.match_info["id"], _unknown(request))
     receipt = await _in_thread(remove, request.app["dirs"], request.match_info["id"])
     if receipt["residue"]:
         error = ResidueError(f"teardown of {receipt['id']} left residue: {'; '.join(receipt['residue'])}")
@@ -228,8 +183,7 @@ async def teardown(request: web.Request) -> web.Response:
 async def gc(request: web.Request) -> web.Response:
     from sandboxer.commands.teardown import gc as collect
 
-    if request["rights"] is not None:
-        raise PolicyError("gc is for the broker's owners")
+    request["access"].require_owner("gc")
     return web.json_response(await _in_thread(collect, request.app["dirs"]))
 
 
@@ -244,7 +198,7 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
     if not isinstance(argv, list) or not argv or not all(isinstance(arg, str) for arg in argv):
         raise UsageError("argv: must be a non-empty list of strings")
     sandbox_id = request.match_info["id"]
-    await _in_thread(_require_own, request, ExecError(f"exec: no such sandbox: {sandbox_id}"))
+    await _in_thread(request["access"].require_own, sandbox_id, ExecError(f"exec: no such sandbox: {sandbox_id}"))
     cli_options = {"id": request.match_info["id"]}
     for name in ("cwd", "consumer", "executable"):
         if options.get(name) is not None:

@@ -19,27 +19,26 @@ import signal
 import socket
 import stat
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
-from sandboxer.dirs import Dirs
+from sandboxer.dirs import SOCKET_FILE, Dirs
 from sandboxer.errors import PolicyError, UsageError
 from sandboxer.host.registry import Registry, try_lock_file
+from sandboxer.invocation import install_thread_streams
+from sandboxer.service.cliserver import CommandTable, Serving
 
 LOCK_FILE = "service.lock"
 WORKERS = 256  # requests the service works on at once (each exec holds one while it runs)
-SOCKET_FILE = "broker.sock"
-ROOT_SOCKET = "/run/sandboxer/broker.sock"
 
 
-def default_socket(dirs: Dirs, euid: int) -> str:
-    """Root's service listens at /run/sandboxer/broker.sock, any other's in its state dir."""
-    return ROOT_SOCKET if euid == 0 else os.path.join(dirs.state, SOCKET_FILE)
+def default_socket(dirs: Dirs) -> str:
+    """The service of a state dir listens in it (root's default: /run/sandboxer/broker.sock)."""
+    return os.path.join(dirs.state, SOCKET_FILE)
 
 
-def serve(dirs: Dirs, *, socket_path: str | None, idle_exit: float | None) -> int:
+def serve(dirs: Dirs, *, socket_path: str | None, idle_exit: float | None, commands: CommandTable) -> int:
     """Run the service until SIGTERM/SIGINT (or `idle_exit` seconds without a request)."""
-    path = socket_path or default_socket(dirs, os.geteuid())
+    path = socket_path or default_socket(dirs)
     registry = Registry(dirs.state)
     registry.ensure()
     lock = try_lock_file(os.path.join(dirs.state, LOCK_FILE))
@@ -49,7 +48,7 @@ def serve(dirs: Dirs, *, socket_path: str | None, idle_exit: float | None) -> in
         inherited = _activated_listener()
         listener = inherited or _listen(path)
         try:
-            asyncio.run(_run(dirs, listener, idle_exit))
+            asyncio.run(_run(dirs, listener, idle_exit, lock, commands))
         finally:
             listener.close()
             if inherited is None:  # a socket systemd made stays systemd's
@@ -111,34 +110,35 @@ def _answers(path: str) -> bool:
     return True
 
 
-async def _run(dirs: Dirs, listener: socket.socket, idle_exit: float | None) -> None:
+async def _run(dirs: Dirs, listener: socket.socket, idle_exit: float | None, lock: int, commands: CommandTable) -> None:
     from aiohttp import web
 
     from sandboxer.service.app import Handler, make_app
+    from sandboxer.service.connections import Activity, Connections
     from sandboxer.service.lifetimes import REAP_EVERY, reap
 
     app = make_app(dirs)
-    last_request = [time.monotonic()]
-    active = [0]
+    activity = Activity()
 
     @web.middleware
     async def idle_clock(request: web.Request, handler: Handler) -> web.StreamResponse:
-        active[0] += 1
+        activity.begin()
         try:
             return await handler(request)
         finally:
-            active[0] -= 1
-            last_request[0] = time.monotonic()
+            activity.end()
 
     app.middlewares.insert(0, idle_clock)
+    install_thread_streams()  # a CLI client's command prints on the client's own descriptors
     # Every command runs in a worker thread, an exec for as long as its command runs: the default
     # pool (a handful of threads on a small machine) would let a few long execs starve the rest.
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="sandboxer"))
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
-    site = web.SockSite(runner, listener)
-    await site.start()
+    serving = Serving(dirs=dirs, audit=app["audit"], commands=commands)
+    connections = Connections(listener, runner.server, serving, activity)
+    acceptor = asyncio.create_task(connections.accept())
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
@@ -149,9 +149,14 @@ async def _run(dirs: Dirs, listener: socket.socket, idle_exit: float | None) -> 
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=REAP_EVERY)
             await loop.run_in_executor(None, reap, dirs, app["audit"])
-            if idle_exit is not None and not active[0] and time.monotonic() - last_request[0] > idle_exit:
+            if idle_exit is not None and activity.idle_for() > idle_exit:
                 sys.stderr.write("sandboxer: idle, exiting\n")
                 break
+            if os.fstat(lock).st_nlink == 0:
+                sys.stderr.write("sandboxer: the state dir was removed, exiting\n")
+                break
     finally:
+        acceptor.cancel()
+        await connections.close()
         await runner.cleanup()
     sys.stderr.write("sandboxer: stopped; live sandboxes keep running\n")

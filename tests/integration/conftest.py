@@ -8,6 +8,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,9 @@ class SandboxBroker:
     profile: str = PROFILE
     backend: str = "bwrap"
     created: list[str] = field(default_factory=list)
+    # The CLI's commands go to the service for the state dir (an unprivileged user's client starts
+    # its private one); otherwise they run in the CLI's own process (SANDBOXER_NO_SERVICE=1).
+    through_service: bool = False
 
     def argv(self, *args: str) -> list[str]:
         """The full command line of one CLI run."""
@@ -69,7 +73,10 @@ class SandboxBroker:
 
     def env(self) -> dict[str, str]:
         """The environment of the CLI: minimal, with a HOME the user owns."""
-        return {"PATH": "/usr/bin:/bin", "HOME": str(self.root / "home"), "LANG": "C.UTF-8"}
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(self.root / "home"), "LANG": "C.UTF-8"}
+        if not self.through_service:
+            env["SANDBOXER_NO_SERVICE"] = "1"
+        return env
 
     def run(self, *args: str, stdin: bytes | None = None, timeout: float = 120) -> Result:
         """Run the CLI and collect its result."""
@@ -165,7 +172,23 @@ def _cleanup(broker: SandboxBroker) -> None:
         if broker.sandbox_dir(sandbox_id).exists():
             broker.run("teardown", sandbox_id)
     broker.run("gc")
+    for pid in services_of(broker.state):  # a private service the CLI started
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
     shutil.rmtree(broker.root, ignore_errors=True)
+
+
+def services_of(state: Path) -> list[int]:
+    """The `serve` processes for a state dir."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in argv and str(state).encode() in argv:
+            found.append(int(pid))
+    return found
 
 
 MODES = ["root", "user"]

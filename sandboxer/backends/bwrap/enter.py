@@ -1,30 +1,24 @@
 """`sandboxer exec` on a bwrap sandbox: the command joins the sandbox's namespaces (joiner), with
-the caller's stdio or a program's, and is waited for, its --timeout enforced.
-
-Part of the exec hot path: plain os calls, no `typing`, `enum` or `signal` imports
-(tests/unit/test_exec_import_budget.py).
+a caller's stdio or a program's, and is waited for, its --timeout enforced.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
+import signal
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from sandboxer.errors import ExecUsage
 from sandboxer.host import procs
-from sandboxer.host.stdio import CALLER_GONE, CANCEL_POLL, TIMED_OUT, Pumps
+from sandboxer.host.stdio import CALLER_GONE, CANCEL_POLL, TIMED_OUT, CallerStdio, Control, Program, Pumps
 
-TYPE_CHECKING = False  # `typing` costs ~1.5 ms to import on the exec path; mypy knows the name
 if TYPE_CHECKING:
-    import signal
-    from collections.abc import Callable
-
     from sandboxer.backends.bwrap import joiner
     from sandboxer.core.record_exec import ExecView
-    from sandboxer.host.stdio import Program
-else:
-    import _signal as signal  # the same calls and numbers; `signal` imports enum (~3 ms)
 
 
 def _check_running(record: ExecView, sandbox_id: str) -> tuple[int, int]:
@@ -43,10 +37,10 @@ def run(
     env: dict[str, str],
     timeout: float | None,
     *,
-    program: Program | None,
+    program: Program | CallerStdio | None,
     state_dir: str,
 ) -> int:
-    """exec by joining the sandbox's namespaces (joiner)."""
+    """exec by joining the sandbox's namespaces (joiner); `program` None is this process's stdio."""
     holder_pid, holder_start = _check_running(record, options["id"])
     from sandboxer.backends.bwrap import joiner  # ctypes and the namespace code
 
@@ -66,8 +60,11 @@ def run(
         holder_start=holder_start,
         keyring=joiner.keyring_name(options["id"]),
     )
-    cancelled = program.cancelled if program is not None else None
-    exec_group = _exec_group(record) if timeout is not None or cancelled is not None else None
+    caller = program if isinstance(program, CallerStdio) else None
+    cancelled = program.cancelled if isinstance(program, Program) else None
+    control = caller.control if caller is not None else None
+    watched = cancelled is not None or control is not None  # the caller may go away
+    exec_group = _exec_group(record) if timeout is not None or watched else None
     if exec_group is not None:
         parent = os.path.dirname(exec_group)
         procs_files = tuple(
@@ -75,20 +72,23 @@ def run(
             for f in entry.cgroup_procs
         )
         entry.cgroup_procs = procs_files
-    pumps = Pumps.for_caller_stdio() if program is None else Pumps.for_program(program)
+    if isinstance(program, Program):
+        pumps = Pumps.for_program(program)
+    else:
+        pumps = Pumps.for_caller_stdio(caller.fds if caller is not None else (0, 1, 2))
     try:
         try:
             started = joiner.start(entry, stdin=pumps.given[0], stdout=pumps.given[1], stderr=pumps.given[2])
         finally:
             pumps.given_away()
-        return _wait(started, timeout, exec_group, pumps, forward_signals=program is None, cancelled=cancelled)
+        return _wait(
+            started, timeout, exec_group, pumps, forward_signals=program is None, cancelled=cancelled, control=control
+        )
     finally:
         pumps.close()
         if exec_group is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.rmdir(exec_group)  # kept while a background process of this exec still runs
-            except OSError:
-                pass
 
 
 def _seccomp_program(state_dir: str, sandbox_id: str) -> bytes:
@@ -132,6 +132,7 @@ def _wait(
     *,
     forward_signals: bool,
     cancelled: Callable[[], bool] | None = None,
+    control: Control | None = None,
 ) -> int:
     def forward(signum: int, _frame: object) -> None:
         procs.signal_all(procs.in_session(started.command_pid) or [started.command_pid], signum)
@@ -141,19 +142,25 @@ def _wait(
             signal.signal(sig, forward)
     pidfd = os.pidfd_open(started.relay_pid)
     deadline = None if timeout is None else time.monotonic() + timeout
+    watched = [control.fd] if control is not None else []
     try:
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             if cancelled is not None:
                 remaining = CANCEL_POLL if remaining is None else min(remaining, CANCEL_POLL)
             try:
-                readable, writable, _ = select.select([pidfd, *pumps.readers()], pumps.writers(), [], remaining)
+                readable, writable, _ = select.select(
+                    [pidfd, *pumps.readers(), *watched], pumps.writers(), [], remaining
+                )
             except InterruptedError:
                 continue
             pumps.pump(readable, writable)
             if pidfd in readable:
                 break
-            gone = cancelled is not None and cancelled()
+            if control is not None and control.fd in readable:
+                for signum in control.signals():
+                    forward(signum, None)
+            gone = (cancelled is not None and cancelled()) or (control is not None and control.gone)
             if gone or (deadline is not None and time.monotonic() >= deadline):
                 if exec_group is not None:
                     procs.kill_cgroup(exec_group)

@@ -28,16 +28,11 @@ import errno
 import fcntl
 import os
 import resource
+import signal
+from collections.abc import Sequence
 
 from sandboxer.errors import EntryError
 from sandboxer.host.seccomp_install import install as install_seccomp
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    import signal
-    from collections.abc import Sequence  # `collections` costs ~2 ms an exec
-else:
-    import _signal as signal  # the same calls and numbers; `signal` imports enum (~3.5 ms an exec)
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000

@@ -5,9 +5,10 @@ Kept apart from the rest of the backend so that teardown and gc import only this
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sandboxer.host import procs
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
 

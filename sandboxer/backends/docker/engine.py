@@ -2,8 +2,7 @@
 
 Every Engine call the broker makes goes through this module — create and teardown, gc's view of
 the containers a broker made, the spool volumes, and every exec (sandboxer.backends.docker.execs).
-It is HTTP/1.1 by hand rather than the Docker SDK because the SDK (requests, urllib3) costs more
-to import than a `docker exec` takes, and exec is the hot path (docs/architecture.md). The
+It is HTTP/1.1 by hand rather than the Docker SDK (docs/docker.md says why). The
 requests are few and fixed: one per call with `Connection: close`, plus the upgraded (hijacked)
 connection an exec or an attach streams over. The endpoint is fixed too: never DOCKER_HOST from
 the environment. The tests observe the Engine through the SDK, independently of this module.
@@ -11,16 +10,13 @@ the environment. The tests observe the Engine through the SDK, independently of 
 
 from __future__ import annotations
 
-import _socket
+import json
 import select
+import socket
 import struct
 import time
 
-from sandboxer.core.fastjson import dumps, loads
-
-TYPE_CHECKING = False  # `typing` costs ~1.5 ms to import on the exec path; mypy knows the name
-if TYPE_CHECKING:
-    Socket = _socket.socket
+Socket = socket.socket
 
 SOCKET = "/var/run/docker.sock"
 API = "/v1.41"
@@ -31,8 +27,8 @@ class EngineError(Exception):
 
 
 def _connect() -> Socket:
-    """A stream socket to the Engine (`_socket` itself: the `socket` module imports `enum`)."""
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    """A stream socket to the Engine."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(SOCKET)
     except BaseException:
@@ -42,7 +38,7 @@ def _connect() -> Socket:
 
 
 def _request(method: str, path: str, body: dict[str, object] | None = None) -> tuple[int, bytes]:
-    payload = dumps(body).encode() if body is not None else b""
+    payload = json.dumps(body).encode() if body is not None else b""
     sock = _connect()
     try:
         sock.settimeout(60)  # a daemon that never answers must not hang the broker
@@ -85,7 +81,7 @@ def inspect_exec(exec_id: str) -> dict[str, object]:
     status, content = _request("GET", f"/exec/{exec_id}/json")
     if status != 200:
         raise EngineError(f"exec inspect: HTTP {status}")
-    result: dict[str, object] = loads(content)
+    result: dict[str, object] = json.loads(content)
     return result
 
 
@@ -187,11 +183,11 @@ def ping() -> bool:
 
 def containers(label: str) -> list[dict[str, object]]:
     """Every container, running or not, carrying `label` (`key=value`), as the Engine lists them."""
-    filters = quote(dumps({"label": [label]}))
+    filters = quote(json.dumps({"label": [label]}))
     status, content = _request("GET", f"/containers/json?all=1&filters={filters}")
     if status != 200:
         raise EngineError(f"container list: HTTP {status}")
-    found: list[dict[str, object]] = loads(content)
+    found: list[dict[str, object]] = json.loads(content)
     return found
 
 

@@ -1,29 +1,24 @@
 """`sandboxer exec` on a Docker sandbox: an exec made and streamed through the Engine
-(sandboxer.backends.docker.execs), with the caller's stdio or a program's, its --timeout enforced
+(sandboxer.backends.docker.execs), with a caller's stdio or a program's, its --timeout enforced
 through a pids cgroup of its own.
-
-Part of the exec hot path: plain os calls, no `typing`, `enum` or `signal` imports
-(tests/unit/test_exec_import_budget.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from sandboxer.backends.docker import engine, execs
 from sandboxer.errors import ExecUsage
 from sandboxer.host import procs
-from sandboxer.host.stdio import CALLER_GONE, TIMED_OUT, feeder
+from sandboxer.host.stdio import CALLER_GONE, TIMED_OUT, CallerStdio, Control, Program, feeder
 
-TYPE_CHECKING = False  # `typing` costs ~1.5 ms to import on the exec path; mypy knows the name
 if TYPE_CHECKING:
-    import signal
-
     from sandboxer.core.record_exec import ExecView
-    from sandboxer.host.stdio import Program
-else:
-    import _signal as signal  # the same calls and numbers; `signal` imports enum (~3 ms)
 
 
 def run(
@@ -33,12 +28,16 @@ def run(
     env: dict[str, str],
     timeout: float | None,
     *,
-    program: Program | None,
+    program: Program | CallerStdio | None,
     state_dir: str,
 ) -> int:
-    """exec through the Engine API; statuses as on bwrap (env -i gives 126/127 for us)."""
+    """exec through the Engine API; statuses as on bwrap (env -i gives 126/127 for us).
+    `program` None is this process's stdio."""
     user = _user(record, options["id"])
-    cancelled = program.cancelled if program is not None else None
+    caller = program if isinstance(program, CallerStdio) else None
+    cancelled = program.cancelled if isinstance(program, Program) else None
+    if caller is not None and caller.control is not None:
+        cancelled = _client_gone(caller.control)
     gated = timeout is not None or cancelled is not None  # its own cgroup, to kill all of it
     try:
         exec_id = execs.create_exec(
@@ -68,15 +67,7 @@ def run(
         if group is not None:
             groups.append(group)
 
-    stdin = 0
-    if program is None:
-        output = execs.to_fds(1, 2)
-    else:
-        stdin = feeder(program.stdin)
-
-        def output(stream: int, chunk: bytes) -> None:
-            program.output("stdout" if stream == 1 else "stderr", chunk)
-
+    stdin, output = _streams(program)
     try:
         finished = execs.run(
             exec_id,
@@ -97,13 +88,35 @@ def run(
         _kill_docker_exec(exec_id, groups)
         raise ExecUsage(f"exec: the Docker Engine failed or the caller went away ({exc})") from None
     finally:
-        if stdin != 0:
+        if isinstance(program, Program):
             os.close(stdin)
         for group in groups:
-            try:
+            with contextlib.suppress(OSError):
                 os.rmdir(group)  # kept while a background process of this exec still runs
-            except OSError:
-                pass
+
+
+def _streams(program: Program | CallerStdio | None) -> tuple[int, Callable[[int, bytes], None]]:
+    """The exec's stdin (a memfd of a program's input, to close after) and its output's sink."""
+    if isinstance(program, Program):
+
+        def output(stream: int, chunk: bytes) -> None:
+            program.output("stdout" if stream == 1 else "stderr", chunk)
+
+        return feeder(program.stdin), output
+    fds = program.fds if program is not None else (0, 1, 2)
+    return fds[0], execs.to_fds(fds[1], fds[2])
+
+
+def _client_gone(control: Control) -> Callable[[], bool]:
+    """`cancelled` for a CLI client's exec: its end cancels; a signal it passes on interrupts
+    the exec as this process's own would."""
+
+    def gone() -> bool:
+        for signum in control.signals():
+            raise _Interrupted(signum)
+        return control.gone
+
+    return gone
 
 
 def _docker_exec_group(exec_id: str) -> str | None:
@@ -129,10 +142,8 @@ def _docker_exec_group(exec_id: str) -> str | None:
         return None
     finally:
         if pid:
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGCONT)
-            except OSError:
-                pass
 
 
 def _own_pids_group(pid: int) -> str | None:

@@ -8,21 +8,19 @@ arrive, then the exit code is read. Create also uses this for its probe of a new
 
 from __future__ import annotations
 
-import _socket
+import contextlib
+import json
 import os
 import select
+import socket
 import threading
 import time
+from collections.abc import Callable
 
 from sandboxer.backends.docker.engine import EngineError, frames, hijack, inspect_exec, request
-from sandboxer.core.fastjson import dumps, loads
 from sandboxer.host.stdio import CANCEL_POLL
 
-TYPE_CHECKING = False  # `typing` costs ~1.5 ms to import on the exec path; mypy knows the name
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    Socket = _socket.socket
+Socket = socket.socket
 
 
 # Every exec is a Landlock domain of its own, as on bwrap (joiner.own_landlock_domain): the kernel
@@ -174,20 +172,20 @@ def create_exec(
     status, content = request("POST", f"/containers/{container}/exec", body)
     if status != 201:
         raise EngineError(f"exec create: HTTP {status}")
-    return str(loads(content)["Id"])
+    return str(json.loads(content)["Id"])
 
 
-def _pump_stdin(sock: Socket, stdin: int) -> None:
-    try:
-        while data := os.read(stdin, 65536):
+def _pump_stdin(sock: Socket, stdin: int, stop: int) -> None:
+    """Copy `stdin` into the exec until its end, or until `stop` is readable (the exec ended: a
+    caller's terminal, which never ends, holds no thread of a service)."""
+    with contextlib.suppress(OSError):
+        while select.select([stdin, stop], [], [])[0] and not select.select([stop], [], [], 0)[0]:
+            data = os.read(stdin, 65536)
+            if not data:
+                break
             sock.sendall(data)
-    except OSError:
-        pass
-    finally:
-        try:
-            sock.shutdown(_socket.SHUT_WR)
-        except OSError:
-            pass
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_WR)
 
 
 def to_fds(stdout: int, stderr: int) -> Callable[[int, bytes], None]:
@@ -215,11 +213,13 @@ def run(
     """Start the exec and stream until it ends; False if `timeout` expired first. What it
     writes goes to `output` (stream 1 or 2, bytes) as it arrives. `started` is called once the
     exec runs, before any of its output is read."""
-    sock, buffer = hijack(f"/exec/{exec_id}/start", dumps({"Detach": False, "Tty": False}).encode())
+    sock, buffer = hijack(f"/exec/{exec_id}/start", json.dumps({"Detach": False, "Tty": False}).encode())
+    stop_r, stop_w = os.pipe2(os.O_CLOEXEC)
+    pump = threading.Thread(target=_pump_stdin, args=(sock, stdin, stop_r), daemon=True)
     try:
         if started is not None:
             started()
-        threading.Thread(target=_pump_stdin, args=(sock, stdin), daemon=True).start()
+        pump.start()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             ready_frames, buffer = frames(buffer)
@@ -240,6 +240,13 @@ def run(
                 return True
             buffer += data
     finally:
+        os.write(stop_w, b"x")
+        if pump.is_alive():
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # a pump blocked in sendall returns
+            pump.join()
+        os.close(stop_r)
+        os.close(stop_w)
         sock.close()
 
 

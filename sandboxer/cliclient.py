@@ -1,0 +1,204 @@
+"""The `sandboxer` command: a small client of the service that answers for the state dir.
+
+It forwards its argv, working directory and environment, with its stdin, stdout and stderr
+themselves (SCM_RIGHTS), to the service's socket; the service runs the command table for it,
+printing on those descriptors, and answers the exit status, which this process exits with. A
+signal this process gets (SIGINT, SIGTERM, SIGHUP) is passed on for an exec's command; if this
+process dies, the service kills the exec. Protocol: sandboxer/service/cliserver.py.
+
+Where the command runs:
+- `SANDBOXER_NO_SERVICE=1`, or `serve` itself: in this process (sandboxer.cli).
+- A service answers on `SANDBOXER_SOCKET`, else on the state dir's `broker.sock`: there.
+- None answers: an unprivileged user's client starts a private service for its state dir
+  (`serve --idle-exit`, in a session of its own, logging to `<state>/service.log`) and uses it;
+  root's runs the command in-process (root's service is the systemd unit's to start).
+
+Standard library only, and few modules of it (tests/unit/test_cli_client_imports.py): every
+command of every caller pays for what this module imports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+
+from sandboxer.dirs import resolve_dirs, service_socket
+
+IDLE_EXIT = 600  # seconds a private service waits for its next command before it exits
+START_SECONDS = 15.0  # how long a private service may take to answer
+SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+SERVICE_FAILED = 125  # the service went away before it answered a status
+# Commands that never go to a service: serve itself, and the checks of a file the caller names,
+# which read it with the caller's own rights (and need nothing of the broker's).
+FILE_CHECKS = {("ext", "check"), ("manifest", "check"), ("bootstrap", "check")}
+
+
+def main() -> None:
+    """The console script: run the command line and exit with its status."""
+    sys.exit(run(sys.argv[1:]))
+
+
+def run(argv: list[str]) -> int:
+    """Run one command line where it belongs (see the module's docstring)."""
+    environ = os.environ
+    words = _words(argv)
+    if environ.get("SANDBOXER_NO_SERVICE") == "1" or words[:1] == ("serve",) or words[:2] in FILE_CHECKS:
+        return _in_process(argv)
+    config_dir, state_dir = _global_dirs(argv)
+    dirs = resolve_dirs(
+        config_dir=config_dir, state_dir=state_dir, environ=environ, euid=os.geteuid(), home=os.path.expanduser("~")
+    )
+    path = service_socket(dirs, environ)
+    conn = _connect(path)
+    if conn is None:
+        if environ.get("SANDBOXER_SOCKET"):
+            sys.stderr.write(
+                f"sandboxer: no service answers on {path} (SANDBOXER_SOCKET); "
+                "unset it, or set SANDBOXER_NO_SERVICE=1 to run in-process\n"
+            )
+            return SERVICE_FAILED
+        if os.geteuid() == 0:
+            return _in_process(argv)
+        conn = _start_private_service(dirs.config, dirs.state, path)
+        if conn is None:
+            return _in_process(argv)  # it could not start: the same command, only slower
+    return _forward(conn, argv)
+
+
+def _in_process(argv: list[str]) -> int:
+    from sandboxer.cli import main as run_cli
+
+    return run_cli(argv)
+
+
+def _words(argv: list[str]) -> tuple[str, ...]:
+    """The command line after the global options (which take a value unless written NAME=VALUE)."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("--config-dir", "--state-dir"):
+            i += 2
+        elif arg.startswith(("--config-dir=", "--state-dir=")) or arg == "--debug":
+            i += 1
+        else:
+            return tuple(argv[i:])
+    return ()
+
+
+def _global_dirs(argv: list[str]) -> tuple[str | None, str | None]:
+    """--config-dir and --state-dir when given before the command."""
+    found: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("--config-dir", "--state-dir") and i + 1 < len(argv):
+            found[arg] = argv[i + 1]
+            i += 2
+        elif arg.startswith(("--config-dir=", "--state-dir=")):
+            name, _, value = arg.partition("=")
+            found[name] = value
+            i += 1
+        elif arg == "--debug":
+            i += 1
+        else:
+            break
+    return found.get("--config-dir"), found.get("--state-dir")
+
+
+def _connect(path: str) -> socket.socket | None:
+    """A connection to the service at `path`, or None when none answers there."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        conn.connect(path)
+    except OSError:
+        conn.close()
+        return None
+    return conn
+
+
+def _start_private_service(config: str, state: str, path: str) -> socket.socket | None:
+    """Start this user's service for its state dir and connect to it (None: it did not answer)."""
+    import subprocess
+    import time
+
+    try:
+        os.makedirs(state, mode=0o700, exist_ok=True)
+        log = os.open(os.path.join(state, "service.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
+    try:
+        argv = [sys.executable, "-m", "sandboxer", "--config-dir", config, "--state-dir", state]
+        argv += ["serve", "--socket", path, "--idle-exit", str(IDLE_EXIT)]
+        service = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, cwd="/"
+        )
+    except OSError:
+        return None
+    finally:
+        os.close(log)
+    deadline = time.monotonic() + START_SECONDS
+    while time.monotonic() < deadline:
+        conn = _connect(path)
+        if conn is not None:
+            return conn
+        if service.poll() not in (None, 0, 3):  # 3: another client's service won the state dir
+            return None
+        time.sleep(0.01)
+    return None
+
+
+def _forward(conn: socket.socket, argv: list[str]) -> int:
+    """Send the command line with this process's stdio; pass signals on; return the status."""
+    import signal
+
+    stdio = [_open_or_null(fd) for fd in (0, 1, 2)]
+    header = json.dumps({"argv": argv, "cwd": _cwd(), "env": dict(os.environ)}).encode()
+    try:
+        socket.send_fds(conn, [b"\0" + header + b"\n"], stdio)
+    except OSError as exc:
+        sys.stderr.write(f"sandboxer: the service did not take the command ({exc.strerror})\n")
+        return SERVICE_FAILED
+    finally:
+        for fd, own in zip(stdio, (0, 1, 2), strict=True):
+            if fd != own:
+                os.close(fd)
+
+    def pass_on(signum: int, _frame: object) -> None:
+        with contextlib.suppress(OSError):
+            conn.send(bytes([signum]))
+
+    for name in SIGNALS:
+        signal.signal(getattr(signal, name), pass_on)
+    answer = b""
+    while not answer.endswith(b"\n"):
+        try:
+            data = conn.recv(4096)
+        except InterruptedError:
+            continue
+        except OSError:
+            data = b""
+        if not data:
+            sys.stderr.write("sandboxer: the service went away before the command ended\n")
+            return SERVICE_FAILED
+        answer += data
+    status = json.loads(answer)["status"]
+    return status if isinstance(status, int) else SERVICE_FAILED
+
+
+def _open_or_null(fd: int) -> int:
+    """`fd` itself, or /dev/null in its place when it is closed."""
+    try:
+        os.fstat(fd)
+    except OSError:
+        return os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    return fd
+
+
+def _cwd() -> str:
+    try:
+        return os.getcwd()
+    except OSError:
+        return "/"  # a removed working directory: relative paths resolve against the root

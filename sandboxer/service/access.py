@@ -1,0 +1,135 @@
+"""What the service lets one caller do — the same rules for the HTTP API and the CLI client.
+
+Owners (root and the config dir's owner) may do everything. A granted caller creates only the
+profiles its grants name, within their limits (live sandboxes, a TTL ceiling: its sandboxes
+always end), sees and uses only the sandboxes it created — anyone else's answers exactly as an
+unknown id does — and runs no owner verb. The service opens a file a caller names only for a
+caller of its own account: a root service never reads a path on another account's say-so.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from sandboxer.dirs import Dirs
+from sandboxer.errors import NotFoundError, PolicyError
+from sandboxer.service.grants import Rights
+from sandboxer.service.peer import Peer
+
+T = TypeVar("T")
+
+# A caller's count of live sandboxes, then its create, under one lock: two creates at once cannot
+# both pass the count.
+_CREATE_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """One connection's caller (as the kernel reported it) and its rights."""
+
+    dirs: Dirs
+    peer: Peer
+    rights: Rights | None  # None: an owner
+
+    @property
+    def owner(self) -> bool:
+        return self.rights is None
+
+    def require_owner(self, what: str) -> None:
+        """Refuse an owner verb to a granted caller."""
+        if self.rights is not None:
+            raise PolicyError(f"{what} is for the broker's owners")
+
+    def require_own(self, sandbox_id: str, unknown: Exception) -> None:
+        """A granted caller may name its own sandboxes only; another's raises `unknown`, the very
+        error an id nobody has gets."""
+        from sandboxer.host.registry import Registry, check_id
+
+        if self.rights is None:
+            return
+        try:
+            checked = check_id(sandbox_id)
+        except NotFoundError:
+            return  # a malformed id: the command's own answer, the same for everyone
+        record = Registry(self.dirs.state).read_or_none(checked)
+        if record is None or record.caller_uid != self.rights.uid:
+            raise unknown
+
+    def own_ids(self) -> set[str] | None:
+        """The ids a granted caller may see (None: an owner sees all)."""
+        return None if self.rights is None else set(sandboxes_of(self.dirs, self.rights.uid))
+
+    def create(self, profile: str, ttl: float | None, make: Callable[[int | None, float | None], T]) -> T:
+        """Run `make(caller_uid, ttl)` when this caller may create `profile` now: its grant names
+        the profile, `ttl` is within the ceiling (which is the lifetime when none is asked), and
+        it has fewer live sandboxes than its limit."""
+        rights = self.rights
+        if rights is None:
+            return make(None, ttl)
+        limit = rights.limit_for(profile)
+        ceiling = rights.ttl_ceiling_for(profile)
+        if limit is None or ceiling is None:
+            raise PolicyError(f"profile {profile[:64]!r} is not granted to uid {rights.uid}")
+        if ttl is not None and ttl > ceiling:
+            raise PolicyError(f"ttl: {ttl:g} seconds is past the granted ceiling of {ceiling} (max_ttl_seconds)")
+        with _CREATE_LOCK:
+            if len(sandboxes_of(self.dirs, rights.uid)) >= limit:
+                raise PolicyError(f"uid {rights.uid} has its {limit} live sandboxes (max_sandboxes)")
+            return make(rights.uid, ceiling if ttl is None else ttl)
+
+    def require_own_files(self, what: str) -> None:
+        """Refuse to open a path this caller named unless the service runs as the caller's own
+        account (a private service, or root's for root)."""
+        if self.peer.uid != os.geteuid():
+            raise PolicyError(
+                f"{what}: the service does not open files for another account",
+                hint="run this command with SANDBOXER_NO_SERVICE=1: it reads the file with your own rights",
+            )
+
+
+def admit(dirs: Dirs, sock: socket.socket) -> Access:
+    """The access of the process at the other end of `sock`: an owner's, or a granted caller's;
+    PolicyError for anyone else."""
+    from sandboxer.service.grants import peer_groups, rights_of
+    from sandboxer.service.peer import is_owner, peer_of
+
+    peer = peer_of(sock)
+    if is_owner(peer, dirs.config):
+        return Access(dirs, peer, None)
+    rights = rights_of(peer, peer_groups(sock, peer), dirs)
+    if rights is None:
+        raise Refused(peer, f"uid {peer.uid} is not granted this broker", hint="an owner grants it in grants.yaml")
+    return Access(dirs, peer, rights)
+
+
+class Refused(PolicyError):
+    """A caller no grant admits (the audit log names it by its uid and pid)."""
+
+    def __init__(self, peer: Peer, message: str, *, hint: str) -> None:
+        super().__init__(message, hint=hint)
+        self.peer = peer
+
+
+def sandboxes_of(dirs: Dirs, uid: int) -> list[str]:
+    """The live sandboxes a caller created (through this or an earlier service)."""
+    from sandboxer.host.registry import Registry
+
+    registry = Registry(dirs.state)
+    found = []
+    for sandbox_id in registry.ids():
+        record = registry.read_or_none(sandbox_id)
+        if record is not None and record.caller_uid == uid and not record.hidden and record.state != "failed":
+            found.append(sandbox_id)
+    return found
+
+
+def visible(document: dict[str, Any], own: set[str] | None) -> dict[str, Any]:
+    """A list document with only the sandboxes `own` names (None: all of them)."""
+    if own is None:
+        return document
+    return {**document, "sandboxes": [entry for entry in document["sandboxes"] if entry["id"] in own]}

@@ -1,0 +1,162 @@
+"""The CLI client's side of the service socket: a command line run for a client, on its stdio.
+
+A connection whose first byte is NUL is a CLI client's (an HTTP request starts with a method
+name). Its protocol, one message each way (docs/service.md):
+
+    client → service   NUL, a JSON line {"argv": [...], "cwd": "...", "env": {...}}, with the
+                       client's fds 0, 1 and 2 attached (SCM_RIGHTS); then, while the command
+                       runs, one byte per signal the client received (SIGINT, SIGTERM, SIGHUP)
+    service → client   a JSON line {"status": N} once the command has ended, then the end
+
+The service runs the one typer command table (sandboxer.cli) for the client in a worker thread
+— printing on the client's own descriptors, under the rules for the caller the kernel names
+(access.py) — so every command prints and exits exactly as it would in-process. An exec's
+command gets the client's descriptors; when the client goes away, it is killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from sandboxer.dirs import Dirs
+from sandboxer.errors import SandboxerError, UsageError
+from sandboxer.invocation import Invocation, running
+from sandboxer.service.access import Refused, admit
+from sandboxer.service.audit import AuditLog
+
+MAGIC = b"\0"
+MAX_HEADER = 1024 * 1024  # argv, cwd and environment: more than any command line may hold
+HEADER_SECONDS = 10.0  # a client that sends less than its header in this time is dropped
+FIELDS = {"argv", "cwd", "env"}
+
+log = logging.getLogger("sandboxer.service")
+
+
+@dataclass(frozen=True, slots=True)
+class CommandTable:
+    """The CLI's command table as the service runs it: `run(argv)` is its exit status, with the
+    invocation's stdio; `name(argv)` names the command for the audit log."""
+
+    run: Callable[[list[str]], int]
+    name: Callable[[list[str]], str]
+
+
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """What the service runs a client's command with."""
+
+    dirs: Dirs
+    audit: AuditLog
+    commands: CommandTable
+
+
+def serve_client(conn: socket.socket, serving: Serving) -> None:
+    """Run one CLI client's command and answer its exit status (blocking: a worker thread)."""
+    fds: list[int] = []
+    try:
+        conn.setblocking(True)
+        conn.settimeout(HEADER_SECONDS)
+        try:
+            request, fds = _receive(conn)
+        except (OSError, ValueError, UsageError) as exc:
+            log.warning("a CLI client's request was refused: %s", exc)
+            return  # no stdio to tell it on: the client sees the end and says so
+        conn.settimeout(None)
+        status = _run(conn, serving, request, fds)
+        with contextlib.suppress(OSError):  # the client went away; its exec was killed
+            conn.sendall(json.dumps({"status": status}).encode() + b"\n")
+    finally:
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+
+
+def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """The client's request and its three descriptors."""
+    data, fds, flags, _ = socket.recv_fds(conn, 65536, 3, socket.MSG_CMSG_CLOEXEC)
+    if flags & socket.MSG_CTRUNC:
+        for fd in fds:
+            os.close(fd)
+        raise UsageError("more descriptors than stdin, stdout and stderr were passed")
+    try:
+        if len(fds) != 3 or not data.startswith(MAGIC):
+            raise UsageError("a CLI request starts with NUL and passes exactly three descriptors")
+        while not data.endswith(b"\n"):
+            if len(data) > MAX_HEADER:
+                raise UsageError(f"the request is longer than {MAX_HEADER} bytes")
+            more = conn.recv(65536)
+            if not more:
+                raise UsageError("the client ended its request early")
+            data += more
+        request = json.loads(data[len(MAGIC) :])
+        _check(request)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return request, fds
+
+
+def _check(request: object) -> None:
+    if not isinstance(request, dict) or set(request) != FIELDS:
+        raise UsageError(f"a CLI request is an object of exactly {sorted(FIELDS)}")
+    argv, cwd, env = request["argv"], request["cwd"], request["env"]
+    if not isinstance(argv, list) or not all(isinstance(arg, str) for arg in argv):
+        raise UsageError("argv: must be a list of strings")
+    if not isinstance(cwd, str) or not os.path.isabs(cwd):
+        raise UsageError("cwd: must be an absolute path")
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise UsageError("env: must map names to strings")
+
+
+def _run(conn: socket.socket, serving: Serving, request: dict[str, Any], fds: list[int]) -> int:
+    """The command's exit status; its output went to the client's descriptors."""
+    audit = serving.audit
+    stdout = _text(fds[1])
+    stderr = _text(fds[2])
+    verb = "cli " + serving.commands.name(request["argv"])
+    try:
+        try:
+            access = admit(serving.dirs, conn)
+        except Refused as refusal:
+            stderr.write(f"sandboxer: {refusal}\n")
+            audit.record(
+                uid=refusal.peer.uid,
+                pid=refusal.peer.pid,
+                verb="refused",
+                sandbox=None,
+                outcome="PolicyError",
+                status=3,
+            )
+            return refusal.status
+        invocation = Invocation(
+            environ=request["env"],
+            cwd=request["cwd"],
+            stdio=(fds[0], fds[1], fds[2]),
+            control=conn.fileno(),
+            access=access,
+        )
+        with running(invocation, stdout, stderr):
+            status = serving.commands.run(list(request["argv"]))
+        outcome = "ok" if status == 0 else "failed"
+        audit.record(uid=access.peer.uid, pid=access.peer.pid, verb=verb, sandbox=None, outcome=outcome, status=status)
+        return status
+    except SandboxerError as exc:  # the audit log itself failed
+        stderr.write(f"sandboxer: {exc}\n")
+        return exc.status
+    finally:
+        for stream in (stdout, stderr):
+            with contextlib.suppress(OSError):
+                stream.flush()
+
+
+def _text(fd: int) -> TextIO:
+    """A line-buffered text stream on a client's descriptor (which stays open)."""
+    return open(fd, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)

@@ -1,0 +1,101 @@
+"""The service's socket: each connection accepted and sent where it belongs — an HTTP client's
+to aiohttp, a CLI client's (its first byte is NUL) to cliserver — and the service's activity,
+which `serve --idle-exit` watches."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from typing import Any
+
+from sandboxer.service.cliserver import Serving, serve_client
+
+FIRST_BYTE_SECONDS = 10.0  # a connection that says nothing this long is closed
+
+
+class Activity:
+    """How many requests run, and since when none has."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.since = time.monotonic()
+
+    def begin(self) -> None:
+        self.running += 1
+
+    def end(self) -> None:
+        self.running -= 1
+        self.since = time.monotonic()
+
+    def idle_for(self) -> float:
+        """Seconds without a request (0 while one runs)."""
+        return 0.0 if self.running else time.monotonic() - self.since
+
+
+class Connections:
+    """Accepts on the listener until stopped; knows the CLI clients whose commands run."""
+
+    def __init__(self, listener: socket.socket, http: Any, serving: Serving, activity: Activity) -> None:
+        self.listener = listener
+        self.http = http  # aiohttp's protocol factory (AppRunner.server)
+        self.serving = serving
+        self.activity = activity
+        self.clients: set[socket.socket] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def accept(self) -> None:
+        """Accept forever; each connection is routed in a task of its own."""
+        loop = asyncio.get_running_loop()
+        self.listener.setblocking(False)
+        while True:
+            conn, _ = await loop.sock_accept(self.listener)
+            task = asyncio.create_task(self._route(conn))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _route(self, conn: socket.socket) -> None:
+        first = await _first_byte(conn)
+        if first == b"\0":
+            await self._cli(conn)
+        elif first:
+            await asyncio.get_running_loop().connect_accepted_socket(self.http, conn)
+        else:
+            conn.close()
+
+    async def _cli(self, conn: socket.socket) -> None:
+        self.activity.begin()
+        self.clients.add(conn)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, serve_client, conn, self.serving)
+        finally:
+            self.clients.discard(conn)
+            self.activity.end()
+
+    async def close(self) -> None:
+        """Stop: a running exec sees its client gone and ends; other commands finish."""
+        for conn in list(self.clients):
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RD)
+        if self.tasks:
+            await asyncio.wait(list(self.tasks))
+
+
+async def _first_byte(conn: socket.socket) -> bytes:
+    """The connection's first byte, left in place (b"" when the client sends nothing in time)."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(conn.fileno(), readable)
+    try:
+        await asyncio.wait_for(ready, timeout=FIRST_BYTE_SECONDS)
+        return conn.recv(1, socket.MSG_PEEK)
+    except (TimeoutError, OSError):
+        return b""
+    finally:
+        loop.remove_reader(conn.fileno())

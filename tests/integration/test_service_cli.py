@@ -1,0 +1,276 @@
+"""The `sandboxer` command as a client of the service: the command line, its working directory,
+environment and stdio go to the service, which runs the command table for the caller the kernel
+names and answers the exit status.
+
+Real services, real sandboxes, real accounts; the CLI is run exactly as a user runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import UNPRIVILEGED_UID, SandboxBroker, _bwrap_broker, _cleanup, services_of
+from tests.integration.test_service import Service, _running_marker, callers  # noqa: F401 - a fixture
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def served(sbx_root: SandboxBroker) -> Iterator[SandboxBroker]:
+    """A root broker whose CLI goes through the service of its state dir."""
+    started = Service(sbx_root, sbx_root.state / "broker.sock").start()
+    sbx_root.through_service = True
+    try:
+        yield sbx_root
+    finally:
+        sbx_root.through_service = False
+        started.stop()
+
+
+def audited(broker: SandboxBroker) -> list[tuple[str, int]]:
+    """(verb, status) of every line of the audit log."""
+    log = broker.state / "audit.log"
+    if not log.exists():
+        return []
+    return [(line["verb"], line["status"]) for line in map(json.loads, log.read_text().splitlines())]
+
+
+def test_every_command_answers_through_the_service_as_in_process(served: SandboxBroker) -> None:
+    """The same output, errors and statuses; the audit log shows the service ran them."""
+    sandbox_id = served.create()
+    cases: list[tuple[tuple[str, ...], bytes | None]] = [
+        (("exec", sandbox_id, "--", "sh", "-c", "cat; echo out; echo err >&2; exit 7"), b"in\n"),
+        (("exec", sandbox_id, "--cwd", "/workspace", "--", "pwd"), None),
+        (("exec", sandbox_id, "--", "no-such-program"), None),
+        (("exec", sandbox_id, "--timeout", "0.5", "--", "sleep", "30"), None),
+        (("exec", "0" * 24, "--", "true"), None),
+        (("exec", sandbox_id, "true"), None),
+        (("inspect", "0" * 24), None),
+        (("list", "--json"), None),
+        (("create", "--profile", "no-such-profile"), None),
+        (("create",), None),
+        (("--version",), None),
+        (("exec", "--help"), None),
+    ]
+    for args, stdin in cases:
+        through = served.run(*args, stdin=stdin)
+        served.through_service = False
+        try:
+            direct = served.run(*args, stdin=stdin)
+        finally:
+            served.through_service = True
+        assert (through.status, through.stdout, through.stderr) == (direct.status, direct.stdout, direct.stderr), args
+    first = served.run("exec", sandbox_id, "--", "sh", "-c", "cat; echo out; echo err >&2; exit 7", stdin=b"in\n")
+    assert (first.status, first.stdout, first.stderr) == (7, "in\nout\n", "err\n")
+    verbs = audited(served)
+    assert ("cli exec", 7) in verbs
+    assert ("cli exec", 124) in verbs
+    assert ("cli inspect", 4) in verbs
+    assert ("cli create", 0) in verbs
+    assert served.run("teardown", sandbox_id).status == 0
+    served.created.remove(sandbox_id)
+    assert ("cli teardown", 0) in audited(served)
+
+
+def test_no_service_runs_in_process_even_when_one_answers(served: SandboxBroker) -> None:
+    before = audited(served)
+    served.through_service = False
+    assert served.run("list").status == 0
+    assert audited(served) == before
+    served.through_service = True
+    assert served.run("list").status == 0
+    assert audited(served) == [*before, ("cli list", 0)]
+
+
+def test_a_command_gets_the_clients_own_descriptors(served: SandboxBroker) -> None:
+    """The command's stdin and stdout are the client's pipes (a file behind a pipe, as in-process)."""
+    sandbox_id = served.create()
+    out = served.root / "out.txt"
+    with out.open("wb") as target:
+        done = subprocess.run(
+            served.argv("exec", sandbox_id, "--", "sh", "-c", "wc -c; readlink /proc/self/fd/1"),
+            input=b"x" * 100_000,
+            stdout=target,
+            stderr=subprocess.PIPE,
+            env=served.env(),
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr
+    count, link = out.read_text().split("\n")[:2]
+    assert count.strip() == "100000"
+    assert link.startswith("pipe:")  # never the caller's file itself
+
+
+def _interrupted(broker: SandboxBroker, sandbox_id: str) -> tuple[int, bytes]:
+    """SIGINT to the CLI while its exec runs a command that traps it: the status and output."""
+    script = 'trap "echo caught; exit 3" INT; echo ready; while :; do sleep 0.1; done'
+    process = subprocess.Popen(
+        broker.argv("exec", sandbox_id, "--", "sh", "-c", script),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=broker.env(),
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline() == b"ready\n"
+    process.send_signal(signal.SIGINT)
+    out, _ = process.communicate(timeout=30)
+    return process.returncode, out
+
+
+def test_a_signal_to_the_client_reaches_the_exec_as_in_process(served: SandboxBroker) -> None:
+    """bwrap passes the signal to the command; Docker's Engine cannot, so the exec is killed
+    (130) — the same through the service as in-process."""
+    sandbox_id = served.create()
+    through = _interrupted(served, sandbox_id)
+    served.through_service = False
+    try:
+        direct = _interrupted(served, sandbox_id)
+    finally:
+        served.through_service = True
+    assert through == direct
+    assert through == ((3, b"caught\n") if served.backend == "bwrap" else (130, b""))
+
+
+def test_an_exec_whose_client_is_killed_is_killed_with_all_it_started(served: SandboxBroker) -> None:
+    sandbox_id = served.create()
+    marker = f"{8000 + os.getpid() % 1000}.5"
+    process = subprocess.Popen(
+        served.argv("exec", sandbox_id, "--", "sh", "-c", f"sleep {marker} & sleep {marker}"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=served.env(),
+    )
+    deadline = time.monotonic() + 20
+    while not _running_marker(served, sandbox_id, f"sleep {marker}"):
+        assert time.monotonic() < deadline, "the exec's processes never showed"
+        time.sleep(0.1)
+    process.kill()
+    process.wait()
+    deadline = time.monotonic() + 20
+    while _running_marker(served, sandbox_id, f"sleep {marker}"):
+        assert time.monotonic() < deadline, "the exec outlived its client"
+        time.sleep(0.2)
+    assert served.exec(sandbox_id, "echo", "still serving").stdout == "still serving\n"
+    deadline = time.monotonic() + 20  # the service writes the exec's line once it has reaped it
+    while ("cli exec", 137) not in audited(served):
+        assert time.monotonic() < deadline, audited(served)
+        time.sleep(0.1)
+
+
+def test_a_client_naming_other_directories_is_refused(served: SandboxBroker) -> None:
+    other = served.root / "other-config"
+    other.mkdir(mode=0o700)
+    env = {**served.env(), "SANDBOXER_CONFIG": str(other), "SANDBOXER_SOCKET": str(served.state / "broker.sock")}
+    done = subprocess.run(
+        [sys.executable, "-m", "sandboxer", "list"], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"sandboxer: this service answers for the config dir {served.config}, not {other}")
+
+
+def test_a_socket_nobody_answers_on_is_an_error_not_a_fallback(sb_root: SandboxBroker) -> None:
+    env = {**sb_root.env(), "SANDBOXER_SOCKET": str(sb_root.root / "nobody.sock")}
+    env.pop("SANDBOXER_NO_SERVICE")
+    done = subprocess.run(sb_root.argv("list"), capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert done.returncode == 125
+    assert done.stderr.startswith(f"sandboxer: no service answers on {sb_root.root / 'nobody.sock'}")
+
+
+def _cli_as(account: pwd.struct_passwd, socket_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI run by `account`, for the service at `socket_path`."""
+    ids = [str(account.pw_uid), str(account.pw_gid)]
+    argv = ["setpriv", "--reuid", ids[0], "--regid", ids[1], "--clear-groups", "--"]
+    argv += [sys.executable, "-m", "sandboxer", *args]
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/", "LANG": "C.UTF-8", "PYTHONPATH": str(REPO)}
+    env["SANDBOXER_SOCKET"] = str(socket_path)
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False, cwd="/")
+
+
+def test_callers_through_the_cli_get_their_grants_and_nothing_more(
+    sb_root: SandboxBroker,
+    callers: tuple[pwd.struct_passwd, pwd.struct_passwd],  # noqa: F811 - the fixture
+) -> None:
+    a, b = callers
+    grants = sb_root.config / "grants.yaml"
+    grants.write_text(
+        f"grants:\n  - users: [{a.pw_name}]\n    profiles: [{sb_root.profile}]\n"
+        "    max_sandboxes: 2\n    max_ttl_seconds: 3600\n"
+    )
+    assert sb_root.run("ext", "approve", "grants").status == 0
+    socket_path = sb_root.state / "broker.sock"
+    started = Service(sb_root, socket_path).start()
+    try:
+        created = _cli_as(a, socket_path, "create", "--profile", sb_root.profile)
+        assert created.returncode == 0, created.stderr
+        mine = created.stdout.strip()
+        ran = _cli_as(a, socket_path, "exec", mine, "--", "sh", "-c", "echo hi; id -u")
+        assert (ran.returncode, ran.stdout) == (0, "hi\n1000\n")
+        assert _cli_as(a, socket_path, "list").stdout.split("\n")[1].split()[0] == mine
+        owner_verbs: list[tuple[list[str], str]] = [(["gc"], "gc"), (["ext", "approve", "grants"], "ext approve")]
+        for verb_args, what in owner_verbs:
+            refused = _cli_as(a, socket_path, *verb_args)
+            assert (refused.returncode, refused.stderr) == (3, f"sandboxer: {what} is for the broker's owners\n")
+        digest = _cli_as(a, socket_path, "runtime", "digest", str(sb_root.runtime))
+        assert digest.returncode == 3
+
+        theirs = sb_root.create()  # the owner's, in-process
+        unknown = "0123456789abcdef01234567"
+        probes: list[tuple[str, ...]] = [("exec", "ID", "--", "true"), ("inspect", "ID"), ("teardown", "ID")]
+        for args in probes:
+            answers = [
+                _cli_as(a, socket_path, *[sandbox if arg == "ID" else arg for arg in args])
+                for sandbox in (theirs, unknown)
+            ]
+            seen = [
+                (x.returncode, x.stdout, x.stderr.replace(s, "ID"))
+                for x, s in zip(answers, (theirs, unknown), strict=True)
+            ]
+            assert seen[0] == seen[1], args
+            assert seen[0][0] in (4, 125)
+        assert sb_root.exec(theirs, "true").status == 0  # untouched
+
+        refused_b = _cli_as(b, socket_path, "create", "--profile", sb_root.profile)
+        assert (refused_b.returncode, refused_b.stderr.split(" (hint")[0]) == (
+            3,
+            f"sandboxer: uid {b.pw_uid} is not granted this broker",
+        )
+        assert _cli_as(a, socket_path, "teardown", mine).returncode == 0
+    finally:
+        started.stop()
+
+
+@pytest.fixture
+def sb_user(runtime_dir: Path) -> Iterator[SandboxBroker]:
+    """A bwrap broker run as an unprivileged user."""
+    broker = _bwrap_broker(runtime_dir, as_user=True)
+    try:
+        yield broker
+    finally:
+        _cleanup(broker)
+
+
+def test_an_unprivileged_users_client_starts_its_private_service(sb_user: SandboxBroker) -> None:
+    sb_user.through_service = True
+    socket_path = sb_user.state / "broker.sock"
+    assert not socket_path.exists()
+    first = sb_user.run("list")
+    assert (first.status, first.stdout) == (0, "no sandboxes\n"), first.stderr
+    assert socket_path.exists()
+    services = services_of(sb_user.state)
+    assert len(services) == 1
+    assert os.stat(f"/proc/{services[0]}").st_uid == UNPRIVILEGED_UID
+    sandbox_id = sb_user.create()
+    assert sb_user.exec(sandbox_id, "echo", "private").stdout == "private\n"
+    assert services_of(sb_user.state) == services  # the same one answered
+    assert ("cli exec", 0) in audited(sb_user)

@@ -1,0 +1,35 @@
+"""The `sandboxer` command is a small client: every command of every caller pays for what it
+imports, so it loads the standard library only, little of it, and no other sandboxer module
+than the directories' (tests the import budget the service exists for)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ALLOWED_OWN = {"sandboxer", "sandboxer.__main__", "sandboxer.cliclient", "sandboxer.dirs"}
+# What the service pays for once and the client must never: the command table and its parsers,
+# the HTTP server, YAML, the broker's core.
+FORBIDDEN = {"typer", "click", "aiohttp", "ruamel", "pydantic", "rich", "http", "asyncio", "subprocess", "dataclasses"}
+
+
+def _loaded_by(module: str) -> list[str]:
+    code = f"import sys\nbefore = set(sys.modules)\nimport {module}\nprint(*sorted(set(sys.modules) - before))"
+    # No site (its own imports would hide ours); the package from the checkout.
+    done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    return done.stdout.split()
+
+
+def test_the_client_loads_no_other_sandboxer_module() -> None:
+    loaded = _loaded_by("sandboxer.__main__")
+    assert "sandboxer.cliclient" in loaded
+    assert {name for name in loaded if name.split(".")[0] == "sandboxer"} <= ALLOWED_OWN
+
+
+def test_the_client_loads_no_third_party_or_heavy_module() -> None:
+    loaded = _loaded_by("sandboxer.__main__")
+    assert {name.split(".")[0] for name in loaded} & FORBIDDEN == set()
+    standard = set(sys.stdlib_module_names)
+    assert [name for name in loaded if name.split(".")[0] not in standard | {"sandboxer"}] == []
