@@ -38,9 +38,8 @@ def backend_for(name: object) -> Backend:
 
 
 def enter_for(name: object) -> Enter:
-    """How `sandboxer exec` runs a command in a sandbox of this backend: the exec hot path's own
-    entry, which loads none of the backend's create-time code (its import budget is guarded by
-    tests/unit/test_exec_import_budget.py). It is called as
+    """How `sandboxer exec` runs a command in a sandbox of this backend: exec's own entry, which
+    loads none of the backend's create-time code. It is called as
     `enter(record, options, command, env, timeout, *, program, state_dir) -> status`."""
     from sandboxer.errors import ExecUsage
 

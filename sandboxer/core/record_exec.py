@@ -1,11 +1,9 @@
-"""The exec hot path's view of a sandbox record: the few fields `sandboxer exec` needs.
+"""exec's view of a sandbox record: the few fields `sandboxer exec` needs, read on every exec.
 
-sandboxer.core.record is the record's typed form, but importing it (dataclasses, typing, the plan)
-costs more than an exec takes, so `sandboxer exec` reads record.json through this class instead:
-plain attributes, each checked for its type as sandboxer.core.record_reading checks it.
-tests/unit/test_record_roundtrip.py holds the two to the same reading of every record, and
-tests/unit/test_exec_import_budget.py keeps this module light. The broker service (issue 13)
-imports once and can use the typed record here too.
+sandboxer.core.record is the record's typed form; reading all of it for every exec is needless
+work when exec needs a dozen fields, so exec reads record.json through this class: plain
+attributes, each checked for its type as sandboxer.core.record_reading checks it.
+tests/unit/test_record_roundtrip.py holds the two to the same reading of every record.
 """
 
 from __future__ import annotations
