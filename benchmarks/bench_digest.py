@@ -6,11 +6,13 @@ dependencies), then measures, in one process run and interleaved round by round:
     reference   os.walk + lstat + hashlib.file_digest(sha256), records sorted -- the same format
     full        sandboxer.core.runtime.digest_runtime(path, state_dir=S, full=True)
     warm        sandboxer.core.runtime.digest_runtime(path, state_dir=S) with a warm stat cache
-    cli warm    python -m sandboxer --state-dir S runtime digest PATH
-    cli full    python -m sandboxer --state-dir S runtime digest PATH --full
+    cli warm    python -m sandboxer --state-dir S runtime digest PATH, in-process (SANDBOXER_NO_SERVICE=1)
+    cli full    the same with --full
+    service warm  the same command through the service of S (`sandboxer serve`, started here)
 
 Every measurement must produce the same sha256; the run fails (exit 1) otherwise. Targets
-(full <= 1.0x and warm <= 0.2x the reference time) are reported as PASS/MISS, never as a failure.
+(full <= 1.0x, warm and service warm <= 0.2x the reference time) are reported as PASS/MISS, never
+as a failure.
 
     .venv/bin/python benchmarks/bench_digest.py [--work DIR] [--repeat N] [--json]
 """
@@ -18,6 +20,7 @@ Every measurement must produce the same sha256; the run fails (exit 1) otherwise
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
 import hashlib
@@ -32,7 +35,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +43,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 HOST_PYTHON = "/usr/bin/python3"
 RACY_SECONDS = 2.1  # the stat cache refuses files whose mtime/ctime is within 2 s of the walk
-TARGETS = {"full": 1.0, "warm": 0.2}  # at most this many times the reference time
+TARGETS = {"full": 1.0, "warm": 0.2, "service_warm": 0.2}  # at most this many times the reference time
 
 
 class BenchError(Exception):
@@ -151,10 +154,14 @@ def reference_digest(root: str) -> Tree:
 # --- the measurements ------------------------------------------------------------------------
 
 
-def cli(state: str, runtime: str, *extra: str) -> tuple[float, str]:
+def cli(state: str, runtime: str, *extra: str, service: bool = False) -> tuple[float, str]:
+    """The CLI's digest: in-process, or through the service answering for `state`."""
     argv = [sys.executable, "-m", "sandboxer", "--state-dir", state, "runtime", "digest", runtime, *extra]
+    env = {key: value for key, value in os.environ.items() if not key.startswith("SANDBOXER_")}
+    if not service:
+        env["SANDBOXER_NO_SERVICE"] = "1"
     start = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, check=False, env=env)
     elapsed = time.perf_counter() - start
     if done.returncode != 0:
         raise BenchError(f"{' '.join(argv)} failed (exit {done.returncode}): {done.stderr.strip()}")
@@ -223,6 +230,7 @@ def measure(setup: Setup, repeat: int) -> dict[str, Measurement]:
         "warm": Measurement("warm", "digest_runtime(), warm stat cache"),
         "cli_warm": Measurement("cli_warm", "python -m sandboxer runtime digest PATH"),
         "cli_full": Measurement("cli_full", "python -m sandboxer runtime digest PATH --full"),
+        "service_warm": Measurement("service_warm", "the same, through the service (warm stat cache)"),
     }
 
     def timed(name: str, action: Callable[[], str]) -> None:
@@ -243,14 +251,36 @@ def measure(setup: Setup, repeat: int) -> dict[str, Measurement]:
         timed("reference", lambda: reference_digest(runtime).sha256)
         timed("full", lambda: digest_runtime(runtime, state_dir=state, full=True).sha256)
         timed("warm", warm_digest)
-    for _ in range(repeat):
-        for name, extra in (("cli_warm", ()), ("cli_full", ("--full",))):
-            elapsed, out = cli(state, runtime, *extra)
-            results[name].times.append(elapsed)
-            results[name].digests.add(out.strip())
+    with serving(state):
+        for _ in range(repeat):
+            for name, extra, service in (("cli_warm", (), False), ("cli_full", ("--full",), False)):
+                elapsed, out = cli(state, runtime, *extra, service=service)
+                results[name].times.append(elapsed)
+                results[name].digests.add(out.strip())
+            elapsed, out = cli(state, runtime, service=True)
+            results["service_warm"].times.append(elapsed)
+            results["service_warm"].digests.add(out.strip())
     if any(reused):
         raise BenchError(f"timed warm runs re-read {reused} files; the stat cache did not hold")
     return results
+
+
+@contextlib.contextmanager
+def serving(state: str) -> Iterator[None]:
+    """`sandboxer serve` for the state dir, answering on its socket, until the block ends."""
+    socket_path = Path(state) / "broker.sock"
+    argv = [sys.executable, "-m", "sandboxer", "--state-dir", state, "serve"]
+    service = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not socket_path.exists():
+            if service.poll() is not None or time.monotonic() > deadline:
+                raise BenchError("the service did not start")
+            time.sleep(0.05)
+        yield
+    finally:
+        service.terminate()
+        service.wait(timeout=30)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

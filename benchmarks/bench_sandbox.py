@@ -2,11 +2,16 @@
 
     .venv/bin/python benchmarks/bench_sandbox.py [--rounds N] [--json]
 
-Measures, as medians of whole-process runs:
+Measures, as medians of whole-process runs, each CLI figure twice: in-process
+(SANDBOXER_NO_SERVICE=1: the command table imported by every command) and through the service
+(`sandboxer serve` for the state dir; the command is a small client of it):
 - exec round trip of `true` in a live sandbox vs `docker exec` of `true` in a running container
-  (target <= 1.0x), beside a bare bwrap start and the CLI's own start-up;
+  (targets: in-process <= 1.0x, through the service <= 0.3x), beside a bare bwrap start and the
+  CLI's own start-up;
 - the full cycle create -> exec true -> teardown vs `docker run --rm --network none IMAGE true`
-  (target <= 1.0x);
+  (in-process <= 1.0x, through the service <= 0.5x);
+- `Client.exec(["true"])` from a warm Python process (target <= 0.1x `docker exec`), and 200
+  concurrent execs over 20 sandboxes through the service;
 - host-side memory of one idle sandbox, all its host processes (target <= 8 MiB);
 - 20 sandboxes created concurrently, each exec'd, then torn down (all succeed, no residue).
 Docker comparisons need a running Docker daemon and `scripts/build-base-image`; without them
@@ -70,11 +75,21 @@ def run(argv: list[str], **kwargs: Any) -> str:
     return proc.stdout
 
 
+def cli_env(*, through_service: bool) -> dict[str, str]:
+    """The CLI's environment: in-process, or through the service."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("SANDBOXER_")}
+    if not through_service:
+        env["SANDBOXER_NO_SERVICE"] = "1"
+    return env
+
+
 class World:
-    """A throwaway broker with an approved bwrap profile."""
+    """A throwaway broker with an approved bwrap profile; its CLI runs in-process until
+    `through_service` is set (a service then answers on the state dir's socket)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self.through_service = False
         self.config, self.state = root / "config", root / "state"
         runtime, repo = root / "runtime", root / "repo"
         run(["/usr/bin/python3", "-m", "venv", "--copies", "--without-pip", str(runtime)])
@@ -100,8 +115,11 @@ class World:
     def cli(self, *args: str) -> list[str]:
         return [*SANDBOXER, "--config-dir", str(self.config), "--state-dir", str(self.state), *args]
 
+    def run(self, *args: str) -> str:
+        return run(self.cli(*args), env=cli_env(through_service=self.through_service))
+
     def create(self, profile: str = "bench") -> str:
-        return run(self.cli("create", "--profile", profile)).strip()
+        return self.run("create", "--profile", profile).strip()
 
     def add_docker(self, image: str) -> None:
         """An approved ext.docker config on the same runtime, and a Docker profile."""
@@ -117,11 +135,16 @@ class World:
         run(self.cli("ext", "approve", "bench-docker"))
 
     def exec_true(self, sandbox_id: str) -> None:
-        run(self.cli("exec", sandbox_id, "--", "true"))
+        self.run("exec", sandbox_id, "--", "true")
 
     def teardown(self, sandbox_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = json.loads(run(self.cli("teardown", sandbox_id, "--json")))
+        result: dict[str, Any] = json.loads(self.run("teardown", sandbox_id, "--json"))
         return result
+
+    def cycle(self) -> None:
+        self.exec_true(created := self.create())
+        receipt = self.teardown(created)
+        assert not receipt["residue"], receipt
 
 
 def sandbox_memory(world: World, sandbox_id: str) -> dict[str, float]:
@@ -139,14 +162,15 @@ def sandbox_memory(world: World, sandbox_id: str) -> dict[str, float]:
 
 
 def service(world: World, rounds: int) -> dict[str, Any]:
-    """The broker as a service (`sandboxer serve`): `Client.exec(["true"])` from this warm
-    process, and 200 concurrent execs over 20 sandboxes (each a thread with its own connection)."""
+    """The broker as a service (`sandboxer serve` on the state dir's socket): the CLI through it
+    (exec, the cycle, --help), `Client.exec(["true"])` from this warm process, and 200
+    concurrent execs over 20 sandboxes (each a thread with its own connection)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from sandboxer import Client
 
-    path = world.root / "broker.sock"
-    served = subprocess.Popen([*world.cli("serve", "--socket", str(path))], stderr=subprocess.DEVNULL)
+    path = world.state / "broker.sock"
+    served = subprocess.Popen([*world.cli("serve")], stderr=subprocess.DEVNULL, env=cli_env(through_service=False))
     try:
         deadline = time.monotonic() + 20
         while not path.exists():
@@ -155,6 +179,16 @@ def service(world: World, rounds: int) -> dict[str, Any]:
             time.sleep(0.05)
         client = Client(str(path))
         results: dict[str, Any] = {}
+        world.through_service = True
+        try:
+            results["service_cli_help_ms"] = timed(lambda: world.run("--help"), rounds)
+            sandbox_id = world.create()
+            world.exec_true(sandbox_id)
+            results["service_exec_true_ms"] = timed(lambda: world.exec_true(sandbox_id), rounds)
+            world.teardown(sandbox_id)
+            results["service_cycle_ms"] = timed(world.cycle, max(5, rounds // 2))
+        finally:
+            world.through_service = False
         with client.create("bench") as sandbox:
             sandbox.exec(["true"])
             results["client_exec_true_ms"] = timed(lambda: sandbox.exec(["true"]), rounds)
@@ -204,6 +238,8 @@ def docker_references(world: World, rounds: int, results: dict[str, Any]) -> Non
     results["exec_vs_docker_exec"] = results["exec_true_ms"] / results["docker_exec_true_ms"]
     results["client_exec_vs_docker_exec"] = results["client_exec_true_ms"] / results["docker_exec_true_ms"]
     results["cycle_vs_docker_run"] = results["cycle_ms"] / results["docker_run_true_ms"]
+    results["service_exec_vs_docker_exec"] = results["service_exec_true_ms"] / results["docker_exec_true_ms"]
+    results["service_cycle_vs_docker_run"] = results["service_cycle_ms"] / results["docker_run_true_ms"]
     results.update(docker_backend(world, image, rounds, results))
 
 
@@ -331,7 +367,7 @@ def main() -> int:
         bwrap += ["--symlink", "usr/lib", "/lib", "--symlink", "usr/bin", "/bin", "--", "/usr/bin/true"]
         results["bwrap_true_ms"] = timed(lambda: run(bwrap), rounds)
         results["python_start_ms"] = timed(lambda: run([sys.executable, "-I", "-c", "pass"]), rounds)
-        results["cli_version_ms"] = timed(lambda: run([*SANDBOXER, "--help"]), rounds)
+        results["cli_version_ms"] = timed(lambda: world.run("--help"), rounds)
         sandbox_id = world.create()
         world.exec_true(sandbox_id)
         results["exec_true_ms"] = timed(lambda: world.exec_true(sandbox_id), rounds)
@@ -339,12 +375,7 @@ def main() -> int:
         results["idle_memory"] = sandbox_memory(world, sandbox_id)
         world.teardown(sandbox_id)
 
-        def cycle() -> None:
-            world.exec_true(created := world.create())
-            receipt = world.teardown(created)
-            assert not receipt["residue"], receipt
-
-        results["cycle_ms"] = timed(cycle, max(5, rounds // 2))
+        results["cycle_ms"] = timed(world.cycle, max(5, rounds // 2))
 
         started = time.perf_counter()
         with ThreadPoolExecutor(max_workers=20) as pool:
@@ -373,9 +404,12 @@ def report(results: dict[str, Any], *, as_json: bool) -> None:
     rows = [
         ("bare bwrap --unshare-all true", results["bwrap_true_ms"]),
         ("python3 -I -c pass", results["python_start_ms"]),
-        ("sandboxer --help (full CLI import)", results["cli_version_ms"]),
-        ("sandboxer exec ID -- true", results["exec_true_ms"]),
-        ("create -> exec true -> teardown", results["cycle_ms"]),
+        ("sandboxer --help, in-process", results["cli_version_ms"]),
+        ("sandboxer exec ID -- true, in-process", results["exec_true_ms"]),
+        ("create -> exec true -> teardown, in-process", results["cycle_ms"]),
+        ("sandboxer --help, through the service", results["service_cli_help_ms"]),
+        ("sandboxer exec ID -- true, through the service", results["service_exec_true_ms"]),
+        ("create -> exec -> teardown, through the service", results["service_cycle_ms"]),
         ("Client.exec(['true']) through the service", results["client_exec_true_ms"]),
     ]
     if results.get("docker") != "unavailable":
@@ -413,8 +447,11 @@ def report(results: dict[str, Any], *, as_json: bool) -> None:
         f"{results['docker_backend_cycle_vs_same_work']:.2f}x"
     )
     for label, ratio, target in (
-        ("exec vs docker exec", results["exec_vs_docker_exec"], 1.0),
-        ("cycle vs docker run", results["cycle_vs_docker_run"], 1.0),
+        ("exec vs docker exec, in-process", results["exec_vs_docker_exec"], 1.0),
+        ("cycle vs docker run, in-process", results["cycle_vs_docker_run"], 1.0),
+        ("exec vs docker exec, through the service", results["service_exec_vs_docker_exec"], 0.3),
+        ("cycle vs docker run, through the service", results["service_cycle_vs_docker_run"], 0.5),
+        ("Client.exec vs docker exec", results["client_exec_vs_docker_exec"], 0.1),
         ("idle memory (USS MiB)", memory["uss_mib"] / 8.0, 1.0),
         ("docker backend exec vs docker exec", results["docker_backend_exec_vs_docker_exec"], 1.2),
         ("docker backend cycle vs docker run", results["docker_backend_cycle_vs_docker_run"], 1.2),

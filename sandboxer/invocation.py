@@ -44,7 +44,11 @@ def current() -> Invocation:
     """The invocation of the command this thread runs (in-process: this process's)."""
     found: Invocation | None = getattr(_local, "invocation", None)
     if found is None:
-        return Invocation(environ=os.environ, cwd=os.getcwd())
+        try:
+            cwd = os.getcwd()
+        except OSError:
+            cwd = "/"  # a removed working directory
+        return Invocation(environ=os.environ, cwd=cwd)
     return found
 
 

@@ -195,14 +195,20 @@ MODES = ["root", "user"]
 
 
 def _bwrap_broker(runtime_dir: Path, *, as_user: bool) -> SandboxBroker:
-    """A bwrap broker run as root, or as an unprivileged user (uid 65534 via setpriv)."""
+    """A bwrap broker run as root, or as an unprivileged user (uid 65534 via setpriv).
+
+    The root broker's CLI runs each command in-process (SANDBOXER_NO_SERVICE=1); the user's is
+    what an unprivileged user gets by default: a client of the private service it starts. So the
+    behaviour every test checks on both holds for the embedded CLI and the CLI client alike."""
     if os.geteuid() != 0:
         if not as_user:
             pytest.skip("the root broker variant needs root (CI runs as root)")
         as_user = False  # already unprivileged: run the broker as ourselves
     if as_user and shutil.which("setpriv") is None:
         pytest.skip("setpriv (util-linux) is needed to run the broker unprivileged")
-    return make_broker(runtime_dir, as_user=as_user)
+    broker = make_broker(runtime_dir, as_user=as_user)
+    broker.through_service = as_user
+    return broker
 
 
 @pytest.fixture(params=MODES)

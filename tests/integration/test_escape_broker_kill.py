@@ -251,6 +251,12 @@ def gc_clean(broker: SandboxBroker, sandbox_id: str) -> dict[str, Any]:
     return receipt
 
 
+def in_process(broker: SandboxBroker) -> SandboxBroker:
+    """The broker whose CLI process is the broker itself: the one these tests kill."""
+    broker.through_service = False
+    return broker
+
+
 def lock_holders(path: Path) -> list[str]:
     """Every process with `path` open: pid, state, parent and command line (what a failure shows)."""
     try:
@@ -366,7 +372,7 @@ CREATE_CASES = [pytest.param(v, step, id=f"{v}-{step}") for v, steps in CREATE_S
 def test_create_killed_then_gc_leaves_nothing(
     request: pytest.FixtureRequest, runtime_dir: Path, which: str, step: str
 ) -> None:
-    broker = start_broker(request, runtime_dir, which)
+    broker = in_process(start_broker(request, runtime_dir, which))
     homes = git_homes()
     try:
         killed = kill_at(broker, ["create", "--profile", broker.profile], CREATE_MARKS[step])
@@ -429,7 +435,7 @@ EXEC_CASES = [pytest.param(v, step, id=f"{v}-{step}") for v, steps in EXEC_STEPS
 def test_exec_killed_then_gc_and_teardown_leave_nothing(
     request: pytest.FixtureRequest, runtime_dir: Path, which: str, step: str
 ) -> None:
-    broker = start_broker(request, runtime_dir, which)
+    broker = in_process(start_broker(request, runtime_dir, which))
     homes = git_homes()
     try:
         sandbox_id = broker.create()
@@ -491,7 +497,7 @@ MANY_FILES = (
 def test_teardown_killed_then_gc_leaves_nothing(
     request: pytest.FixtureRequest, runtime_dir: Path, which: str, step: str
 ) -> None:
-    broker = start_broker(request, runtime_dir, which)
+    broker = in_process(start_broker(request, runtime_dir, which))
     homes = git_homes()
     try:
         sandbox_id = broker.create()

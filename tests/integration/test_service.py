@@ -38,6 +38,9 @@ class Service:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Service:
+        # This service, on its own socket, is the one the test talks to: the broker's CLI runs
+        # in-process beside it (an unprivileged one would start a private service otherwise).
+        self.broker.through_service = False
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
                 self.broker.argv("serve", "--socket", str(self.socket)),
