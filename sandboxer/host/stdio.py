@@ -24,7 +24,8 @@ CANCEL_POLL = 0.2  # seconds between two questions to Program.cancelled
 
 class Program:
     """The stdio of an exec a program runs (the Python API, the service): `stdin` is all of its
-    input, and `output(stream, chunk)` receives what it writes as it arrives ("stdout" or
+    input, or a pipe's read end the program feeds as it goes (the service streams a request's
+    body into it), and `output(stream, chunk)` receives what it writes as it arrives ("stdout" or
     "stderr"). Signals to the calling process are its own business then: none are forwarded.
     `cancelled`, when given, is asked a few times a second: once it says yes (the service's
     client went away), everything the exec started is killed and it ends with CALLER_GONE."""
@@ -32,7 +33,10 @@ class Program:
     __slots__ = ("cancelled", "output", "stdin")
 
     def __init__(
-        self, stdin: bytes, output: Callable[[Stream, bytes], None], cancelled: Callable[[], bool] | None = None
+        self,
+        stdin: bytes | int,
+        output: Callable[[Stream, bytes], None],
+        cancelled: Callable[[], bool] | None = None,
     ) -> None:
         self.stdin = stdin
         self.output = output
@@ -111,13 +115,17 @@ class Pumps:
 
     @classmethod
     def for_program(cls, program: Program) -> Pumps:
-        """Pipes for all three: the input given at once, the output to the program's sink."""
+        """Pipes for all three: the input given at once (or the program's own pipe, handed over),
+        the output to the program's sink."""
         pumps = cls()
         try:
-            pumps._pipe_in()
-            pumps.stdin_source, pumps.pending = None, program.stdin
-            if not pumps.pending:
-                pumps._end_stdin()
+            if isinstance(program.stdin, int):
+                pumps.given[0], pumps.stdin_source = program.stdin, None
+            else:
+                pumps._pipe_in()
+                pumps.stdin_source, pumps.pending = None, program.stdin
+                if not pumps.pending:
+                    pumps._end_stdin()
             pumps._pipe_out(1, lambda chunk: program.output("stdout", chunk))
             pumps._pipe_out(2, lambda chunk: program.output("stderr", chunk))
         except BaseException:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from sandboxer.dirs import Dirs
@@ -25,7 +27,9 @@ from sandboxer.service.access import Access, Refused, admit, visible
 from sandboxer.service.audit import AuditLog
 
 API_DOCUMENT = Path(__file__).with_name("openapi.json")
-MAX_BODY = 16 * 1024 * 1024  # a request body (an exec's stdin) larger than this is refused (413)
+MAX_BODY = 16 * 1024 * 1024  # a request body larger than this is refused (413); exec's stdin is streamed
+MAX_OPTIONS = 1024 * 1024  # exec's first line, its options
+OUTPUT_FRAMES = 16  # exec output frames queued for a slow client before the command waits
 HTTP_STATUS = {2: 400, 3: 403, 4: 404, 5: 500, 6: 409, 75: 409, 125: 500}
 CREATE_FIELDS = {"profile", "ttl"}
 EXEC_FIELDS = {"argv", "cwd", "timeout", "consumer", "executable"}
@@ -188,41 +192,36 @@ async def gc(request: web.Request) -> web.Response:
 
 
 async def exec_command(request: web.Request) -> web.StreamResponse:
-    """The body is one line of JSON options, then the command's stdin; the answer is frames."""
-    head, _, stdin = (await request.read()).partition(b"\n")
-    try:
-        options = _checked(json.loads(head), EXEC_FIELDS, {"argv"})
-    except ValueError:
-        raise UsageError("exec: the first line of the body must be a JSON object of options") from None
-    argv = options["argv"]
-    if not isinstance(argv, list) or not argv or not all(isinstance(arg, str) for arg in argv):
-        raise UsageError("argv: must be a non-empty list of strings")
+    """The body is one line of JSON options, then the command's stdin, streamed to it as it comes;
+    the answer is frames, streamed as the command writes (neither is ever held whole)."""
+    head, rest = await _first_line(request)
     sandbox_id = request.match_info["id"]
+    argv, cli_options = _exec_options(head, sandbox_id)
     await _in_thread(request["access"].require_own, sandbox_id, ExecError(f"exec: no such sandbox: {sandbox_id}"))
-    cli_options = {"id": request.match_info["id"]}
-    for name in ("cwd", "consumer", "executable"):
-        if options.get(name) is not None:
-            cli_options[name] = str(options[name])
-    if options.get("timeout") is not None:
-        cli_options["timeout"] = repr(float(options["timeout"]))
 
     response = web.StreamResponse(headers={"Content-Type": frames.CONTENT_TYPE})
     await response.prepare(request)
     loop = asyncio.get_running_loop()
-    chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
+    # A few frames in flight: a client slower than the command holds the command up, never the
+    # service's memory.
+    chunks: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=OUTPUT_FRAMES)
     gone = threading.Event()  # the client went away: everything the exec started is killed
 
     def sink(stream: str, chunk: bytes) -> None:
         kind = frames.STDOUT if stream == "stdout" else frames.STDERR
-        loop.call_soon_threadsafe(chunks.put_nowait, frames.frame(kind, chunk))
+        asyncio.run_coroutine_threadsafe(chunks.put(frames.frame(kind, chunk)), loop).result()
+
+    stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
+    feeding = asyncio.create_task(_feed(request, rest, stdin_w))
 
     def run() -> dict[str, Any]:
         try:
-            return {"status": _execute(request.app["dirs"], cli_options, argv, stdin, sink, cancelled=gone.is_set)}
+            return {"status": _execute(request.app["dirs"], cli_options, argv, stdin_r, sink, cancelled=gone.is_set)}
         except SandboxerError as exc:
             return {"error": error_document(exc)}
         finally:
-            loop.call_soon_threadsafe(chunks.put_nowait, None)
+            os.close(stdin_r)  # input the command never read is refused from now on
+            asyncio.run_coroutine_threadsafe(chunks.put(None), loop).result()
 
     done = loop.run_in_executor(None, run)
     while True:
@@ -240,6 +239,7 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
             except ConnectionError:
                 gone.set()
     result = await done
+    await feeding
     request["exit_status"] = result.get("status", result.get("error", {}).get("status"))
     if not gone.is_set():
         await response.write(frames.end(result))
@@ -247,11 +247,67 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
     return response
 
 
+def _exec_options(head: bytes, sandbox_id: str) -> tuple[list[str], dict[str, str]]:
+    """The command and the CLI's exec options from the body's first line."""
+    try:
+        options = _checked(json.loads(head), EXEC_FIELDS, {"argv"})
+    except ValueError:
+        raise UsageError("exec: the first line of the body must be a JSON object of options") from None
+    argv = options["argv"]
+    if not isinstance(argv, list) or not argv or not all(isinstance(arg, str) for arg in argv):
+        raise UsageError("argv: must be a non-empty list of strings")
+    cli_options = {"id": sandbox_id}
+    for name in ("cwd", "consumer", "executable"):
+        if options.get(name) is not None:
+            cli_options[name] = str(options[name])
+    if options.get("timeout") is not None:
+        cli_options["timeout"] = repr(float(options["timeout"]))
+    return argv, cli_options
+
+
+async def _first_line(request: web.Request) -> tuple[bytes, bytes]:
+    """The body's first line (the options), and what came after it in the same reads."""
+    data = b""
+    while b"\n" not in data:
+        if len(data) > MAX_OPTIONS:
+            raise UsageError(f"exec: the options line is longer than {MAX_OPTIONS} bytes")
+        chunk = await request.content.readany()
+        if not chunk:
+            break
+        data += chunk
+    head, _, rest = data.partition(b"\n")
+    return head, rest
+
+
+async def _feed(request: web.Request, first: bytes, fd: int) -> None:
+    """Write the rest of the body into the command's stdin pipe as it arrives, then close it. A
+    command that stops reading holds the body up (the pipe is full); one that ended refuses it."""
+    loop = asyncio.get_running_loop()
+    try:
+        chunk = first
+        while True:
+            if chunk:
+                await loop.run_in_executor(None, _write_all, fd, chunk)
+            chunk = await request.content.readany()
+            if not chunk:
+                break
+    except (OSError, aiohttp.ClientError, asyncio.CancelledError):
+        pass  # the command ended, or the client went away: the exec sees its stdin end
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def _execute(
     dirs: Dirs,
     options: dict[str, str],
     argv: list[str],
-    stdin: bytes,
+    stdin: int,
     sink: Any,
     *,
     cancelled: Callable[[], bool],

@@ -7,6 +7,7 @@ accounts: the caller is whoever the kernel says is at the other end of the socke
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import pwd
@@ -702,3 +703,23 @@ def test_socket_activation_serves_the_socket_it_is_given(sb_root: SandboxBroker)
         activator.terminate()
         activator.wait(timeout=30)
     assert not list(sb_root.state.glob("*.sock"))  # it made no socket of its own
+
+
+def test_an_execs_input_and_output_stream_past_the_body_limit(sbx_root: SandboxBroker) -> None:
+    """exec's stdin is streamed into the command and its output out of it: 40 MiB in and out,
+    where a request body is otherwise limited to 16 MiB."""
+    started = Service(sbx_root, _socket_dir(sbx_root) / "broker.sock").start()
+    try:
+        client = Client(str(started.socket))
+        with client.create(sbx_root.profile) as sandbox:
+            data = os.urandom(1024) * (40 * 1024)
+            result = sandbox.exec(["sh", "-c", "sha256sum; head -c 41943040 /dev/zero"], stdin=data)
+            assert result.status == 0, result.stderr
+            assert result.stdout[:64].decode() == hashlib.sha256(data).hexdigest()
+            assert len(result.stdout) == 64 + len("  -\n") + 40 * 1024 * 1024
+            # A command that reads none of a large input still ends, and the service goes on.
+            ignored = sandbox.exec(["true"], stdin=b"x" * (20 * 1024 * 1024))
+            assert ignored.status == 0
+            assert sandbox.exec(["echo", "on"]).stdout == b"on\n"
+    finally:
+        started.stop()

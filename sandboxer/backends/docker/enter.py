@@ -88,21 +88,23 @@ def run(
         _kill_docker_exec(exec_id, groups)
         raise ExecUsage(f"exec: the Docker Engine failed or the caller went away ({exc})") from None
     finally:
-        if isinstance(program, Program):
-            os.close(stdin)
+        if isinstance(program, Program) and not isinstance(program.stdin, int):
+            os.close(stdin)  # the memfd made for the program's input
         for group in groups:
             with contextlib.suppress(OSError):
                 os.rmdir(group)  # kept while a background process of this exec still runs
 
 
 def _streams(program: Program | CallerStdio | None) -> tuple[int, Callable[[int, bytes], None]]:
-    """The exec's stdin (a memfd of a program's input, to close after) and its output's sink."""
+    """The exec's stdin (a memfd of a program's input, to close after; a program's own pipe) and
+    its output's sink."""
     if isinstance(program, Program):
 
         def output(stream: int, chunk: bytes) -> None:
             program.output("stdout" if stream == 1 else "stderr", chunk)
 
-        return feeder(program.stdin), output
+        stdin = program.stdin if isinstance(program.stdin, int) else feeder(program.stdin)
+        return stdin, output
     fds = program.fds if program is not None else (0, 1, 2)
     return fds[0], execs.to_fds(fds[1], fds[2])
 
