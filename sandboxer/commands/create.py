@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from sandboxer.commands.making import CreateRequest, clone_workspace, deliver_requested, plan_for
 from sandboxer.core.record import SandboxRecord, WorkspaceFs, expiry_text, now_text
 from sandboxer.errors import SandboxerError, UsageError
-from sandboxer.host import procs
+from sandboxer.host import activity, procs
 from sandboxer.host.destroy import destroy
 from sandboxer.host.registry import Registry
 
@@ -59,10 +59,12 @@ def create(
         owner_start=procs.start_time(os.getpid()),
         caller_uid=caller_uid,
         expires_at=None if ttl is None else time.time() + ttl,
+        idle_seconds=request.profile.lifetime.idle_seconds,
         warm_profile=bool(warm_count),  # its teardown tops the profile's warm sandboxes up
     )
     try:
         registry.write(record)
+        activity.prepare(registry.path(record.id))
         record = _make(request, registry, record) if taken is None else warm.finish(request, registry, record, plan)
         record = replace(record, state="ready")
         registry.write(record)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from sandboxer.backends import enter_for
 from sandboxer.core.record_exec import ExecView, ExecViewError
 from sandboxer.errors import ExecUsage
+from sandboxer.host import activity
 from sandboxer.invocation import current
 
 if TYPE_CHECKING:
@@ -103,7 +104,8 @@ def execute(
     elif "consumer" in options:
         env["SANDBOXER_CONSUMER"] = options["consumer"]
     enter = enter_for(record.backend)
-    return enter(record, options, command, env, timeout, program=program, state_dir=dirs.state)
+    with activity.in_use(os.path.join(dirs.state, "sandboxes", options["id"])):
+        return int(enter(record, options, command, env, timeout, program=program, state_dir=dirs.state))
 
 
 def _provider_environment(

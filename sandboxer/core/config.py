@@ -23,6 +23,7 @@ from sandboxer.core.config_types import (
     ExtensionName,
     Grant,
     GrantsFile,
+    Lifetime,
     Limits,
     OwnerFile,
     Profile,
@@ -48,6 +49,7 @@ _GIT_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")
 MEMORY_MIB_RANGE = (64, 1024 * 1024)
 WORKSPACE_MIB_RANGE = (16, 1024 * 1024)
 PIDS_RANGE = (16, 65536)
+IDLE_SECONDS_RANGE = (1, 30 * 24 * 3600)  # lifetime.idle_seconds: a second to 30 days
 WARM_RANGE = (0, 8)  # containers started ahead for each Docker profile (docs/docker.md, "Warm containers")
 
 T = TypeVar("T")
@@ -197,7 +199,9 @@ def _opaque_string(doc: _Doc, node: YNode, path: str) -> str:
 
 
 def _parse_profile(doc: _Doc, root: YNode, digest: str) -> Profile:
-    top = doc.mapping(root, "", ("profile", "extension", "workspace", "network", "setup"), ("limits", "security"))
+    top = doc.mapping(
+        root, "", ("profile", "extension", "workspace", "network", "setup"), ("limits", "security", "lifetime")
+    )
     name = doc.string(
         top["profile"],
         "profile",
@@ -237,6 +241,12 @@ def _parse_profile(doc: _Doc, root: YNode, digest: str) -> Profile:
         raw_security = doc.mapping(top["security"], "security", (), ("allow_ptrace",))
         if "allow_ptrace" in raw_security:
             security = Security(allow_ptrace=doc.boolean(raw_security["allow_ptrace"], "security.allow_ptrace"))
+    lifetime = Lifetime()
+    if "lifetime" in top:
+        raw_lifetime = doc.mapping(top["lifetime"], "lifetime", (), ("idle_seconds",))
+        if "idle_seconds" in raw_lifetime:
+            idle = doc.integer(raw_lifetime["idle_seconds"], "lifetime.idle_seconds", IDLE_SECONDS_RANGE)
+            lifetime = Lifetime(idle_seconds=idle)
     repository = doc.absolute_path(workspace["repository"], "workspace.repository")
     ref = _git_ref(doc, workspace["ref"], "workspace.ref")
 
@@ -272,6 +282,7 @@ def _parse_profile(doc: _Doc, root: YNode, digest: str) -> Profile:
         limits=limits,
         file_sha256=digest,
         security=security,
+        lifetime=lifetime,
     )
 
 

@@ -63,6 +63,13 @@ class Security:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Lifetime:
+    """How long a profile's sandboxes live unused."""
+
+    idle_seconds: int | None = None  # torn down by the service after this long without an exec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Profile:
     """One `profiles/<name>.yaml` file."""
 
@@ -75,6 +82,7 @@ class Profile:
     limits: Limits
     file_sha256: str
     security: Security = Security()
+    lifetime: Lifetime = Lifetime()
 
 
 GRANTS_NAME = "grants"  # <config-dir>/grants.yaml, approved as `sandboxer ext approve grants`
@@ -143,6 +151,7 @@ def meaning(item: OwnerFile) -> dict[str, Any]:
                 "best_effort": item.limits.best_effort,
             },
             "security": {"allow_ptrace": item.security.allow_ptrace},
+            "lifetime": {"idle_seconds": item.lifetime.idle_seconds},
         }
     config: dict[str, Any] = {"runtime": {"path": item.runtime.path, "sha256": item.runtime.sha256}}
     if item.image is not None:
@@ -186,6 +195,7 @@ def from_meaning(document: dict[str, Any], file_sha256: str) -> OwnerFile:
             ),
             file_sha256=file_sha256,
             security=Security(allow_ptrace=bool(document["security"]["allow_ptrace"])),
+            lifetime=_lifetime(document.get("lifetime", {})),
         )
     config = document["config"]
     return ExtensionConfig(
@@ -195,6 +205,11 @@ def from_meaning(document: dict[str, Any], file_sha256: str) -> OwnerFile:
         file_sha256=file_sha256,
         warm=int(config.get("warm", 0)),
     )
+
+
+def _lifetime(document: dict[str, Any]) -> Lifetime:
+    idle = document.get("idle_seconds")
+    return Lifetime(idle_seconds=None if idle is None else int(idle))
 
 
 def _extension(value: object) -> ExtensionName:

@@ -51,6 +51,7 @@ def read_record(data: object) -> SandboxRecord:
         owner_start=top.maybe_int("owner_start"),
         caller_uid=top.maybe_int("caller_uid"),
         expires_at=top.maybe_number("expires_at"),
+        idle_seconds=top.maybe_int("idle_seconds"),
         warm_profile=top.flag("warm_profile"),
         consumed=top.flag("consumed"),
         workspace_fs=top.part("workspace_fs", _workspace_fs),
@@ -68,7 +69,7 @@ def read_record(data: object) -> SandboxRecord:
 
 _TOP_KEYS = {
     "format", "id", "profile", "backend", "state", "created_at", "owner_pid", "owner_start", "caller_uid",
-    "expires_at", "warm_profile",
+    "expires_at", "idle_seconds", "warm_profile",
     "consumed", "workspace_fs", "manifest", "bootstrap", "limits", "seccomp", "image", "container_id", "warm",
 }  # fmt: skip
 _PLAN_KEYS = {"uid", "gid", "host_uid", "host_gid", "env", "runtime_path", "runtime_sha256", "allow_ptrace", "mounts"}

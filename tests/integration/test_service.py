@@ -23,7 +23,7 @@ import pytest
 
 from sandboxer import Broker, Client
 from sandboxer.errors import ExecError, NotFoundError, SandboxerError, UsageError
-from tests.integration.conftest import UNPRIVILEGED_UID, SandboxBroker
+from tests.integration.conftest import UNPRIVILEGED_UID, SandboxBroker, backend_profile_text
 
 OTHER_ACCOUNT = "sbxsvcother"
 CALLER_A, CALLER_B, CALLER_GROUP = "sbxsvca", "sbxsvcb", "sbxsvcgrp"
@@ -513,6 +513,35 @@ def test_a_sandbox_ends_with_its_ttl_and_a_callers_ttl_with_its_grant(
         entries = {item.id: item.expires_at for item in client.list()}
         assert entries[str(granted)] is not None  # a caller's sandbox always ends
         client.sandbox(str(granted)).teardown()
+        lasting.teardown()
+    finally:
+        started.stop()
+
+
+def test_a_sandbox_unused_for_its_profiles_idle_timeout_is_torn_down(sbx_root: SandboxBroker) -> None:
+    """lifetime.idle_seconds: a running exec keeps it, however long; after its last exec ends, the
+    timeout runs out and the service tears it down (audit verb `idle`); another profile's stays."""
+    idle_profile = "idle-two"
+    text = backend_profile_text(sbx_root, idle_profile, sbx_root.repo, "lifetime:\n  idle_seconds: 2\n")
+    sbx_root.write_profile(idle_profile, text)
+    assert sbx_root.run("ext", "approve", idle_profile).status == 0
+    started = Service(sbx_root, _socket_dir(sbx_root) / "broker.sock").start()
+    try:
+        client = Client(str(started.socket))
+        lasting = client.create(sbx_root.profile)
+        idle = client.create(idle_profile)
+        assert idle.exec(["sleep", "4"]).status == 0  # twice the timeout, in use all along
+        ended = time.monotonic()
+        assert idle.exec(["true"]).status == 0  # still there right after
+        deadline = time.monotonic() + 20
+        while idle.id in {item.id for item in client.list()}:
+            assert time.monotonic() < deadline, "the idle sandbox was not torn down"
+            time.sleep(0.2)
+        assert time.monotonic() - ended >= 2
+        assert not (sbx_root.state / "sandboxes" / idle.id).exists()
+        assert [item.id for item in client.list()] == [lasting.id]
+        lines = [json.loads(line) for line in (sbx_root.state / "audit.log").read_text().splitlines()]
+        assert [(line["sandbox"], line["status"]) for line in lines if line["verb"] == "idle"] == [(idle.id, 0)]
         lasting.teardown()
     finally:
         started.stop()

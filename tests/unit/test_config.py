@@ -73,6 +73,15 @@ def test_profile_workspace_size_and_ptrace_switch_are_read() -> None:
     assert item.security.allow_ptrace is True
 
 
+def test_profile_idle_timeout_is_read_and_absent_by_default() -> None:
+    item = parse(PROFILE + "lifetime:\n  idle_seconds: 3600\n")
+    assert isinstance(item, Profile)
+    assert item.lifetime.idle_seconds == 3600
+    plain = parse(PROFILE)
+    assert isinstance(plain, Profile)
+    assert plain.lifetime.idle_seconds is None
+
+
 def test_file_hash_covers_exact_bytes() -> None:
     first = parse(PROFILE)
     second = parse(PROFILE + "\n")
@@ -202,6 +211,17 @@ BAD_FILES = [
         "f.yaml:12:17: security.allow_ptrace: must be true or false",
     ),
     ("unknown security key", PROFILE + "security:\n  seccomp: off\n", "f.yaml:12:3: security.seccomp: unknown key"),
+    (
+        "idle timeout zero",
+        PROFILE + "lifetime:\n  idle_seconds: 0\n",
+        "f.yaml:12:17: lifetime.idle_seconds: must be between 1 and 2592000",
+    ),
+    (
+        "idle timeout string",
+        PROFILE + "lifetime:\n  idle_seconds: soon\n",
+        "f.yaml:12:17: lifetime.idle_seconds: must be an integer",
+    ),
+    ("unknown lifetime key", PROFILE + "lifetime:\n  ttl: 5\n", "f.yaml:12:3: lifetime.ttl: unknown key"),
     (
         "git ref with ..",
         PROFILE.replace("ref: main", "ref: main..evil"),

@@ -84,6 +84,7 @@ records = st.builds(
     owner_start=maybe_number,
     caller_uid=maybe_number,
     expires_at=st.none() | st.floats(allow_nan=False, allow_infinity=False),
+    idle_seconds=maybe_number,
     warm_profile=st.booleans(),
     consumed=st.booleans(),
     workspace_fs=st.none() | st.builds(WorkspaceFs, mib=number, enforced=st.booleans(), kind=maybe_text),
