@@ -10,9 +10,8 @@ half-reading it; nothing else reads a record by its keys.
 A record grows while a create runs: `creating` with only its identity, then the workspace's
 filesystem, the manifest's share, the engine's part (limits, processes or container, the plan
 it verified) — so everything past the identity is optional, and gc can read a record a crash cut
-short. The exec hot path cannot afford this module's imports (dataclasses alone costs more than
-an exec): it reads the few fields it needs through sandboxer.core.record_exec, which a test holds to
-this module's reading.
+short. exec reads the few fields it needs through sandboxer.core.record_exec, which a test holds
+to this module's reading.
 
 Record format 1 (the `format` key); a record of any other format is refused.
 """

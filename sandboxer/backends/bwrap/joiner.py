@@ -1,7 +1,6 @@
 """Entering a live sandbox: join its namespaces, shed every privilege, and execute a command.
 
-This is the exec hot path, so it imports nothing heavy. The sequence, for root and for an
-ordinary broker alike:
+The sequence, for root and for an ordinary broker alike:
 
     broker ── fork ──► A: drop to the sandbox's host uid/gid (no supplementary groups),
                           join the cgroups, setns(user) then pid, ipc, uts, net, cgroup, mnt
@@ -162,8 +161,7 @@ def confine(cgroups: Sequence[int], rlimits: Sequence[tuple[int, int]], keyring:
 class Entry:
     """Everything needed to start one command in a sandbox.
 
-    A plain slotted class rather than a dataclass: this module is on the exec hot path, and
-    importing dataclasses costs more than the namespace join itself.
+    A plain slotted class: the relay and the command read it after fork, and need nothing more.
     """
 
     __slots__ = (
