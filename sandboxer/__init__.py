@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sandboxer.api import Broker, ExecStream, Owner, Sandbox
-    from sandboxer.client import Client, ClientSandbox
+    from sandboxer.client import Client, ClientOwner, ClientSandbox
     from sandboxer.results import (
         Approval,
         Created,
+        Dispatched,
         Evidence,
         ExecResult,
         GcReport,
@@ -35,8 +36,10 @@ __all__ = [
     "Approval",
     "Broker",
     "Client",
+    "ClientOwner",
     "ClientSandbox",
     "Created",
+    "Dispatched",
     "Evidence",
     "ExecResult",
     "ExecStream",
@@ -50,7 +53,7 @@ __all__ = [
     "SandboxInfo",
 ]
 _API = {"Broker", "ExecStream", "Owner", "Sandbox"}
-_CLIENT = {"Client", "ClientSandbox"}
+_CLIENT = {"Client", "ClientOwner", "ClientSandbox"}
 
 
 def __getattr__(name: str) -> object:

@@ -25,6 +25,7 @@ from sandboxer.errors import EntryError, ExecError, NotFoundError, ResidueError
 from sandboxer.results import (
     Approval,
     Created,
+    Dispatched,
     Evidence,
     ExecResult,
     GcReport,
@@ -33,6 +34,7 @@ from sandboxer.results import (
     RuntimeDigest,
     SandboxInfo,
     Stream,
+    owner_entries,
 )
 from sandboxer.verbs import SandboxBase
 
@@ -186,6 +188,17 @@ class Sandbox(SandboxBase):
 
         return Evidence.from_json(inspect(self.broker.dirs, self.id))
 
+    def dispatch_tool(self, lease: str, request_id: str, wait_seconds: int = 0) -> Dispatched:
+        """Relay the request `request_id` from the spool of the tool-request lease `lease` to its
+        endpoint, waiting up to `wait_seconds` (0-300) for the consumer to write it
+        (docs/tool-requests.md); NotPendingError (75, retryable) when it is not there yet."""
+        from sandboxer.host.dispatch import dispatch
+
+        document = dispatch(
+            self.broker.dirs.state, self.id, lease_id=lease, request_id=request_id, wait_seconds=wait_seconds
+        )
+        return Dispatched.from_json(document)
+
     def teardown(self) -> Receipt:
         """Remove the sandbox. Once it is gone, later calls return the same receipt; residue
         raises ResidueError (6), which carries the receipt as `.receipt`."""
@@ -256,7 +269,7 @@ class Owner:
     def list(self) -> list[OwnerEntry]:
         from sandboxer.commands.owner import list_entries
 
-        return [OwnerEntry.from_json(entry) for entry in list_entries(self.dirs)["entries"]]
+        return owner_entries(list_entries(self.dirs))
 
     def runtime_digest(self, path: str, *, full: bool = False) -> RuntimeDigest:
         from sandboxer.commands.owner import runtime_digest

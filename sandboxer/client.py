@@ -22,11 +22,25 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sandboxer import errors
-from sandboxer.results import Created, Evidence, GcReport, Receipt, SandboxInfo, Stream
+from sandboxer.results import (
+    Approval,
+    Created,
+    Dispatched,
+    Evidence,
+    GcReport,
+    OwnerEntry,
+    Receipt,
+    RuntimeDigest,
+    SandboxInfo,
+    Stream,
+    owner_entries,
+)
 from sandboxer.service import frames
 from sandboxer.verbs import SandboxBase
 
-__all__ = ["Client", "ClientExecStream", "ClientSandbox"]
+__all__ = ["Client", "ClientExecStream", "ClientOwner", "ClientSandbox"]
+
+DISPATCH_MARGIN = 60.0  # seconds a dispatch may take past its wait: the relay to its endpoint (40 at most)
 
 
 def default_socket() -> str:
@@ -82,9 +96,10 @@ class Client:
     def __init__(self, socket: str | None = None, *, timeout: float = 300.0) -> None:
         self.socket = socket or default_socket()
         self.timeout = timeout
+        self.owner = ClientOwner(self)
 
-    def _request(self, method: str, path: str, body: Any = None) -> Any:
-        connection = _UnixConnection(self.socket, self.timeout)
+    def _request(self, method: str, path: str, body: Any = None, *, timeout: float | None = None) -> Any:
+        connection = _UnixConnection(self.socket, timeout or self.timeout)
         try:
             payload = None if body is None else json.dumps(body).encode()
             headers = {"Content-Type": "application/json"} if payload is not None else {}
@@ -157,11 +172,44 @@ class ClientSandbox(SandboxBase):
     def inspect(self) -> Evidence:
         return Evidence.from_json(self.client._request("GET", f"/v1/sandboxes/{self.id}"))
 
+    def dispatch_tool(self, lease: str, request_id: str, wait_seconds: int = 0) -> Dispatched:
+        """Relay the request `request_id` of the tool-request lease `lease` to its endpoint, waiting
+        up to `wait_seconds` for it; NotPendingError (75, retryable) when it is not there yet."""
+        body = {"lease": lease, "request_id": request_id, "wait_seconds": wait_seconds}
+        path = f"/v1/sandboxes/{self.id}/dispatch"
+        timeout = max(self.client.timeout, wait_seconds + DISPATCH_MARGIN)  # it waits, then relays
+        return Dispatched.from_json(self.client._request("POST", path, body, timeout=timeout))
+
     def teardown(self) -> Receipt:
         """Remove the sandbox; later calls return the same receipt (ResidueError, 6, on residue)."""
         if self._receipt is None:
             self._receipt = Receipt.from_json(self.client._request("DELETE", f"/v1/sandboxes/{self.id}"))
         return self._receipt
+
+
+class ClientOwner:
+    """The owner's verbs through the service (refused to a granted caller: PolicyError, 3)."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def approve(self, name: str) -> Approval:
+        """Approve the exact current bytes of an extension config, a profile or grants."""
+        return Approval.from_json(self.client._request("POST", "/v1/owner/approve", {"name": name}))
+
+    def revoke(self, name: str) -> Approval:
+        """Withdraw an approval (not an error when there is none)."""
+        return Approval.from_json(self.client._request("POST", "/v1/owner/revoke", {"name": name}))
+
+    def list(self) -> list[OwnerEntry]:
+        """Every owner file with its approval status, and every approval whose file is gone."""
+        return owner_entries(self.client._request("GET", "/v1/owner/entries"))
+
+    def runtime_digest(self, path: str, *, full: bool = False) -> RuntimeDigest:
+        """The tree digest v1 of the runtime directory at the absolute `path`, read by the service
+        (which does so only for a caller of its own account)."""
+        body = {"path": path, "full": full}
+        return RuntimeDigest.from_json(self.client._request("POST", "/v1/runtime/digest", body))
 
 
 class ClientExecStream:

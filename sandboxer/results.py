@@ -238,3 +238,36 @@ class RuntimeDigest:
     @classmethod
     def from_json(cls, document: Mapping[str, Any]) -> RuntimeDigest:
         return cls(**{name: document[name] for name in cls.__dataclass_fields__})
+
+
+def owner_entries(document: Mapping[str, Any]) -> list[OwnerEntry]:
+    """The entries of `ext list --json`'s document, in its order."""
+    return [OwnerEntry.from_json(entry) for entry in document["entries"]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dispatched:
+    """What `dispatch-tool --json` reports of one relayed request: where its response is inside the
+    sandbox, and whether it came from the replay ledger (`cached`) rather than the endpoint."""
+
+    sandbox: str
+    lease_id: str
+    request_id: str
+    fingerprint: str
+    cached: bool
+    attempts: int
+    response: str  # the response file's path inside the sandbox
+    json: Mapping[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> Dispatched:
+        return cls(
+            sandbox=document["sandbox"],
+            lease_id=document["lease_id"],
+            request_id=document["request_id"],
+            fingerprint=document["fingerprint"],
+            cached=bool(document["cached"]),
+            attempts=int(document["attempts"]),
+            response=document["response"],
+            json=_frozen(dict(document)),
+        )

@@ -33,6 +33,8 @@ OUTPUT_FRAMES = 16  # exec output frames queued for a slow client before the com
 HTTP_STATUS = {2: 400, 3: 403, 4: 404, 5: 500, 6: 409, 75: 409, 125: 500}
 CREATE_FIELDS = {"profile", "ttl"}
 EXEC_FIELDS = {"argv", "cwd", "timeout", "consumer", "executable"}
+DISPATCH_FIELDS = {"lease", "request_id", "wait_seconds"}
+DIGEST_FIELDS = {"path", "full"}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -93,7 +95,12 @@ def make_app(dirs: Dirs) -> web.Application:
     app.router.add_get("/v1/sandboxes/{id}", inspect, name="inspect")
     app.router.add_delete("/v1/sandboxes/{id}", teardown, name="teardown")
     app.router.add_post("/v1/sandboxes/{id}/exec", exec_command, name="exec")
+    app.router.add_post("/v1/sandboxes/{id}/dispatch", dispatch_tool, name="dispatch-tool")
     app.router.add_post("/v1/gc", gc, name="gc")
+    app.router.add_get("/v1/owner/entries", owner_entries, name="ext-list")
+    app.router.add_post("/v1/owner/approve", owner_approve, name="ext-approve")
+    app.router.add_post("/v1/owner/revoke", owner_revoke, name="ext-revoke")
+    app.router.add_post("/v1/runtime/digest", runtime_digest, name="runtime-digest")
     return app
 
 
@@ -182,6 +189,77 @@ async def teardown(request: web.Request) -> web.Response:
         error = ResidueError(f"teardown of {receipt['id']} left residue: {'; '.join(receipt['residue'])}")
         return error_response(error, receipt=receipt)
     return web.json_response(receipt)
+
+
+def _strings(body: dict[str, Any], *names: str) -> None:
+    """Refuse a body whose fields `names` are not strings (when present)."""
+    for name in names:
+        if name in body and not isinstance(body[name], str):
+            raise UsageError(f"{name}: must be a string")
+
+
+async def dispatch_tool(request: web.Request) -> web.Response:
+    """dispatch-tool: relay one request from the sandbox's spool to its lease's endpoint."""
+    from sandboxer.host.dispatch import dispatch
+
+    body = await _json_body(request, DISPATCH_FIELDS, {"lease", "request_id"})
+    _strings(body, "lease", "request_id")
+    wait = body.get("wait_seconds", 0)
+    if isinstance(wait, bool) or not isinstance(wait, int):
+        raise UsageError("wait_seconds: must be a whole number of seconds")
+    sandbox_id = request.match_info["id"]
+    await _in_thread(request["access"].require_own, sandbox_id, _unknown(request))
+    state = request.app["dirs"].state
+    document = await _in_thread(
+        lambda: dispatch(state, sandbox_id, lease_id=body["lease"], request_id=body["request_id"], wait_seconds=wait)
+    )
+    return web.json_response(document)
+
+
+async def owner_entries(request: web.Request) -> web.Response:
+    """ext list: every owner file with its approval status."""
+    from sandboxer.commands.owner import list_entries
+
+    request["access"].require_owner("ext list")
+    return web.json_response(await _in_thread(list_entries, request.app["dirs"]))
+
+
+async def owner_approve(request: web.Request) -> web.Response:
+    """ext approve: approve the exact current bytes of one owner file."""
+    from sandboxer.commands.owner import approve
+
+    request["access"].require_owner("ext approve")
+    body = await _json_body(request, {"name"}, {"name"})
+    _strings(body, "name")
+    return web.json_response(await _in_thread(approve, request.app["dirs"], body["name"]))
+
+
+async def owner_revoke(request: web.Request) -> web.Response:
+    """ext revoke: withdraw an approval."""
+    from sandboxer.commands.owner import revoke
+
+    request["access"].require_owner("ext revoke")
+    body = await _json_body(request, {"name"}, {"name"})
+    _strings(body, "name")
+    return web.json_response(await _in_thread(revoke, request.app["dirs"], body["name"]))
+
+
+async def runtime_digest(request: web.Request) -> web.Response:
+    """runtime digest: the tree digest of a directory the service reads with its own rights, so
+    only for an owner of the service's own account, and only by an absolute path."""
+    from sandboxer.commands.owner import runtime_digest as digest
+
+    access: Access = request["access"]
+    access.require_owner("runtime digest")
+    access.require_own_files("runtime digest")
+    body = await _json_body(request, DIGEST_FIELDS, {"path"})
+    _strings(body, "path")
+    path, full = body["path"], body.get("full", False)
+    if not path.startswith("/"):
+        raise UsageError("path: must be an absolute path")
+    if not isinstance(full, bool):
+        raise UsageError("full: must be true or false")
+    return web.json_response(await _in_thread(lambda: digest(request.app["dirs"], path, full=full)))
 
 
 async def gc(request: web.Request) -> web.Response:
