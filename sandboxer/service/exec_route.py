@@ -1,0 +1,163 @@
+"""The exec route: `POST /v1/sandboxes/{id}/exec`.
+
+The body is one line of JSON options, then the command's stdin, streamed into it as it comes;
+the answer is frames (frames.py), streamed as the command writes — neither is ever held whole.
+The command's own cgroup, session and descendants are killed when the client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from sandboxer.dirs import Dirs
+from sandboxer.errors import ExecError, ExecUsage, SandboxerError, UsageError
+from sandboxer.service import frames
+from sandboxer.service.http import checked, error_document, in_thread
+
+EXEC_FIELDS = {"argv", "cwd", "timeout", "consumer", "executable"}
+MAX_OPTIONS = 1024 * 1024  # exec's first line, its options
+OUTPUT_FRAMES = 16  # exec output frames queued for a slow client before the command waits
+
+
+async def exec_command(request: web.Request) -> web.StreamResponse:
+    """The body is one line of JSON options, then the command's stdin, streamed to it as it comes;
+    the answer is frames, streamed as the command writes (neither is ever held whole)."""
+    head, rest = await _first_line(request)
+    sandbox_id = request.match_info["id"]
+    argv, cli_options = _exec_options(head, sandbox_id)
+    await in_thread(request["access"].require_own, sandbox_id, ExecError(f"exec: no such sandbox: {sandbox_id}"))
+
+    response = web.StreamResponse(headers={"Content-Type": frames.CONTENT_TYPE})
+    await response.prepare(request)
+    loop = asyncio.get_running_loop()
+    # A few frames in flight: a client slower than the command holds the command up, never the
+    # service's memory.
+    chunks: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=OUTPUT_FRAMES)
+    gone = threading.Event()  # the client went away: everything the exec started is killed
+
+    def sink(stream: str, chunk: bytes) -> None:
+        kind = frames.STDOUT if stream == "stdout" else frames.STDERR
+        asyncio.run_coroutine_threadsafe(chunks.put(frames.frame(kind, chunk)), loop).result()
+
+    stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
+    feeding = asyncio.create_task(_feed(request, rest, stdin_w))
+
+    def run() -> dict[str, Any]:
+        try:
+            return {"status": _execute(request.app["dirs"], cli_options, argv, stdin_r, sink, cancelled=gone.is_set)}
+        except SandboxerError as exc:
+            return {"error": error_document(exc)}
+        finally:
+            os.close(stdin_r)  # input the command never read is refused from now on
+            asyncio.run_coroutine_threadsafe(chunks.put(None), loop).result()
+
+    done = loop.run_in_executor(None, run)
+    while True:
+        try:
+            data = await asyncio.wait_for(chunks.get(), timeout=0.5)
+        except TimeoutError:
+            if request.transport is None or request.transport.is_closing():
+                gone.set()
+            continue
+        if data is None:
+            break
+        if not gone.is_set():
+            try:
+                await response.write(data)
+            except ConnectionError:
+                gone.set()
+    result = await done
+    await feeding
+    request["exit_status"] = result.get("status", result.get("error", {}).get("status"))
+    if not gone.is_set():
+        await response.write(frames.end(result))
+        await response.write_eof()
+    return response
+
+
+def _exec_options(head: bytes, sandbox_id: str) -> tuple[list[str], dict[str, str]]:
+    """The command and the CLI's exec options from the body's first line."""
+    try:
+        options = checked(json.loads(head), EXEC_FIELDS, {"argv"})
+    except ValueError:
+        raise UsageError("exec: the first line of the body must be a JSON object of options") from None
+    argv = options["argv"]
+    if not isinstance(argv, list) or not argv or not all(isinstance(arg, str) for arg in argv):
+        raise UsageError("argv: must be a non-empty list of strings")
+    cli_options = {"id": sandbox_id}
+    for name in ("cwd", "consumer", "executable"):
+        if options.get(name) is not None:
+            cli_options[name] = str(options[name])
+    if options.get("timeout") is not None:
+        cli_options["timeout"] = repr(float(options["timeout"]))
+    return argv, cli_options
+
+
+async def _first_line(request: web.Request) -> tuple[bytes, bytes]:
+    """The body's first line (the options), and what came after it in the same reads."""
+    data = b""
+    while b"\n" not in data:
+        if len(data) > MAX_OPTIONS:
+            raise UsageError(f"exec: the options line is longer than {MAX_OPTIONS} bytes")
+        chunk = await request.content.readany()
+        if not chunk:
+            break
+        data += chunk
+    head, _, rest = data.partition(b"\n")
+    return head, rest
+
+
+async def _feed(request: web.Request, first: bytes, fd: int) -> None:
+    """Write the rest of the body into the command's stdin pipe as it arrives, then close it. A
+    command that stops reading holds the body up (the pipe is full); one that ended refuses it."""
+    loop = asyncio.get_running_loop()
+    try:
+        chunk = first
+        while True:
+            if chunk:
+                await loop.run_in_executor(None, _write_all, fd, chunk)
+            chunk = await request.content.readany()
+            if not chunk:
+                break
+    except (OSError, aiohttp.ClientError, asyncio.CancelledError):
+        pass  # the command ended, or the client went away: the exec sees its stdin end
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _execute(
+    dirs: Dirs,
+    options: dict[str, str],
+    argv: list[str],
+    stdin: int,
+    sink: Any,
+    *,
+    cancelled: Callable[[], bool],
+) -> int:
+    """The CLI's exec with the program's stdio (as the embedded API runs it), killed once
+    `cancelled` says the client went away."""
+    from sandboxer.commands import execute
+    from sandboxer.errors import EntryError
+    from sandboxer.host.stdio import Program
+
+    try:
+        return execute.execute(dirs, options, argv, Program(stdin, sink, cancelled))
+    except ExecUsage as exc:
+        raise ExecError(str(exc)) from None
+    except EntryError as exc:
+        sink("stderr", f"sandboxer: exec: {exc.message}\n".encode())
+        return exc.status

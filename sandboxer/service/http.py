@@ -1,0 +1,50 @@
+"""The HTTP API's conventions, shared by its routes: errors as `{"error": {kind, message, hint,
+status}}` with the CLI's exit status and an HTTP status for it, strict JSON bodies, and blocking
+work off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from sandboxer.errors import SandboxerError, UsageError
+
+HTTP_STATUS = {2: 400, 3: 403, 4: 404, 5: 500, 6: 409, 75: 409, 125: 500}
+
+
+def error_document(error: SandboxerError) -> dict[str, Any]:
+    """An error as the API sends it: the class, the one line, the hint, the CLI's exit status."""
+    return {"kind": type(error).__name__, "message": error.message, "hint": error.hint, "status": error.status}
+
+
+def error_response(error: SandboxerError, **extra: Any) -> web.Response:
+    return web.json_response({"error": error_document(error), **extra}, status=HTTP_STATUS.get(error.status, 500))
+
+
+async def in_thread(function: Callable[..., Any], *args: Any) -> Any:
+    """A blocking command, off the event loop."""
+    return await asyncio.get_running_loop().run_in_executor(None, function, *args)
+
+
+async def json_body(request: web.Request, allowed: set[str], required: set[str]) -> dict[str, Any]:
+    """The request's JSON object: no other fields than `allowed`, all of `required`."""
+    try:
+        body = await request.json()
+    except ValueError:
+        raise UsageError("the request body is not JSON") from None
+    return checked(body, allowed, required)
+
+
+def checked(body: object, allowed: set[str], required: set[str]) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise UsageError("the request body must be a JSON object")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise UsageError(f"{unknown[0]}: unknown field (allowed: {', '.join(sorted(allowed))})")
+    missing = sorted(required - set(body))
+    if missing:
+        raise UsageError(f"{missing[0]}: required")
+    return body
