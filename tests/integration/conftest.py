@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from sandboxer.api import Broker, Owner
+from sandboxer.errors import SandboxerError
 from tests.conftest import REPO, Result, make_repository
 from tests.samples import profile_yaml
 
@@ -101,6 +103,27 @@ class SandboxBroker:
         """Run a shell script inside the sandbox."""
         return self.exec(sandbox_id, "/bin/sh", "-c", script, stdin=stdin)
 
+    def runtime_sha256(self) -> str:
+        """The runtime's digest, as the owner gets it (the CLI as the broker's user; root's
+        through the owner API in this process: set-up, not the thing under test)."""
+        if not self.as_user:
+            return self._owner().runtime_digest(str(self.runtime)).sha256
+        digest = self.run("runtime", "digest", str(self.runtime))
+        assert digest.status == 0, digest.stderr
+        return digest.stdout.strip()
+
+    def approve(self, *names: str) -> None:
+        """Approve owner files, as the broker's user (root's through the owner API here)."""
+        for name in names:
+            if not self.as_user:
+                self._owner().approve(name)
+                continue
+            approved = self.run("ext", "approve", name)
+            assert approved.status == 0, approved.stderr
+
+    def _owner(self) -> Owner:
+        return Broker(config_dir=str(self.config), state_dir=str(self.state)).owner
+
     def write_profile(self, name: str, text: str) -> Path:
         """Write (but do not approve) a profile."""
         path = self.config / "profiles" / f"{name}.yaml"
@@ -149,17 +172,13 @@ def make_broker(runtime: Path, *, as_user: bool) -> SandboxBroker:
     if as_user:
         for path in (root, root / "home", broker.config, broker.config / "extensions", broker.config / "profiles"):
             os.chown(path, UNPRIVILEGED_UID, UNPRIVILEGED_UID)
-    digest = broker.run("runtime", "digest", str(runtime))
-    assert digest.status == 0, digest.stderr
     ext = broker.config / "extensions" / "ext.bwrap.yaml"
     ext.write_text(
-        f"extension: ext.bwrap\nconfig:\n  runtime:\n    path: {runtime}\n    sha256: {digest.stdout.strip()}\n"
+        f"extension: ext.bwrap\nconfig:\n  runtime:\n    path: {runtime}\n    sha256: {broker.runtime_sha256()}\n"
     )
     broker._own(ext)
     broker.write_profile(PROFILE, profile_text(PROFILE, broker.repo))
-    for name in ("ext.bwrap", PROFILE):
-        approved = broker.run("ext", "approve", name)
-        assert approved.status == 0, approved.stderr
+    broker.approve("ext.bwrap", PROFILE)
     return broker
 
 
@@ -171,7 +190,11 @@ def _cleanup(broker: SandboxBroker) -> None:
     for sandbox_id in sorted(present | set(broker.created)):
         if broker.sandbox_dir(sandbox_id).exists():
             broker.run("teardown", sandbox_id)
-    broker.run("gc")
+    if broker.as_user:
+        broker.run("gc")
+    else:  # root's through the API in this process: clean-up, not the thing under test
+        with contextlib.suppress(SandboxerError):
+            Broker(config_dir=str(broker.config), state_dir=str(broker.state)).gc()
     for pid in services_of(broker.state):  # a private service the CLI started
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
@@ -267,15 +290,13 @@ def base_image() -> str:
 
 def add_docker(broker: SandboxBroker, image: str) -> None:
     """An approved ext.docker config on the broker's runtime, and a Docker profile as its default."""
-    digest = broker.run("runtime", "digest", str(broker.runtime)).stdout.strip()
+    digest = broker.runtime_sha256()
     (broker.config / "extensions" / "ext.docker.yaml").write_text(
         f'extension: ext.docker\nconfig:\n  image: "{image}"\n  runtime:\n'
         f"    path: {broker.runtime}\n    sha256: {digest}\n"
     )
     broker.write_profile(DOCKER_PROFILE, profile_text(DOCKER_PROFILE, broker.repo).replace("ext.bwrap", "ext.docker"))
-    for name in ("ext.docker", DOCKER_PROFILE):
-        approved = broker.run("ext", "approve", name)
-        assert approved.status == 0, approved.stderr
+    broker.approve("ext.docker", DOCKER_PROFILE)
     broker.profile = DOCKER_PROFILE
     broker.backend = "docker"
 

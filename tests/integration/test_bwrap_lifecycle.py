@@ -118,6 +118,8 @@ def refused(
     sb: SandboxBroker, *args: str, status: int, needles: Iterable[str] = (), argv: list[str] | None = None
 ) -> Result:
     """Run a command that must fail with `status`, one stderr line, and nothing left behind."""
+    if sb.through_service:
+        sb.run("list")  # the private service runs already: the command under test starts nothing
     before = snapshot(sb)
     result, leftovers = run_tracked(argv or sb.argv(*args), sb.env())
     after = snapshot(sb)
