@@ -208,6 +208,7 @@ def _running(procs: list[psutil.Process]) -> list[str]:
 def test_gc_after_a_create_killed_mid_clone_leaves_no_git_no_directory_and_nothing_in_tmp(
     sb: SandboxBroker, big_repository: Path
 ) -> None:
+    sb.through_service = False  # the CLI process is the broker this test kills
     sb.write_profile("big", profile_text("big", big_repository))
     approved = sb.run("ext", "approve", "big")
     assert approved.status == 0, approved.stderr
