@@ -14,10 +14,12 @@ answer, with the same `.status`. HTTP is the standard library's (`http.client`) 
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
 import socket as socketlib
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -224,9 +226,16 @@ class ClientExecStream:
     def __iter__(self) -> Iterator[tuple[Stream, bytes]]:
         connection = _UnixConnection(self._client.socket, None)  # an exec takes as long as it takes
         response: http.client.HTTPResponse | None = None
+        sender: threading.Thread | None = None
         try:
             try:
-                connection.request("POST", self._path, body=self._body)
+                connection.putrequest("POST", self._path)
+                connection.putheader("Content-Length", str(len(self._body)))
+                connection.endheaders()
+                # The body (the command's stdin) goes in while the output comes out: a command
+                # that writes before it has read all its input would otherwise wait on us forever.
+                sender = threading.Thread(target=_send_all, args=(connection.sock, self._body), daemon=True)
+                sender.start()
                 response = connection.getresponse()
             except OSError as exc:
                 raise errors.BackendError(f"the broker service does not answer ({exc})") from None
@@ -244,9 +253,19 @@ class ClientExecStream:
         finally:
             if response is not None:
                 response.close()
+            if sender is not None:
+                with contextlib.suppress(OSError):
+                    connection.sock.shutdown(socketlib.SHUT_RDWR)  # a send still blocked returns
+                sender.join()
             connection.close()
 
     def _finish(self, document: dict[str, Any]) -> None:
         if "error" in document:
             _raise_for(document, 500)
         self.status = int(document["status"])
+
+
+def _send_all(sock: socketlib.socket, data: bytes) -> None:
+    """Send a request body (an exec's stdin) on its own thread; a closed connection ends it."""
+    with contextlib.suppress(OSError):
+        sock.sendall(data)

@@ -8,6 +8,7 @@ The command's own cgroup, session and descendants are killed when the client goe
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import threading
@@ -19,12 +20,13 @@ from aiohttp import web
 
 from sandboxer.dirs import Dirs
 from sandboxer.errors import ExecError, ExecUsage, SandboxerError, UsageError
+from sandboxer.host.stdio import CANCEL_POLL
 from sandboxer.service import frames
 from sandboxer.service.http import checked, error_document, in_thread
 
 EXEC_FIELDS = {"argv", "cwd", "timeout", "consumer", "executable"}
 MAX_OPTIONS = 1024 * 1024  # exec's first line, its options
-OUTPUT_FRAMES = 16  # exec output frames queued for a slow client before the command waits
+OUTPUT_FRAMES = 64  # exec output frames (up to 64 KiB each) queued for a slow client before the command waits
 
 
 async def exec_command(request: web.Request) -> web.StreamResponse:
@@ -43,9 +45,20 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
     chunks: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=OUTPUT_FRAMES)
     gone = threading.Event()  # the client went away: everything the exec started is killed
 
+    def put(item: bytes | None) -> None:
+        """Queue output for the client (from the exec's thread), waiting while the queue is full —
+        until the client goes away or the request ends."""
+        future = asyncio.run_coroutine_threadsafe(chunks.put(item), loop)
+        while not gone.is_set():
+            try:
+                future.result(timeout=CANCEL_POLL)
+                return
+            except concurrent.futures.TimeoutError:
+                continue
+        future.cancel()
+
     def sink(stream: str, chunk: bytes) -> None:
-        kind = frames.STDOUT if stream == "stdout" else frames.STDERR
-        asyncio.run_coroutine_threadsafe(chunks.put(frames.frame(kind, chunk)), loop).result()
+        put(frames.frame(frames.STDOUT if stream == "stdout" else frames.STDERR, chunk))
 
     stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
     feeding = asyncio.create_task(_feed(request, rest, stdin_w))
@@ -57,9 +70,29 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
             return {"error": error_document(exc)}
         finally:
             os.close(stdin_r)  # input the command never read is refused from now on
-            asyncio.run_coroutine_threadsafe(chunks.put(None), loop).result()
+            put(None)
 
     done = loop.run_in_executor(None, run)
+    try:
+        await _relay(request, response, chunks, gone)
+    finally:
+        if not done.done():  # the request was cancelled (the service stops): the exec ends too
+            gone.set()
+            feeding.cancel()
+    result = await done
+    await feeding
+    request["exit_status"] = result.get("status", result.get("error", {}).get("status"))
+    if not gone.is_set():
+        await response.write(frames.end(result))
+        await response.write_eof()
+    return response
+
+
+async def _relay(
+    request: web.Request, response: web.StreamResponse, chunks: asyncio.Queue[bytes | None], gone: threading.Event
+) -> None:
+    """Write the queued frames to the client until the exec's end (None); a client that went
+    away sets `gone`, and the rest is drained unwritten."""
     while True:
         try:
             data = await asyncio.wait_for(chunks.get(), timeout=0.5)
@@ -68,19 +101,12 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
                 gone.set()
             continue
         if data is None:
-            break
+            return
         if not gone.is_set():
             try:
                 await response.write(data)
             except ConnectionError:
                 gone.set()
-    result = await done
-    await feeding
-    request["exit_status"] = result.get("status", result.get("error", {}).get("status"))
-    if not gone.is_set():
-        await response.write(frames.end(result))
-        await response.write_eof()
-    return response
 
 
 def _exec_options(head: bytes, sandbox_id: str) -> tuple[list[str], dict[str, str]]:
