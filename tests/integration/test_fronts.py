@@ -1,0 +1,498 @@
+"""One behavioural suite through every front end of the broker, on every backend.
+
+The four front ends promise the same behaviour over one core: the CLI in-process
+(SANDBOXER_NO_SERVICE=1), the CLI as a client of `sandboxer serve`, the HTTP client
+`sandboxer.Client` and the embedded `sandboxer.Broker`. Each test runs once per front end and
+backend (bwrap as root, Docker) against real sandboxes, and compares what the front end answers
+with what the in-process CLI answers for the same case: the same exit statuses, the same output
+bytes, the same one-line errors. Where the Python API raises instead of printing, the error is
+compared as the (status, line) pair the CLI would print for it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
+
+import pytest
+
+from sandboxer import Broker, Client
+from sandboxer.api import Sandbox
+from sandboxer.client import ClientSandbox
+from sandboxer.errors import SandboxerError
+from sandboxer.results import thawed
+from tests.integration.conftest import SandboxBroker
+from tests.integration.test_service import Service
+
+FRONTS = ["cli", "cli-service", "client", "embedded"]
+UNKNOWN_ID = "0" * 24
+ExecAnswer = tuple[int, bytes, bytes]
+
+
+class Refused(Exception):
+    """A verb the broker refused, as the CLI reports it: its exit status and its one line."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(status, message)
+        self.status = status
+        self.message = message
+
+    @property
+    def pair(self) -> tuple[int, str]:
+        return self.status, self.message
+
+
+class Front(Protocol):
+    """What a test drives, whichever front end is behind it."""
+
+    name: str
+    # True when a broker failure of exec raises (the Python API), False when it is printed
+    # on stderr with exit status 125 (the CLI).
+    raises: bool
+
+    def create(self, profile: str) -> str: ...
+
+    def exec(
+        self,
+        sandbox_id: str,
+        argv: Sequence[str],
+        stdin: bytes = b"",
+        cwd: str | None = None,
+        timeout: float | None = None,
+    ) -> ExecAnswer: ...
+
+    def inspect(self, sandbox_id: str) -> dict[str, Any]: ...
+
+    def list(self) -> list[str]: ...
+
+    def teardown(self, sandbox_id: str) -> builtins.list[str]: ...
+
+
+class Cli:
+    """`python -m sandboxer …` as a real process: in-process, or as a client of the service."""
+
+    raises = False
+
+    def __init__(self, broker: SandboxBroker, *, through_service: bool) -> None:
+        self.broker = broker
+        self.through_service = through_service
+        self.name = "cli-service" if through_service else "cli"
+
+    def run(self, *args: str, stdin: bytes = b"", timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+        env = {k: v for k, v in self.broker.env().items() if k != "SANDBOXER_NO_SERVICE"}
+        if not self.through_service:
+            env["SANDBOXER_NO_SERVICE"] = "1"
+        return subprocess.run(
+            self.broker.argv(*args), input=stdin, capture_output=True, env=env, check=False, timeout=timeout
+        )
+
+    def checked(self, *args: str) -> bytes:
+        """stdout of a verb that is not exec; a failure raises Refused with the stderr line."""
+        done = self.run(*args)
+        if done.returncode != 0:
+            raise Refused(done.returncode, _one_line(done.stderr))
+        return done.stdout
+
+    def create(self, profile: str) -> str:
+        return self.checked("create", "--profile", profile).decode().strip()
+
+    def exec(
+        self,
+        sandbox_id: str,
+        argv: Sequence[str],
+        stdin: bytes = b"",
+        cwd: str | None = None,
+        timeout: float | None = None,
+    ) -> ExecAnswer:
+        options: list[str] = []
+        if cwd is not None:
+            options += ["--cwd", cwd]
+        if timeout is not None:
+            options += ["--timeout", repr(float(timeout))]
+        done = self.run("exec", sandbox_id, *options, "--", *argv, stdin=stdin)
+        return done.returncode, done.stdout, done.stderr
+
+    def inspect(self, sandbox_id: str) -> dict[str, Any]:
+        document: dict[str, Any] = json.loads(self.checked("inspect", sandbox_id, "--json"))
+        return document
+
+    def list(self) -> list[str]:
+        return [entry["id"] for entry in json.loads(self.checked("list", "--json"))["sandboxes"]]
+
+    def teardown(self, sandbox_id: str) -> builtins.list[str]:
+        return list(json.loads(self.checked("teardown", sandbox_id, "--json"))["residue"])
+
+
+class Api:
+    """The Python API: the HTTP client of the service, or the embedded broker. A sandbox is the
+    handle create returned; an id it never created is looked up as a program would."""
+
+    raises = True
+
+    def __init__(self, name: str, api: Broker | Client) -> None:
+        self.name = name
+        self.api = api
+        self.handles: dict[str, Sandbox | ClientSandbox] = {}
+        self.torn: set[str] = set()
+
+    def sandbox(self, sandbox_id: str) -> Sandbox | ClientSandbox:
+        with refused():
+            return self.handles.get(sandbox_id) or self.api.sandbox(sandbox_id)
+
+    def create(self, profile: str) -> str:
+        with refused():
+            sandbox = self.api.create(profile)
+        self.handles[sandbox.id] = sandbox
+        return sandbox.id
+
+    def exec(
+        self,
+        sandbox_id: str,
+        argv: Sequence[str],
+        stdin: bytes = b"",
+        cwd: str | None = None,
+        timeout: float | None = None,
+    ) -> ExecAnswer:
+        with refused():
+            result = self.sandbox(sandbox_id).exec(argv, stdin=stdin, cwd=cwd, timeout=timeout)
+        return result.status, result.stdout, result.stderr
+
+    def inspect(self, sandbox_id: str) -> dict[str, Any]:
+        with refused():
+            document: dict[str, Any] = thawed(self.sandbox(sandbox_id).inspect().json)
+        return document
+
+    def list(self) -> list[str]:
+        with refused():
+            return [info.id for info in self.api.list()]
+
+    def teardown(self, sandbox_id: str) -> builtins.list[str]:
+        # A second teardown names the id afresh: the handle would give its receipt again (docs/api.md).
+        with refused():
+            sandbox = self.sandbox(sandbox_id) if sandbox_id not in self.torn else self.api.sandbox(sandbox_id)
+            self.torn.add(sandbox_id)
+            return list(sandbox.teardown().residue)
+
+
+class refused:
+    """A SandboxerError as Refused: the status and the line the CLI prints for it."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, _tb: object) -> None:
+        if isinstance(error, SandboxerError):
+            raise Refused(error.status, f"sandboxer: {error}") from error
+
+
+def _one_line(stderr: bytes) -> str:
+    text = stderr.decode()
+    assert text.endswith("\n"), f"not one line on stderr: {text!r}"
+    assert text.count("\n") == 1, f"not one line on stderr: {text!r}"
+    return text.rstrip("\n")
+
+
+class Case:
+    """One test's broker and front end, and the in-process CLI of the same broker as reference."""
+
+    def __init__(self, broker: SandboxBroker, front: Front, service: Service | None) -> None:
+        self.broker = broker
+        self.front = front
+        self.service = service
+        self.reference = Cli(broker, through_service=False)
+
+    @property
+    def backend(self) -> str:
+        return self.broker.backend
+
+    def normal(self, value: Any, *ids: str) -> Any:
+        """`value` with what differs between brokers and sandboxes (ids, temporary paths) named."""
+        if isinstance(value, bytes):
+            return self.normal(value.decode(errors="surrogateescape"), *ids).encode(errors="surrogateescape")
+        if isinstance(value, str):
+            for sandbox_id in ids:
+                value = value.replace(sandbox_id, "<id>")
+            return value.replace(str(self.broker.root), "<root>")
+        if isinstance(value, tuple | list):
+            return type(value)(self.normal(item, *ids) for item in value)
+        if isinstance(value, dict):
+            return {key: self.normal(item, *ids) for key, item in value.items()}
+        return value
+
+
+# What the in-process CLI answered, per backend and case: computed once (on the broker of
+# whichever test needs it first), normalized so that brokers and sandboxes compare.
+_REFERENCE: dict[tuple[str, str], Any] = {}
+
+
+def same_as_cli(case: Case, key: str, answer: Any, compute: Callable[[Cli], Any], *ids: str) -> None:
+    """Assert that the front's normalized `answer` is the in-process CLI's for this case."""
+    answer = case.normal(answer, *ids)
+    if case.front.name == "cli":
+        _REFERENCE.setdefault((case.backend, key), answer)
+    if (case.backend, key) not in _REFERENCE:
+        _REFERENCE[(case.backend, key)] = case.normal(compute(case.reference), *ids)
+    assert answer == _REFERENCE[(case.backend, key)], f"{case.front.name} differs from the in-process CLI"
+
+
+def failure(front: Front, call: Callable[[], ExecAnswer]) -> tuple[int, str]:
+    """An exec the broker cannot run: the (status, line) the front reports. The CLI prints it
+    (status 125, nothing on stdout); the Python API raises it."""
+    outcome: ExecAnswer | Refused
+    try:
+        outcome = call()
+    except Refused as refused_:
+        outcome = refused_
+    if isinstance(outcome, Refused):
+        assert front.raises, f"{front.name} raised instead of printing: {outcome.pair}"
+        return outcome.pair
+    status, stdout, stderr = outcome
+    assert not front.raises, f"{front.name} printed instead of raising: {(status, stderr)!r}"
+    assert stdout == b""
+    return status, _one_line(stderr)
+
+
+def refusal(call: Callable[[], object]) -> tuple[int, str]:
+    """The (status, line) of a verb the broker refuses on every front."""
+    with pytest.raises(Refused) as refused_:
+        call()
+    return refused_.value.pair
+
+
+def audited_verbs(broker: SandboxBroker) -> list[str]:
+    log = broker.state / "audit.log"
+    return [json.loads(line)["verb"] for line in log.read_text().splitlines()] if log.exists() else []
+
+
+@pytest.fixture(params=FRONTS)
+def case(request: pytest.FixtureRequest, sbx_root: SandboxBroker) -> Iterator[Case]:
+    """Every front end on every backend; fronts 2 and 3 with a service of their own."""
+    kind: str = request.param
+    service = None
+    if kind in ("cli-service", "client"):
+        service = Service(sbx_root, sbx_root.state / "broker.sock").start()
+    front: Front
+    if kind in ("cli", "cli-service"):
+        front = Cli(sbx_root, through_service=kind == "cli-service")
+    elif kind == "client":
+        assert service is not None
+        front = Api(kind, Client(str(service.socket)))
+    else:
+        front = Api(kind, Broker(config_dir=str(sbx_root.config), state_dir=str(sbx_root.state)))
+    # The broker's own CLI (the fixtures' helpers) goes the way this front goes.
+    sbx_root.through_service = kind == "cli-service"
+    try:
+        yield Case(sbx_root, front, service)
+    finally:
+        sbx_root.through_service = False
+        if service is not None:
+            service.stop()
+
+
+@pytest.fixture
+def sandbox(case: Case) -> str:
+    """A sandbox created through the front (torn down with its broker at the end)."""
+    sandbox_id = case.front.create(case.broker.profile)
+    case.broker.created.append(sandbox_id)
+    return sandbox_id
+
+
+def test_the_front_reaches_the_broker_its_own_way(case: Case, sandbox: str) -> None:
+    """The CLI client and the HTTP client are answered by the service (its audit log shows the
+    requests); the in-process CLI and the embedded broker never go through one."""
+    assert case.front.exec(sandbox, ["true"]) == (0, b"", b"")
+    expected = {
+        "cli": [],
+        "embedded": [],
+        "cli-service": ["cli create", "cli exec"],
+        "client": ["create", "exec"],
+    }[case.front.name]
+    deadline = time.monotonic() + 10  # the service writes an exec's line once its stream has ended
+    while len(audited_verbs(case.broker)) < len(expected) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert audited_verbs(case.broker) == expected
+
+
+def test_exec_gives_its_status_and_exact_streams(case: Case, sandbox: str) -> None:
+    """Status and both streams apart; NUL bytes, invalid UTF-8, no final newline and a large
+    stderr come out as written; a signal gives 128 + its number."""
+    calls: list[tuple[list[str], bytes]] = [
+        (["sh", "-c", "cat; echo out; echo err >&2; exit 7"], b"in\n"),
+        (["sh", "-c", "printf 'a\\000b\\377'; head -c 300000 /dev/zero | tr '\\0' e >&2"], b""),
+        (["sh", "-c", "echo before; kill -TERM $$; echo after"], b""),
+    ]
+    answers = [case.front.exec(sandbox, argv, stdin=stdin) for argv, stdin in calls]
+    assert answers == [
+        (7, b"in\nout\n", b"err\n"),
+        (0, b"a\x00b\xff", b"e" * 300_000),
+        (143, b"before\n", b""),
+    ]
+    same_as_cli(
+        case, "streams", answers, lambda cli: [cli.exec(sandbox, argv, stdin=stdin) for argv, stdin in calls], sandbox
+    )
+
+
+def test_cwd_is_honoured_and_a_bad_one_refused(case: Case, sandbox: str) -> None:
+    assert case.front.exec(sandbox, ["pwd"], cwd="/workspace") == (0, b"/workspace\n", b"")
+    assert case.front.exec(sandbox, ["pwd"], cwd="/") == (0, b"/\n", b"")
+    # Every front answers a bad cwd alike: status 125 and the CLI's line on stderr, as the exec's
+    # result. NOTE docs/api.md ("exec") says the Python API raises ExecError for a bad cwd; on
+    # both backends the embedded Broker and the Client return ExecResult(125, b"", line) instead
+    # (the cwd is refused by the sandbox's entry step, an EntryError, not by the broker).
+    bad = case.front.exec(sandbox, ["pwd"], cwd="/no/such/dir")
+    assert bad[:2] == (125, b"")
+    assert bad[2].startswith(b"sandboxer: exec: --cwd /no/such/dir: not a directory inside the sandbox"), bad
+    assert _one_line(bad[2])
+    same_as_cli(case, "bad-cwd", bad, lambda cli: cli.exec(sandbox, ["pwd"], cwd="/no/such/dir"), sandbox)
+
+
+def test_a_command_that_cannot_start(case: Case, sandbox: str) -> None:
+    """127 for a missing program, 126 for a file that is not executable, with the CLI's line."""
+    missing = case.front.exec(sandbox, ["no-such-program"])
+    assert missing == (127, b"", b"sandboxer: exec: no-such-program: not found\n")
+    plain = case.front.exec(sandbox, ["/workspace/README.md"])
+    assert plain[:2] == (126, b"")
+    assert plain[2].startswith(b"sandboxer: exec: /workspace/README.md: not executable"), plain
+    same_as_cli(
+        case,
+        "cannot-start",
+        [missing, plain],
+        lambda cli: [cli.exec(sandbox, ["no-such-program"]), cli.exec(sandbox, ["/workspace/README.md"])],
+        sandbox,
+    )
+
+
+def test_a_timeout_ends_the_exec_with_124(case: Case, sandbox: str) -> None:
+    argv = ["sh", "-c", "echo started; exec sleep 60"]
+    started = time.monotonic()
+    answer = case.front.exec(sandbox, argv, timeout=1.0)
+    assert time.monotonic() - started < 30
+    assert answer[:2] == (124, b"started\n")
+    same_as_cli(case, "timeout", answer, lambda cli: cli.exec(sandbox, argv, timeout=1.0), sandbox)
+
+
+def test_the_environment_inside_is_the_plans(case: Case, sandbox: str) -> None:
+    status, stdout, stderr = case.front.exec(sandbox, ["env", "-0"])
+    assert (status, stderr) == (0, b"")
+    names = sorted(item.split(b"=", 1)[0].decode() for item in stdout.split(b"\0") if item)
+    assert names == sorted(case.front.inspect(sandbox)["env_names"])
+    assert "PATH" in names
+    assert "SANDBOXER_NO_SERVICE" not in names
+    # The same names and values as the CLI's (in an order Docker does not keep from exec to exec).
+    same_as_cli(
+        case,
+        "env",
+        sorted(stdout.split(b"\0")),
+        lambda cli: sorted(cli.exec(sandbox, ["env", "-0"])[1].split(b"\0")),
+        sandbox,
+    )
+
+
+def test_inspect_says_the_sandbox_matches_its_plan(case: Case, sandbox: str) -> None:
+    evidence = case.front.inspect(sandbox)
+    assert (evidence["id"], evidence["backend"], evidence["status"]) == (sandbox, case.backend, "running")
+    assert evidence["matches_plan"] is True, evidence["differences"]
+    assert evidence["differences"] == []
+    stable = ("profile", "backend", "status", "matches_plan", "env_names", "user", "limits")
+
+    def observed(document: dict[str, Any]) -> list[Any]:
+        mounts = sorted(json.dumps(mount, sort_keys=True) for mount in document["mounts"])
+        return [*(document[key] for key in stable), mounts]
+
+    same_as_cli(case, "inspect", observed(evidence), lambda cli: observed(cli.inspect(sandbox)), sandbox)
+
+
+def test_a_large_stdin_round_trips_byte_exact(case: Case, sandbox: str) -> None:
+    data = hashlib.shake_256(b"fronts").digest(4 * 1024 * 1024)
+    answers: list[ExecAnswer | BaseException] = []
+
+    def run() -> None:
+        try:
+            answers.append(case.front.exec(sandbox, ["cat"], stdin=data))
+        except BaseException as exc:  # handed to the test's thread
+            answers.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(20)  # the in-process CLI takes about a second
+    if worker.is_alive() and case.service is not None and case.service.process is not None:
+        case.service.process.kill()  # the service this test started: the only way to free the client
+        worker.join(30)
+    # PRODUCT BUG (sandboxer.Client, front 3): ClientExecStream sends the whole request body
+    # (stdin) before it reads any of the response, while the service streams the command's output
+    # through a bounded queue (OUTPUT_FRAMES) and stops reading the body when it is full. A
+    # command that echoes more than ~1.5 MiB of its stdin (`cat`) deadlocks: the client blocks in
+    # send(), the command in write(); nothing times out, and SIGTERM no longer stops the service.
+    # The CLI client (front 2) streams both ways and is not affected.
+    assert not worker.is_alive(), f"{case.front.name}: the exec of a 4 MiB stdin never ended"
+    assert answers[0] == (0, data, b"")
+    status, digest, _ = case.front.exec(sandbox, ["sha256sum"], stdin=data)
+    assert (status, digest) == (0, hashlib.sha256(data).hexdigest().encode() + b"  -\n")
+
+
+def test_an_unknown_id_is_unknown_on_every_verb(case: Case) -> None:
+    front = case.front
+    answers = [
+        failure(front, lambda: front.exec(UNKNOWN_ID, ["true"])),
+        refusal(lambda: front.inspect(UNKNOWN_ID)),
+        refusal(lambda: front.teardown(UNKNOWN_ID)),
+        refusal(lambda: front.create("no-such-profile")),
+    ]
+    # A front difference the API documents: the embedded Broker looks an id up first
+    # (Broker.sandbox raises NotFoundError, 4), where the CLI's exec and the Client's (whose
+    # Client.sandbox checks nothing) answer the exec's 125 "exec: no such sandbox".
+    unknown_exec = 4 if front.name == "embedded" else 125
+    assert [status for status, _ in answers] == [unknown_exec, 4, 4, 2], answers
+    assert all(UNKNOWN_ID in message for _, message in answers[:3]), answers
+    assert "no-such-profile" in answers[3][1], answers
+    same_as_cli(
+        case,
+        "unknown",
+        answers[1:],
+        lambda cli: [
+            refusal(lambda: cli.inspect(UNKNOWN_ID)),
+            refusal(lambda: cli.teardown(UNKNOWN_ID)),
+            refusal(lambda: cli.create("no-such-profile")),
+        ],
+    )
+    if front.name != "embedded":
+        same_as_cli(case, "unknown-exec", answers[0], lambda cli: failure(cli, lambda: cli.exec(UNKNOWN_ID, ["true"])))
+    assert case.reference.list() == []
+
+
+def test_list_and_teardown_follow_the_sandboxs_life(case: Case) -> None:
+    """list shows the sandbox, then not; teardown leaves no residue and no directory; the id is
+    then unknown to exec, inspect and a second teardown, with the same answers as the CLI's."""
+    front = case.front
+    assert front.list() == []
+    sandbox_id = front.create(case.broker.profile)
+    case.broker.created.append(sandbox_id)
+    assert front.list() == [sandbox_id]
+    assert case.broker.sandbox_dir(sandbox_id).is_dir()
+    assert front.teardown(sandbox_id) == []
+    assert not case.broker.sandbox_dir(sandbox_id).exists()
+    assert front.list() == []
+    after = [
+        failure(front, lambda: front.exec(sandbox_id, ["true"])),
+        refusal(lambda: front.inspect(sandbox_id)),
+        refusal(lambda: front.teardown(sandbox_id)),
+    ]
+    assert [status for status, _ in after] == [125, 4, 4], after
+    same_as_cli(
+        case,
+        "gone",
+        after,
+        lambda cli: [
+            failure(cli, lambda: cli.exec(sandbox_id, ["true"])),
+            refusal(lambda: cli.inspect(sandbox_id)),
+            refusal(lambda: cli.teardown(sandbox_id)),
+        ],
+        sandbox_id,
+    )
+    assert case.reference.list() == []
