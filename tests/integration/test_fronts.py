@@ -341,10 +341,8 @@ def test_exec_gives_its_status_and_exact_streams(case: Case, sandbox: str) -> No
 def test_cwd_is_honoured_and_a_bad_one_refused(case: Case, sandbox: str) -> None:
     assert case.front.exec(sandbox, ["pwd"], cwd="/workspace") == (0, b"/workspace\n", b"")
     assert case.front.exec(sandbox, ["pwd"], cwd="/") == (0, b"/\n", b"")
-    # Every front answers a bad cwd alike: status 125 and the CLI's line on stderr, as the exec's
-    # result. NOTE docs/api.md ("exec") says the Python API raises ExecError for a bad cwd; on
-    # both backends the embedded Broker and the Client return ExecResult(125, b"", line) instead
-    # (the cwd is refused by the sandbox's entry step, an EntryError, not by the broker).
+    # Every front answers a cwd missing inside the sandbox alike: status 125 and the CLI's line on
+    # stderr, as the exec's result (the sandbox's entry step refuses it; docs/api.md, "exec").
     bad = case.front.exec(sandbox, ["pwd"], cwd="/no/such/dir")
     assert bad[:2] == (125, b"")
     assert bad[2].startswith(b"sandboxer: exec: --cwd /no/such/dir: not a directory inside the sandbox"), bad
@@ -409,7 +407,7 @@ def test_inspect_says_the_sandbox_matches_its_plan(case: Case, sandbox: str) -> 
 
 
 def test_a_large_stdin_round_trips_byte_exact(case: Case, sandbox: str) -> None:
-    data = hashlib.shake_256(b"fronts").digest(4 * 1024 * 1024)
+    data = hashlib.shake_256(b"fronts").digest(8 * 1024 * 1024)
     answers: list[ExecAnswer | BaseException] = []
 
     def run() -> None:
@@ -424,13 +422,10 @@ def test_a_large_stdin_round_trips_byte_exact(case: Case, sandbox: str) -> None:
     if worker.is_alive() and case.service is not None and case.service.process is not None:
         case.service.process.kill()  # the service this test started: the only way to free the client
         worker.join(30)
-    # PRODUCT BUG (sandboxer.Client, front 3): ClientExecStream sends the whole request body
-    # (stdin) before it reads any of the response, while the service streams the command's output
-    # through a bounded queue (OUTPUT_FRAMES) and stops reading the body when it is full. A
-    # command that echoes more than ~1.5 MiB of its stdin (`cat`) deadlocks: the client blocks in
-    # send(), the command in write(); nothing times out, and SIGTERM no longer stops the service.
-    # The CLI client (front 2) streams both ways and is not affected.
-    assert not worker.is_alive(), f"{case.front.name}: the exec of a 4 MiB stdin never ended"
+    # `cat` writes while its input still comes: a front that sent all of stdin before reading
+    # any output would wait on the command forever once the service's bounded output queue is full
+    # (8 MiB is twice what it holds).
+    assert not worker.is_alive(), f"{case.front.name}: the exec of an 8 MiB stdin never ended"
     assert answers[0] == (0, data, b"")
     status, digest, _ = case.front.exec(sandbox, ["sha256sum"], stdin=data)
     assert (status, digest) == (0, hashlib.sha256(data).hexdigest().encode() + b"  -\n")
