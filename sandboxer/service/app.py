@@ -71,6 +71,7 @@ def make_app(dirs: Dirs) -> web.Application:
     app = web.Application(middlewares=[callers], client_max_size=MAX_BODY)
     app["dirs"] = dirs
     app["audit"] = audit
+    app["execs"] = set()  # each running exec's `gone`: set when the service stops (serve.py)
     app.router.add_get("/v1/version", version, name="version")
     app.router.add_get("/v1/openapi.json", openapi, name="openapi")
     app.router.add_get("/v1/sandboxes", list_sandboxes, name="list")

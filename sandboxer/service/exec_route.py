@@ -43,7 +43,9 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
     # A few frames in flight: a client slower than the command holds the command up, never the
     # service's memory.
     chunks: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=OUTPUT_FRAMES)
-    gone = threading.Event()  # the client went away: everything the exec started is killed
+    gone = threading.Event()  # the client went away (or the service stops): the exec is killed
+    running: set[threading.Event] = request.app["execs"]
+    running.add(gone)
 
     def put(item: bytes | None) -> None:
         """Queue output for the client (from the exec's thread), waiting while the queue is full —
@@ -75,10 +77,12 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
     done = loop.run_in_executor(None, run)
     try:
         await _relay(request, response, chunks, gone)
+    except BaseException:  # the request was cancelled: the exec ends too
+        gone.set()
+        feeding.cancel()
+        raise
     finally:
-        if not done.done():  # the request was cancelled (the service stops): the exec ends too
-            gone.set()
-            feeding.cancel()
+        running.discard(gone)
     result = await done
     await feeding
     request["exit_status"] = result.get("status", result.get("error", {}).get("status"))

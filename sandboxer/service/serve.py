@@ -28,6 +28,7 @@ from sandboxer.invocation import install_thread_streams
 from sandboxer.service.cliserver import CommandTable, Serving
 
 LOCK_FILE = "service.lock"
+SHUTDOWN_GRACE = 5.0  # seconds open requests get to finish after SIGTERM; then they are cancelled
 WORKERS = 256  # requests the service works on at once (each exec holds one while it runs)
 
 
@@ -134,7 +135,7 @@ async def _run(dirs: Dirs, listener: socket.socket, idle_exit: float | None, loc
     # pool (a handful of threads on a small machine) would let a few long execs starve the rest.
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="sandboxer"))
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=SHUTDOWN_GRACE)
     await runner.setup()
     serving = Serving(dirs=dirs, audit=app["audit"], commands=commands)
     connections = Connections(listener, runner.server, serving, activity)
@@ -157,6 +158,8 @@ async def _run(dirs: Dirs, listener: socket.socket, idle_exit: float | None, loc
                 break
     finally:
         acceptor.cancel()
+        for gone in list(app["execs"]):  # an exec runs as long as its command: it is cancelled
+            gone.set()
         await connections.close()
         await runner.cleanup()
     sys.stderr.write("sandboxer: stopped; live sandboxes keep running\n")

@@ -760,3 +760,37 @@ def test_an_execs_input_and_output_stream_past_the_body_limit(sbx_root: SandboxB
             assert sandbox.exec(["echo", "on"]).stdout == b"on\n"
     finally:
         started.stop()
+
+
+def test_sigterm_ends_an_exec_whose_client_stopped_reading(sb_root: SandboxBroker) -> None:
+    """A client that sends a large stdin and never reads (the command's output fills the service's
+    queue, the command waits): SIGTERM still stops the service, and the exec with it."""
+    started = Service(sb_root, _socket_dir(sb_root) / "broker.sock").start()
+    sandbox = Client(str(started.socket)).create(sb_root.profile)
+    marker = f"{6000 + os.getpid() % 1000}.5"
+    body = json.dumps({"argv": ["sh", "-c", f"sleep {marker} & cat"]}).encode() + b"\n" + b"z" * (32 * 1024 * 1024)
+    head = f"POST /v1/sandboxes/{sandbox.id}/exec HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(str(started.socket))
+        sock.settimeout(60)
+        sock.sendall(head.encode())
+        sent = 0
+        sock.setblocking(False)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # send until nothing more is taken: everyone waits
+            try:
+                sent += sock.send(body[sent : sent + 65536])
+            except BlockingIOError:
+                time.sleep(0.5)
+                try:
+                    sent += sock.send(body[sent : sent + 65536])
+                except BlockingIOError:
+                    break
+        assert 0 < sent < len(body), "the whole body went in: nothing was held up"
+        assert _running_marker(sb_root, sandbox.id, f"sleep {marker}")
+        assert started.stop(signal.SIGTERM) == 0  # within the stop's own 30 s
+    deadline = time.monotonic() + 20
+    while _running_marker(sb_root, sandbox.id, f"sleep {marker}"):
+        assert time.monotonic() < deadline, "the exec outlived the service"
+        time.sleep(0.2)
+    assert sb_root.run("teardown", sandbox.id).status == 0

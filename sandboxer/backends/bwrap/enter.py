@@ -137,6 +137,9 @@ def _wait(
     def forward(signum: int, _frame: object) -> None:
         procs.signal_all(procs.in_session(started.command_pid) or [started.command_pid], signum)
 
+    def caller_gone() -> bool:
+        return (cancelled is not None and cancelled()) or (control is not None and control.gone)
+
     if forward_signals:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, forward)
@@ -160,15 +163,26 @@ def _wait(
             if control is not None and control.fd in readable:
                 for signum in control.signals():
                     forward(signum, None)
-            gone = (cancelled is not None and cancelled()) or (control is not None and control.gone)
+            gone = caller_gone()
             if gone or (deadline is not None and time.monotonic() >= deadline):
-                if exec_group is not None:
-                    procs.kill_cgroup(exec_group)
-                procs.kill_session(started.command_pid)
+                _kill(exec_group, started.command_pid)
                 os.waitpid(started.relay_pid, 0)
                 return CALLER_GONE if gone else TIMED_OUT
     finally:
         os.close(pidfd)
         pumps.finish()
     _, status = os.waitpid(started.relay_pid, 0)
+    if caller_gone():
+        # The caller went away as the command ended (its output was nowhere to go): what it left
+        # running goes too, as when the caller goes first.
+        _kill(exec_group, None)
+        return CALLER_GONE
     return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+def _kill(exec_group: str | None, command_pid: int | None) -> None:
+    """Kill everything of an exec: its own cgroup when it has one, and the command's session."""
+    if exec_group is not None:
+        procs.kill_cgroup(exec_group)
+    if command_pid is not None:
+        procs.kill_session(command_pid)
