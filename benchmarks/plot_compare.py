@@ -17,7 +17,10 @@ from pathlib import Path
 
 FIGURES = (
     ("exec_true_ms", "bwrap exec"),
+    ("service_exec_true_ms", "bwrap exec, CLI client"),
+    ("client_exec_true_ms", "Client.exec"),
     ("cycle_ms", "bwrap cycle"),
+    ("service_cycle_ms", "bwrap cycle, CLI client"),
     ("docker_exec_true_ms", "docker exec"),
     ("docker_backend_exec_ms", "Docker backend exec"),
     ("docker_run_true_ms", "docker run --rm"),
