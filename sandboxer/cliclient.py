@@ -23,6 +23,8 @@ import contextlib
 import json
 import os
 import socket
+import stat
+import struct
 import sys
 
 from sandboxer.dirs import resolve_dirs, service_socket
@@ -31,6 +33,7 @@ IDLE_EXIT = 600  # seconds a private service waits for its next command before i
 START_SECONDS = 15.0  # how long a private service may take to answer
 SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 SERVICE_FAILED = 125  # the service went away before it answered a status
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 # Commands that never go to a service: serve itself, and the checks of a file the caller names,
 # which read it with the caller's own rights (and need nothing of the broker's).
 FILE_CHECKS = {("ext", "check"), ("manifest", "check"), ("bootstrap", "check")}
@@ -52,7 +55,11 @@ def run(argv: list[str]) -> int:
         config_dir=config_dir, state_dir=state_dir, environ=environ, euid=os.geteuid(), home=os.path.expanduser("~")
     )
     path = service_socket(dirs, environ)
-    conn = _connect(path)
+    try:
+        conn = _connect(path)
+    except Untrusted as exc:
+        sys.stderr.write(f"sandboxer: {exc}; refused\n")
+        return SERVICE_FAILED
     if conn is None:
         if environ.get("SANDBOXER_SOCKET"):
             sys.stderr.write(
@@ -109,14 +116,24 @@ def _global_dirs(argv: list[str]) -> tuple[str | None, str | None]:
 
 
 def _connect(path: str) -> socket.socket | None:
-    """A connection to the service at `path`, or None when none answers there."""
+    """A connection to the service at `path`, or None when none answers there. A service is
+    trusted with this process's environment and terminal only when the kernel says it runs as
+    root or as this account."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         conn.connect(path)
+        _, uid, _ = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
     except OSError:
         conn.close()
         return None
+    if uid not in (0, os.geteuid()):
+        conn.close()
+        raise Untrusted(f"the service on {path} runs as uid {uid}, neither root nor this account")
     return conn
+
+
+class Untrusted(Exception):
+    """A socket answered by another account's process: nothing is sent to it."""
 
 
 def _start_private_service(config: str, state: str, path: str) -> socket.socket | None:
@@ -126,7 +143,11 @@ def _start_private_service(config: str, state: str, path: str) -> socket.socket 
 
     try:
         os.makedirs(state, mode=0o700, exist_ok=True)
-        log = os.open(os.path.join(state, "service.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        seen = os.lstat(state)
+        if not stat.S_ISDIR(seen.st_mode) or seen.st_uid != os.geteuid() or seen.st_mode & 0o022:
+            return None  # not this account's own directory: the command runs in-process, which says why
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+        log = os.open(os.path.join(state, "service.log"), flags, 0o600)
     except OSError:
         return None
     try:

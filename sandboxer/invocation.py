@@ -14,7 +14,7 @@ import sys
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ class Invocation:
     it sends is the command's, and its end means the client went away.
     """
 
-    environ: Mapping[str, str]
+    environ: Mapping[str, str] = field(repr=False)  # values are the caller's, never shown
     cwd: str
     stdio: tuple[int, int, int] | None = None
     control: int | None = None

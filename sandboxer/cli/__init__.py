@@ -21,7 +21,7 @@ from typer.core import TyperGroup
 
 from sandboxer import __version__
 from sandboxer.cli import caller, owner
-from sandboxer.cli.options import dirs_of, remember
+from sandboxer.cli.options import debug_allowed, dirs_of, remember
 from sandboxer.dirs import Dirs, resolve_dirs
 from sandboxer.errors import NotPendingError, ResidueError, SandboxerError, UsageError
 from sandboxer.invocation import current
@@ -85,7 +85,7 @@ def main_options(
         )
     else:
         dirs = _service_dirs(invocation.access.dirs, config_dir, state_dir, invocation.environ, invocation.cwd)
-    remember(ctx, dirs, debug=debug)
+    remember(ctx, dirs, debug=debug and debug_allowed())
 
 
 def _service_dirs(
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; every error becomes one line (or a JSON object) and its exit status."""
     args = sys.argv[1:] if argv is None else argv
     head = args[: args.index("--")] if "--" in args else args
-    as_json, debug = "--json" in head, "--debug" in head
+    as_json, debug = "--json" in head, "--debug" in head and debug_allowed()
     command = _command()
     try:
         status = command.main(args=args, prog_name="sandboxer", standalone_mode=False)

@@ -46,6 +46,12 @@ def access() -> Access | None:
     return current().access
 
 
+def debug_allowed() -> bool:
+    """--debug's tracebacks may hold values of the broker's: in the service, owners' only."""
+    rules = access()
+    return rules is None or rules.owner
+
+
 def require_owner(what: str) -> None:
     """An owner verb: refused to a granted caller of the service."""
     rules = access()

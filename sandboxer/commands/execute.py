@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from sandboxer.backends import enter_for
@@ -89,10 +90,17 @@ def _load(state_dir: str, sandbox_id: str) -> ExecView:
 
 
 def execute(
-    dirs: Dirs, options: dict[str, str], command: list[str], program: Program | CallerStdio | None = None
+    dirs: Dirs,
+    options: dict[str, str],
+    command: list[str],
+    program: Program | CallerStdio | None = None,
+    *,
+    caller_env: Mapping[str, str] | None = None,
 ) -> int:
     """Run `command` in the sandbox `options["id"]` with the exec options of the CLI (cwd,
-    consumer, executable, timeout, as strings), on this process's stdio or `program`'s."""
+    consumer, executable, timeout, as strings), on this process's stdio or `program`'s.
+    `caller_env` is where a provider launch's inherited names come from (default: the
+    invocation's environment — this process's, or a CLI client's in the service)."""
     timeout = _validate(options)
     record = _load(dirs.state, options["id"])
     env = record.env
@@ -100,7 +108,9 @@ def execute(
         if moment <= time.time():
             raise ExecUsage(f"exec: lease {lease_id} has expired")
     if "consumer" in options and "executable" in options:
-        env = _provider_environment(dirs, options["id"], record, options["consumer"], options["executable"])
+        inherited = current().environ if caller_env is None else caller_env
+        consumer, executable = options["consumer"], options["executable"]
+        env = _provider_environment(dirs, options["id"], record, consumer, executable, caller_env=inherited)
     elif "consumer" in options:
         env["SANDBOXER_CONSUMER"] = options["consumer"]
     enter = enter_for(record.backend)
@@ -109,7 +119,7 @@ def execute(
 
 
 def _provider_environment(
-    dirs: Dirs, sandbox_id: str, view: ExecView, consumer: str, executable: str
+    dirs: Dirs, sandbox_id: str, view: ExecView, consumer: str, executable: str, *, caller_env: Mapping[str, str]
 ) -> dict[str, str]:
     """A provider launch's whole environment, granted by the sandbox's manifest or refused. (Not
     the hot path: it reads the typed record, and the manifest's files.)"""
@@ -126,7 +136,7 @@ def _provider_environment(
         if manifest is None:
             raise ExecUsage("exec: the sandbox's manifest record is gone")
         return leases.provider_environment(
-            manifest, consumer=consumer, executable=executable, caller_env=dict(current().environ)
+            manifest, consumer=consumer, executable=executable, caller_env=dict(caller_env)
         )
     except SandboxerError as exc:
         raise ExecUsage(f"exec: provider launch refused: {exc.message}") from None

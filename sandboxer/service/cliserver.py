@@ -21,20 +21,22 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from sandboxer.dirs import Dirs
-from sandboxer.errors import SandboxerError, UsageError
+from sandboxer.errors import UsageError
 from sandboxer.invocation import Invocation, running
-from sandboxer.service.access import Refused, admit
+from sandboxer.service.access import Access, Refused, admit
 from sandboxer.service.audit import AuditLog
 
 MAGIC = b"\0"
 MAX_HEADER = 1024 * 1024  # argv, cwd and environment: more than any command line may hold
 HEADER_SECONDS = 10.0  # a client that sends less than its header in this time is dropped
 FIELDS = {"argv", "cwd", "env"}
+SERVICE_FAILED = 125  # a command whose output could not be written: the client says so too
 
 log = logging.getLogger("sandboxer.service")
 
@@ -58,18 +60,28 @@ class Serving:
 
 
 def serve_client(conn: socket.socket, serving: Serving) -> None:
-    """Run one CLI client's command and answer its exit status (blocking: a worker thread)."""
+    """Run one CLI client's command and answer its exit status (blocking: a worker thread).
+
+    Who is calling is settled first, from the connection alone: a caller no grant admits gets
+    its refusal on its stderr and an audit line before the service reads anything it sent."""
     fds: list[int] = []
     try:
         conn.setblocking(True)
-        conn.settimeout(HEADER_SECONDS)
+        access: Access | Refused
         try:
-            request, fds = _receive(conn)
+            access = admit(serving.dirs, conn)
+        except Refused as refused:
+            access = refused
+        try:
+            request, fds = _receive(conn, time.monotonic() + HEADER_SECONDS)
         except (OSError, ValueError, UsageError) as exc:
             log.warning("a CLI client's request was refused: %s", exc)
             return  # no stdio to tell it on: the client sees the end and says so
         conn.settimeout(None)
-        status = _run(conn, serving, request, fds)
+        if isinstance(access, Refused):
+            status = _refuse(serving.audit, access, fds[2])
+        else:
+            status = _run(conn, serving, access, request, fds)
         with contextlib.suppress(OSError):  # the client went away; its exec was killed
             conn.sendall(json.dumps({"status": status}).encode() + b"\n")
     finally:
@@ -78,8 +90,9 @@ def serve_client(conn: socket.socket, serving: Serving) -> None:
         conn.close()
 
 
-def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """The client's request and its three descriptors."""
+def _receive(conn: socket.socket, deadline: float) -> tuple[dict[str, Any], list[int]]:
+    """The client's request and its three descriptors, all of it by `deadline`."""
+    conn.settimeout(HEADER_SECONDS)
     data, fds, flags, _ = socket.recv_fds(conn, 65536, 3, socket.MSG_CMSG_CLOEXEC)
     if flags & socket.MSG_CTRUNC:
         for fd in fds:
@@ -88,14 +101,18 @@ def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     try:
         if len(fds) != 3 or not data.startswith(MAGIC):
             raise UsageError("a CLI request starts with NUL and passes exactly three descriptors")
-        while not data.endswith(b"\n"):
+        while b"\n" not in data:
             if len(data) > MAX_HEADER:
                 raise UsageError(f"the request is longer than {MAX_HEADER} bytes")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise UsageError(f"the request took longer than {HEADER_SECONDS:g} s")
+            conn.settimeout(left)
             more = conn.recv(65536)
             if not more:
                 raise UsageError("the client ended its request early")
             data += more
-        request = json.loads(data[len(MAGIC) :])
+        request = json.loads(data[len(MAGIC) : data.index(b"\n")])  # after it: signals, too early
         _check(request)
     except BaseException:
         for fd in fds:
@@ -116,47 +133,55 @@ def _check(request: object) -> None:
         raise UsageError("env: must map names to strings")
 
 
-def _run(conn: socket.socket, serving: Serving, request: dict[str, Any], fds: list[int]) -> int:
-    """The command's exit status; its output went to the client's descriptors."""
-    audit = serving.audit
-    stdout = _text(fds[1])
-    stderr = _text(fds[2])
-    verb = "cli " + serving.commands.name(request["argv"])
+def _refuse(audit: AuditLog, refusal: Refused, stderr_fd: int) -> int:
+    """A caller no grant admits: one line on its stderr, one in the audit log; its status."""
+    audit.record(
+        uid=refusal.peer.uid, pid=refusal.peer.pid, verb="refused", sandbox=None, outcome="PolicyError", status=3
+    )
+    with _text(stderr_fd) as stderr, contextlib.suppress(OSError):
+        stderr.write(f"sandboxer: {refusal}\n")
+    return refusal.status
+
+
+def _run(conn: socket.socket, serving: Serving, access: Access, request: dict[str, Any], fds: list[int]) -> int:
+    """The command's exit status; its output went to the client's descriptors. The audit line
+    is written however the command ended."""
+    status: int | None = None
+    outcome = "failed"
     try:
-        try:
-            access = admit(serving.dirs, conn)
-        except Refused as refusal:
-            stderr.write(f"sandboxer: {refusal}\n")
-            audit.record(
-                uid=refusal.peer.uid,
-                pid=refusal.peer.pid,
-                verb="refused",
-                sandbox=None,
-                outcome="PolicyError",
-                status=3,
+        with _text(fds[1]) as stdout, _text(fds[2]) as stderr:
+            invocation = Invocation(
+                environ=request["env"],
+                cwd=request["cwd"],
+                stdio=(fds[0], fds[1], fds[2]),
+                control=conn.fileno(),
+                access=access,
             )
-            return refusal.status
-        invocation = Invocation(
-            environ=request["env"],
-            cwd=request["cwd"],
-            stdio=(fds[0], fds[1], fds[2]),
-            control=conn.fileno(),
-            access=access,
-        )
-        with running(invocation, stdout, stderr):
-            status = serving.commands.run(list(request["argv"]))
-        outcome = "ok" if status == 0 else "failed"
-        audit.record(uid=access.peer.uid, pid=access.peer.pid, verb=verb, sandbox=None, outcome=outcome, status=status)
-        return status
-    except SandboxerError as exc:  # the audit log itself failed
-        stderr.write(f"sandboxer: {exc}\n")
-        return exc.status
+            with running(invocation, stdout, stderr):
+                status = serving.commands.run(list(request["argv"]))
+            outcome = "ok" if status == 0 else "failed"
+    except OSError:  # the client's stdout or stderr refused what was printed: its output is lost
+        outcome = "OSError"
     finally:
-        for stream in (stdout, stderr):
+        verb = "cli " + serving.commands.name(request["argv"])
+        peer = access.peer
+        serving.audit.record(uid=peer.uid, pid=peer.pid, verb=verb, sandbox=None, outcome=outcome, status=status)
+    return SERVICE_FAILED if status is None else status
+
+
+@contextlib.contextmanager
+def _text(fd: int) -> Iterator[TextIO]:
+    """A line-buffered text stream on a copy of a client's descriptor, closed (its unwritten text
+    dropped) when the block ends: nothing of it outlives the command."""
+    copy = os.dup(fd)
+    stream = open(copy, "w", buffering=1, encoding="utf-8", errors="replace", closefd=True)  # noqa: SIM115
+    try:
+        yield stream
+    finally:
+        with contextlib.suppress(OSError):
+            stream.flush()
+        if not stream.closed:
             with contextlib.suppress(OSError):
-                stream.flush()
-
-
-def _text(fd: int) -> TextIO:
-    """A line-buffered text stream on a client's descriptor (which stays open)."""
-    return open(fd, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+                stream.close()
+        with contextlib.suppress(OSError):
+            os.close(copy)  # a close whose flush failed leaves the descriptor open

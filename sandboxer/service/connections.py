@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import sys
 import time
 from typing import Any
 
 from sandboxer.service.cliserver import Serving, serve_client
 
 FIRST_BYTE_SECONDS = 10.0  # a connection that says nothing this long is closed
+ACCEPT_RETRY = 0.5  # seconds before accepting again after accept() failed
 
 
 class Activity:
@@ -50,7 +52,12 @@ class Connections:
         loop = asyncio.get_running_loop()
         self.listener.setblocking(False)
         while True:
-            conn, _ = await loop.sock_accept(self.listener)
+            try:
+                conn, _ = await loop.sock_accept(self.listener)
+            except OSError as exc:  # out of descriptors, say: wait, then accept again
+                sys.stderr.write(f"sandboxer: accept failed ({exc.strerror}); retrying\n")
+                await asyncio.sleep(ACCEPT_RETRY)
+                continue
             task = asyncio.create_task(self._route(conn))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)

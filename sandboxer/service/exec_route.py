@@ -146,14 +146,15 @@ async def _first_line(request: web.Request) -> tuple[bytes, bytes]:
 
 
 async def _feed(request: web.Request, first: bytes, fd: int) -> None:
-    """Write the rest of the body into the command's stdin pipe as it arrives, then close it. A
-    command that stops reading holds the body up (the pipe is full); one that ended refuses it."""
-    loop = asyncio.get_running_loop()
+    """Write the rest of the body into the command's stdin pipe as it arrives, then close it — on
+    the event loop, the pipe non-blocking (no worker thread waits on it). A command that stops
+    reading holds the body up (the pipe is full); one that ended refuses it."""
+    os.set_blocking(fd, False)
     try:
         chunk = first
         while True:
             if chunk:
-                await loop.run_in_executor(None, _write_all, fd, chunk)
+                await _write_all(fd, chunk)
             chunk = await request.content.readany()
             if not chunk:
                 break
@@ -163,10 +164,30 @@ async def _feed(request: web.Request, first: bytes, fd: int) -> None:
         os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+async def _write_all(fd: int, data: bytes) -> None:
+    """Write all of `data` to a non-blocking pipe, waiting for room as it needs."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view) :]
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            await _room(fd)
+
+
+async def _room(fd: int) -> None:
+    """Until the pipe `fd` takes writes again."""
+    loop = asyncio.get_running_loop()
+    room: asyncio.Future[None] = loop.create_future()
+
+    def writable() -> None:
+        if not room.done():
+            room.set_result(None)
+
+    loop.add_writer(fd, writable)
+    try:
+        await room
+    finally:
+        loop.remove_writer(fd)
 
 
 def _execute(
@@ -185,7 +206,8 @@ def _execute(
     from sandboxer.host.stdio import Program
 
     try:
-        return execute.execute(dirs, options, argv, Program(stdin, sink, cancelled))
+        # An HTTP client sends no environment: a provider launch inherits nothing through it.
+        return execute.execute(dirs, options, argv, Program(stdin, sink, cancelled), caller_env={})
     except ExecUsage as exc:
         raise ExecError(str(exc)) from None
     except EntryError as exc:

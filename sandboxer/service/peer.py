@@ -2,8 +2,8 @@
 (SO_PEERCRED, read when the connection is accepted; never a header, token or argument), and
 whether that account is one of the broker's owners.
 
-Owners are root and the account that owns the config dir. Every other account is refused until
-grants (an approved owner file naming users, groups and profiles) admit it as a caller.
+Owners are root, the account that owns the config dir, and the service's own account. Every
+other account is refused until grants (an approved owner file naming users, groups and profiles) admit it as a caller.
 """
 
 from __future__ import annotations
@@ -32,9 +32,11 @@ def peer_of(sock: socket.socket) -> Peer:
 
 
 def is_owner(peer: Peer, config_dir: str) -> bool:
-    """Root, or the account that owns the config dir."""
+    """Root, the account that owns the config dir, or the service's own account (a user's private
+    service before the user has a config dir)."""
+    if peer.uid in (0, os.geteuid()):
+        return True
     try:
-        owner = os.stat(config_dir).st_uid
+        return peer.uid == os.stat(config_dir).st_uid
     except OSError:
-        return peer.uid == 0
-    return peer.uid in (0, owner)
+        return False

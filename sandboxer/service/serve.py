@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import signal
 import socket
 import stat
@@ -45,6 +46,7 @@ def serve(dirs: Dirs, *, socket_path: str | None, idle_exit: float | None, comma
     lock = try_lock_file(os.path.join(dirs.state, LOCK_FILE))
     if lock is None:
         raise PolicyError(f"a service already answers for the state dir {dirs.state}")
+    _raise_descriptor_limit()
     try:
         inherited = _activated_listener()
         listener = inherited or _listen(path)
@@ -58,6 +60,14 @@ def serve(dirs: Dirs, *, socket_path: str | None, idle_exit: float | None, comma
     finally:
         os.close(lock)
     return 0
+
+
+def _raise_descriptor_limit() -> None:
+    """Every exec holds a connection, the client's three descriptors, pipes and a pidfd: the
+    usual soft limit of 1024 would run out at a few hundred; take the hard limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _activated_listener() -> socket.socket | None:

@@ -274,3 +274,68 @@ def test_an_unprivileged_users_client_starts_its_private_service(sb_user: Sandbo
     assert sb_user.exec(sandbox_id, "echo", "private").stdout == "private\n"
     assert services_of(sb_user.state) == services  # the same one answered
     assert ("cli exec", 0) in audited(sb_user)
+
+
+UNTRUSTED_SERVER = """
+import os, socket, sys
+path = sys.argv[1]
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+server.bind(path)
+os.chmod(path, 0o777)
+server.listen(1)
+print("ready", flush=True)
+conn, _ = server.accept()
+conn.settimeout(5)
+try:
+    data = conn.recv(65536)
+except OSError:
+    data = b""
+print(len(data), flush=True)
+"""
+
+
+def test_the_client_sends_nothing_to_a_service_of_another_account(sb_root: SandboxBroker) -> None:
+    """A socket answered by a process of neither root nor the caller's account gets no byte of
+    the caller's environment or descriptors: the client refuses it (125)."""
+    directory = sb_root.root / "other"
+    directory.mkdir()
+    os.chown(directory, UNPRIVILEGED_UID, UNPRIVILEGED_UID)
+    path = directory / "other.sock"
+    uid = str(UNPRIVILEGED_UID)
+    as_other = ["setpriv", "--reuid", uid, "--regid", uid, "--clear-groups", "--", sys.executable]
+    server = subprocess.Popen([*as_other, "-c", UNTRUSTED_SERVER, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        assert server.stdout.readline() == "ready\n"
+        env = {**sb_root.env(), "SANDBOXER_SOCKET": str(path), "SECRET_TOKEN": "do-not-send"}
+        env.pop("SANDBOXER_NO_SERVICE")
+        done = subprocess.run(sb_root.argv("list"), capture_output=True, text=True, env=env, timeout=60, check=False)
+        assert done.returncode == 125
+        assert done.stderr == (
+            f"sandboxer: the service on {path} runs as uid {UNPRIVILEGED_UID}, neither root nor this account; refused\n"
+        )
+        assert server.stdout.readline() == "0\n"  # it got the connection, and not one byte
+    finally:
+        server.kill()
+        server.communicate()
+
+
+def test_a_caller_whose_stderr_refuses_writes_is_still_audited(sb_root: SandboxBroker) -> None:
+    """An account no grant admits, with its stderr on /dev/full: refused (3), audited, and the
+    service's next answer is whole."""
+    started = Service(sb_root, sb_root.state / "broker.sock").start()
+    try:
+        uid = str(UNPRIVILEGED_UID)
+        argv = ["setpriv", "--reuid", uid, "--regid", uid, "--clear-groups", "--", "sh", "-c"]
+        argv.append(f"{' '.join(sb_root.argv('list'))} 2>/dev/full")
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/", "PYTHONPATH": str(REPO)}
+        env["SANDBOXER_SOCKET"] = str(sb_root.state / "broker.sock")
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+        assert done.returncode == 3, done
+        assert ("refused", 3) in audited(sb_root)
+        sb_root.through_service = True
+        listed = sb_root.run("list", "--json")
+        assert (listed.status, json.loads(listed.stdout)) == (0, {"sandboxes": []})
+    finally:
+        sb_root.through_service = False
+        started.stop()
