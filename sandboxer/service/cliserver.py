@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from sandboxer.errors import UsageError
 from sandboxer.invocation import Invocation, running
 from sandboxer.service.access import Access, Refused, admit
 from sandboxer.service.audit import AuditLog
+from sandboxer.service.peer import Peer
 
 MAGIC = b"\0"
 MAX_HEADER = 1024 * 1024  # argv, cwd and environment: more than any command line may hold
@@ -80,6 +82,10 @@ def serve_client(conn: socket.socket, serving: Serving) -> None:
         conn.settimeout(None)
         if isinstance(access, Refused):
             status = _refuse(serving.audit, access, fds[2])
+        elif access.peer.uid != os.geteuid() and not all(_is_pipe(fd) for fd in fds):
+            # The service writes and reads these with its own rights: for another account, only
+            # pipes (the client puts its files and terminal behind pipes itself).
+            status = _refuse(serving.audit, StdioRefused(access.peer), fds[2])
         else:
             status = _run(conn, serving, access, request, fds)
         with contextlib.suppress(OSError):  # the client went away; its exec was killed
@@ -134,13 +140,29 @@ def _check(request: object) -> None:
 
 
 def _refuse(audit: AuditLog, refusal: Refused, stderr_fd: int) -> int:
-    """A caller no grant admits: one line on its stderr, one in the audit log; its status."""
+    """A caller refused before its command runs: one line on its stderr (when that is a pipe),
+    one in the audit log; its status."""
     audit.record(
         uid=refusal.peer.uid, pid=refusal.peer.pid, verb="refused", sandbox=None, outcome="PolicyError", status=3
     )
-    with _text(stderr_fd) as stderr, contextlib.suppress(OSError):
-        stderr.write(f"sandboxer: {refusal}\n")
+    if _is_pipe(stderr_fd):
+        with _text(stderr_fd) as stderr, contextlib.suppress(OSError):
+            stderr.write(f"sandboxer: {refusal}\n")
     return refusal.status
+
+
+class StdioRefused(Refused):
+    """Another account's client passed something other than pipes for its stdio."""
+
+    def __init__(self, peer: Peer) -> None:
+        super().__init__(peer, "stdin, stdout and stderr must be pipes", hint="use the sandboxer command")
+
+
+def _is_pipe(fd: int) -> bool:
+    try:
+        return stat.S_ISFIFO(os.fstat(fd).st_mode)
+    except OSError:
+        return False
 
 
 def _run(conn: socket.socket, serving: Serving, access: Access, request: dict[str, Any], fds: list[int]) -> int:

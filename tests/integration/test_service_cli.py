@@ -339,3 +339,44 @@ def test_a_caller_whose_stderr_refuses_writes_is_still_audited(sb_root: SandboxB
     finally:
         sb_root.through_service = False
         started.stop()
+
+
+RAW_CLI_CLIENT = """
+import json, os, socket, sys
+path, out = sys.argv[1], sys.argv[2]
+conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+conn.connect(path)
+target = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+header = json.dumps({"argv": ["list"], "cwd": "/", "env": {}}).encode()
+socket.send_fds(conn, [b"\\0" + header + b"\\n"], [0, target, target])
+print(conn.recv(4096).decode().strip())
+"""
+
+
+def test_another_accounts_client_may_pass_pipes_only(
+    sb_root: SandboxBroker,
+    callers: tuple[pwd.struct_passwd, pwd.struct_passwd],  # noqa: F811 - the fixture
+) -> None:
+    """A root service writes a client's output with its own rights: for another account it takes
+    pipes only (the sandboxer command puts files and terminals behind pipes itself)."""
+    a, _ = callers
+    grants = f"grants:\n  - users: [{a.pw_name}]\n    profiles: [{sb_root.profile}]\n"
+    (sb_root.config / "grants.yaml").write_text(grants + "    max_sandboxes: 1\n    max_ttl_seconds: 3600\n")
+    sb_root.approve("grants")
+    socket_path = sb_root.state / "broker.sock"
+    started = Service(sb_root, socket_path).start()
+    try:
+        out = sb_root.root / "a-out"
+        out.mkdir()
+        os.chown(out, a.pw_uid, a.pw_gid)
+        ids = [str(a.pw_uid), str(a.pw_gid)]
+        argv = ["setpriv", "--reuid", ids[0], "--regid", ids[1], "--clear-groups", "--", sys.executable, "-c"]
+        argv += [RAW_CLI_CLIENT, str(socket_path), str(out / "file")]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL)
+        assert json.loads(done.stdout) == {"status": 3}, done
+        assert (out / "file").read_bytes() == b""  # nothing was written into the file
+        assert ("refused", 3) in audited(sb_root)
+        through_cli = _cli_as(a, socket_path, "list", "--json")  # the command's own pipes: served
+        assert (through_cli.returncode, json.loads(through_cli.stdout)) == (0, {"sandboxes": []}), through_cli
+    finally:
+        started.stop()
