@@ -35,6 +35,7 @@ class Invocation:
     stdio: tuple[int, int, int] | None = None
     control: int | None = None
     access: Access | None = None  # the service's rules for its caller; None: in-process
+    sandboxes: list[str] = field(default_factory=list)  # the sandbox the command named or made (audit)
 
 
 _local = threading.local()

@@ -17,7 +17,16 @@ from typer._click.exceptions import BadOptionUsage, NoSuchOption
 from typer._click.exceptions import UsageError as ClickUsageError
 from typer.core import TyperCommand
 
-from sandboxer.cli.options import JsonOption, access, caller_path, debug_of, dirs_of, require_own, require_owner
+from sandboxer.cli.options import (
+    JsonOption,
+    access,
+    caller_path,
+    debug_of,
+    dirs_of,
+    made_sandbox,
+    require_own,
+    require_owner,
+)
 from sandboxer.errors import EntryError, ExecUsage, NotFoundError
 from sandboxer.output import flatten, print_result
 
@@ -54,6 +63,7 @@ def create(
 
     rules = access()
     result = make(None, ttl) if rules is None else rules.create(profile, ttl, make)
+    made_sandbox(result["id"])
     print_result(result, result["id"], json)
 
 

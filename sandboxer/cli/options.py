@@ -70,7 +70,14 @@ def caller_path(path: str, what: str) -> str:
 
 
 def require_own(sandbox_id: str, unknown: Exception) -> None:
-    """A sandbox the caller may name: in the service, its own (another's raises `unknown`)."""
-    rules = access()
-    if rules is not None:
-        rules.require_own(sandbox_id, unknown)
+    """A sandbox the caller may name: in the service, its own (another's raises `unknown`).
+    The id goes into the command's audit line."""
+    invocation = current()
+    invocation.sandboxes.append(sandbox_id)
+    if invocation.access is not None:
+        invocation.access.require_own(sandbox_id, unknown)
+
+
+def made_sandbox(sandbox_id: str) -> None:
+    """The sandbox a command made, for its audit line."""
+    current().sandboxes.append(sandbox_id)

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from sandboxer.dirs import Dirs
 from sandboxer.errors import PolicyError, SandboxerError, UsageError
+from sandboxer.host.registry import ID_PATTERN
 from sandboxer.service.access import Access, Refused, admit, visible
 from sandboxer.service.audit import AuditLog
 from sandboxer.service.exec_route import exec_command
@@ -62,6 +63,8 @@ def make_app(dirs: Dirs) -> web.Application:
             response, outcome, status = error_response(error), type(error).__name__, error.status
         verb = request.match_info.route.name or "unknown"
         sandbox = request.get("sandbox_id") or request.match_info.get("id")
+        if sandbox is not None and not ID_PATTERN.fullmatch(sandbox):
+            sandbox = None  # an id, never other text the caller put in the path
         await in_thread(
             lambda: audit.record(uid=peer.uid, pid=peer.pid, verb=verb, sandbox=sandbox, outcome=outcome, status=status)
         )

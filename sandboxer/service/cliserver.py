@@ -29,6 +29,7 @@ from typing import Any, TextIO
 
 from sandboxer.dirs import Dirs
 from sandboxer.errors import UsageError
+from sandboxer.host.registry import ID_PATTERN
 from sandboxer.invocation import Invocation, running
 from sandboxer.service.access import Access, Refused, admit
 from sandboxer.service.audit import AuditLog
@@ -170,6 +171,7 @@ def _run(conn: socket.socket, serving: Serving, access: Access, request: dict[st
     is written however the command ended."""
     status: int | None = None
     outcome = "failed"
+    invocation: Invocation | None = None
     try:
         with _text(fds[1]) as stdout, _text(fds[2]) as stderr:
             invocation = Invocation(
@@ -187,7 +189,9 @@ def _run(conn: socket.socket, serving: Serving, access: Access, request: dict[st
     finally:
         verb = "cli " + serving.commands.name(request["argv"])
         peer = access.peer
-        serving.audit.record(uid=peer.uid, pid=peer.pid, verb=verb, sandbox=None, outcome=outcome, status=status)
+        named = invocation.sandboxes if invocation is not None else []
+        sandbox = next((s for s in named if ID_PATTERN.fullmatch(s)), None)  # an id, never other text
+        serving.audit.record(uid=peer.uid, pid=peer.pid, verb=verb, sandbox=sandbox, outcome=outcome, status=status)
     return SERVICE_FAILED if status is None else status
 
 

@@ -380,3 +380,21 @@ def test_another_accounts_client_may_pass_pipes_only(
         assert (through_cli.returncode, json.loads(through_cli.stdout)) == (0, {"sandboxes": []}), through_cli
     finally:
         started.stop()
+
+
+def test_cli_audit_lines_name_the_sandbox_and_hold_no_argument_or_environment_value(served: SandboxBroker) -> None:
+    canary = "CANARY" + os.urandom(6).hex()
+    sandbox_id = served.create()
+    env = {**served.env(), "SOME_TOKEN": canary}
+    for args in (
+        ("exec", sandbox_id, "--", "echo", canary),
+        ("exec", canary, "--", "true"),
+        ("inspect", canary),
+        ("create", "--profile", canary),
+    ):
+        subprocess.run(served.argv(*args), capture_output=True, env=env, timeout=120, check=False)
+    text = (served.state / "audit.log").read_text()
+    assert canary not in text
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert (sandbox_id, 0) in [(line["sandbox"], line["status"]) for line in lines if line["verb"] == "cli exec"]
+    assert (sandbox_id, 0) in [(line["sandbox"], line["status"]) for line in lines if line["verb"] == "cli create"]
