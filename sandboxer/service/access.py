@@ -23,9 +23,10 @@ from sandboxer.service.peer import Peer
 
 T = TypeVar("T")
 
-# A caller's count of live sandboxes, then its create, under one lock: two creates at once cannot
-# both pass the count.
+# A caller's count of live sandboxes and of its creates under way, taken under one lock: two
+# creates at once cannot both pass the count, and neither waits for the other's create.
 _CREATE_LOCK = threading.Lock()
+_CREATING: dict[int, int] = {}  # uid -> creates under way in this service
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +78,16 @@ class Access:
             raise PolicyError(f"profile {profile[:64]!r} is not granted to uid {rights.uid}")
         if ttl is not None and ttl > ceiling:
             raise PolicyError(f"ttl: {ttl:g} seconds is past the granted ceiling of {ceiling} (max_ttl_seconds)")
+        uid = rights.uid
         with _CREATE_LOCK:
-            if len(sandboxes_of(self.dirs, rights.uid)) >= limit:
-                raise PolicyError(f"uid {rights.uid} has its {limit} live sandboxes (max_sandboxes)")
-            return make(rights.uid, ceiling if ttl is None else ttl)
+            if len(sandboxes_of(self.dirs, uid, creating=False)) + _CREATING.get(uid, 0) >= limit:
+                raise PolicyError(f"uid {uid} has its {limit} live sandboxes (max_sandboxes)")
+            _CREATING[uid] = _CREATING.get(uid, 0) + 1
+        try:
+            return make(uid, ceiling if ttl is None else ttl)
+        finally:
+            with _CREATE_LOCK:
+                _CREATING[uid] -= 1
 
     def require_own_files(self, what: str) -> None:
         """Refuse to open a path this caller named unless the service runs as the caller's own
@@ -115,15 +122,18 @@ class Refused(PolicyError):
         self.peer = peer
 
 
-def sandboxes_of(dirs: Dirs, uid: int) -> list[str]:
-    """The live sandboxes a caller created (through this or an earlier service)."""
+def sandboxes_of(dirs: Dirs, uid: int, *, creating: bool = True) -> list[str]:
+    """The live sandboxes a caller created (through this or an earlier service); with `creating`
+    false, not those whose create is under way."""
     from sandboxer.host.registry import Registry
 
     registry = Registry(dirs.state)
     found = []
     for sandbox_id in registry.ids():
         record = registry.read_or_none(sandbox_id)
-        if record is not None and record.caller_uid == uid and not record.hidden and record.state != "failed":
+        if record is None or record.caller_uid != uid or record.hidden or record.state == "failed":
+            continue
+        if creating or record.state != "creating":
             found.append(sandbox_id)
     return found
 

@@ -794,3 +794,46 @@ def test_sigterm_ends_an_exec_whose_client_stopped_reading(sb_root: SandboxBroke
         assert time.monotonic() < deadline, "the exec outlived the service"
         time.sleep(0.2)
     assert sb_root.run("teardown", sandbox.id).status == 0
+
+
+CONCURRENT_CREATES = """
+import json, sys
+from concurrent.futures import ThreadPoolExecutor
+from sandboxer import Client
+from sandboxer.errors import SandboxerError
+client = Client(sys.argv[1])
+def one(_):
+    try:
+        return client.create(sys.argv[2]).id
+    except SandboxerError as exc:
+        return [exc.status, exc.message]
+with ThreadPoolExecutor(3) as pool:
+    print(json.dumps(list(pool.map(one, range(3)))))
+"""
+
+
+def test_concurrent_creates_of_a_caller_stay_within_its_limit(
+    sb_root: SandboxBroker, callers: tuple[pwd.struct_passwd, pwd.struct_passwd]
+) -> None:
+    """Three creates at once under max_sandboxes: 2 — two sandboxes and one refusal (the creates
+    under way count against the limit; they no longer run one after another)."""
+    a, _ = callers
+    grants = f"grants:\n  - users: [{a.pw_name}]\n    profiles: [{sb_root.profile}]\n"
+    (sb_root.config / "grants.yaml").write_text(grants + "    max_sandboxes: 2\n    max_ttl_seconds: 3600\n")
+    sb_root.approve("grants")
+    started = Service(sb_root, _socket_dir(sb_root) / "broker.sock").start()
+    try:
+        code = CONCURRENT_CREATES.replace("sys.argv[1]", repr(str(started.socket)))
+        done = _as_account(a, code.replace("sys.argv[2]", repr(sb_root.profile)))
+        assert done.returncode == 0, done.stderr
+        results = json.loads(done.stdout)
+        made = [r for r in results if isinstance(r, str)]
+        refused = [r for r in results if not isinstance(r, str)]
+        assert len(made) == 2, results
+        assert refused == [[3, f"uid {a.pw_uid} has its 2 live sandboxes (max_sandboxes)"]]
+        owner = Client(str(started.socket))
+        assert sorted(item.id for item in owner.list()) == sorted(made)
+        for sandbox_id in made:
+            owner.sandbox(sandbox_id).teardown()
+    finally:
+        started.stop()
