@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import sys
 import time
 from typing import Any
 
 from sandboxer.service.cliserver import Serving, serve_client
+from sandboxer.service.peer import peer_of
 
 FIRST_BYTE_SECONDS = 10.0  # a connection that says nothing this long is closed
 ACCEPT_RETRY = 0.5  # seconds before accepting again after accept() failed
+CLIENTS_PER_CALLER = 32  # CLI commands one account (not root, not the service's) may run at once
 
 
 class Activity:
@@ -45,6 +48,7 @@ class Connections:
         self.serving = serving
         self.activity = activity
         self.clients: set[socket.socket] = set()
+        self.per_uid: dict[int, int] = {}  # CLI clients being served, by account
         self.tasks: set[asyncio.Task[None]] = set()
 
     async def accept(self) -> None:
@@ -72,6 +76,14 @@ class Connections:
             conn.close()
 
     async def _cli(self, conn: socket.socket) -> None:
+        """A CLI client's command, in a worker thread — at most CLIENTS_PER_CALLER at once for any
+        account but root and the service's own, so that one caller cannot take every worker."""
+        uid = peer_of(conn).uid
+        limited = uid not in (0, os.geteuid())
+        if limited and self.per_uid.get(uid, 0) >= CLIENTS_PER_CALLER:
+            conn.close()
+            return
+        self.per_uid[uid] = self.per_uid.get(uid, 0) + 1
         self.activity.begin()
         self.clients.add(conn)
         try:
@@ -79,6 +91,7 @@ class Connections:
         finally:
             self.clients.discard(conn)
             self.activity.end()
+            self.per_uid[uid] -= 1
 
     async def close(self) -> None:
         """Stop: a running exec sees its client gone and ends; other commands finish."""

@@ -398,3 +398,44 @@ def test_cli_audit_lines_name_the_sandbox_and_hold_no_argument_or_environment_va
     lines = [json.loads(line) for line in text.splitlines()]
     assert (sandbox_id, 0) in [(line["sandbox"], line["status"]) for line in lines if line["verb"] == "cli exec"]
     assert (sandbox_id, 0) in [(line["sandbox"], line["status"]) for line in lines if line["verb"] == "cli create"]
+
+
+HOLDING_CLIENTS = """
+import socket, sys, time
+path, count = sys.argv[1], int(sys.argv[2])
+held = []
+for _ in range(count):
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(path)
+    socket.send_fds(conn, [b"\\0{"], [0, 1, 2])  # a CLI request that never goes on
+    held.append(conn)
+time.sleep(1.5)
+closed = 0
+for conn in held:
+    conn.setblocking(False)
+    try:
+        closed += conn.recv(1) == b""
+    except ConnectionResetError:
+        closed += 1
+    except BlockingIOError:
+        pass
+print(closed)
+"""
+
+
+def test_one_account_cannot_take_every_worker(served: SandboxBroker) -> None:
+    """40 stalled CLI requests of one (ungranted) account: 32 are held (each for at most the 10 s a
+    request may take), the rest closed at once; the owner is served meanwhile."""
+    uid = str(UNPRIVILEGED_UID)
+    argv = ["setpriv", "--reuid", uid, "--regid", uid, "--clear-groups", "--", sys.executable, "-c", HOLDING_CLIENTS]
+    holder = subprocess.Popen([*argv, str(served.state / "broker.sock"), "40"], stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.5)
+        listed = served.run("list", "--json")  # the owner is served while they wait
+        assert listed.status == 0, listed
+        out, _ = holder.communicate(timeout=60)
+        assert out.strip() == "8"
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.communicate()
