@@ -26,8 +26,12 @@ import socket
 import stat
 import struct
 import sys
+from typing import TYPE_CHECKING
 
 from sandboxer.dirs import resolve_dirs, service_socket
+
+if TYPE_CHECKING:
+    from sandboxer.host.stdio import Pumps
 
 IDLE_EXIT = 600  # seconds a private service waits for its next command before it exits
 START_SECONDS = 15.0  # how long a private service may take to answer
@@ -172,19 +176,22 @@ def _start_private_service(config: str, state: str, path: str) -> socket.socket 
 
 
 def _forward(conn: socket.socket, argv: list[str]) -> int:
-    """Send the command line with pipes for this process's stdio; pass signals on; copy between
-    the pipes and this process's own stdio until the status comes; return it."""
+    """Send the command line with this process's stdio (its terminal and files behind pipes:
+    Pumps.for_client); pass signals on; copy until the status comes; return it."""
     import signal
 
-    relay = _Relay.for_stdio()
+    from sandboxer.host.stdio import Pumps
+
+    pumps = Pumps.for_client()
     header = json.dumps({"argv": argv, "cwd": _cwd(), "env": dict(os.environ)}).encode()
     try:
-        socket.send_fds(conn, [b"\0" + header + b"\n"], relay.theirs)
+        socket.send_fds(conn, [b"\0" + header + b"\n"], pumps.given)
     except OSError as exc:
         sys.stderr.write(f"sandboxer: the service did not take the command ({exc.strerror})\n")
+        pumps.given_away()
+        pumps.close()
         return SERVICE_FAILED
-    finally:
-        relay.given_away()
+    pumps.given_away()
 
     def pass_on(signum: int, _frame: object) -> None:
         with contextlib.suppress(OSError):
@@ -192,7 +199,11 @@ def _forward(conn: socket.socket, argv: list[str]) -> int:
 
     for name in SIGNALS:
         signal.signal(getattr(signal, name), pass_on)
-    answer = relay.run(conn)
+    try:
+        answer = _copy_until_answer(conn, pumps)
+        pumps.finish()  # what the command wrote before it ended
+    finally:
+        pumps.close()
     if not answer.endswith(b"\n"):
         sys.stderr.write("sandboxer: the service went away before the command ended\n")
         return SERVICE_FAILED
@@ -200,134 +211,29 @@ def _forward(conn: socket.socket, argv: list[str]) -> int:
     return status if isinstance(status, int) else SERVICE_FAILED
 
 
-class _Relay:
-    """This process's stdio behind pipes: the service, and an exec's command, only ever get pipe
-    ends (or this process's own pipes), so what reaches this process's files and terminal is
-    written and read by this process, with its own rights — never by a root service."""
+def _copy_until_answer(conn: socket.socket, pumps: Pumps) -> bytes:
+    """Copy between this process's stdio and the pipes until the service's answer line (b"" or
+    part of it if the service went away)."""
+    import select
 
-    def __init__(self) -> None:
-        self.theirs: list[int] = []  # the ends the service gets, for its fds 0, 1, 2
-        self._made: list[int] = []  # those of them this process made (closed once sent)
-        self.stdin_source: int | None = None  # this process's stdin, while it is copied
-        self.stdin_sink = -1  # the write end of the command's stdin pipe
-        self.pending = b""
-        self.outputs: dict[int, int | None] = {}  # a read end -> this process's fd (None: closed)
-
-    @classmethod
-    def for_stdio(cls) -> _Relay:
-        relay = cls()
-        for target in (0, 1, 2):
-            try:
-                is_pipe = stat.S_ISFIFO(os.fstat(target).st_mode)
-                is_open = True
-            except OSError:
-                is_pipe, is_open = False, False
-            if is_pipe:
-                relay.theirs.append(target)  # a pipe of the caller's own: handed over as it is
-                continue
-            read_end, write_end = os.pipe2(os.O_CLOEXEC)
-            if target == 0:
-                relay.theirs.append(read_end)
-                relay._made.append(read_end)
-                relay.stdin_sink = write_end
-                relay.stdin_source = 0 if is_open else None
-                os.set_blocking(write_end, False)
-                if not is_open:
-                    relay._end_stdin()
-            else:
-                relay.theirs.append(write_end)
-                relay._made.append(write_end)
-                relay.outputs[read_end] = target if is_open else None
-        return relay
-
-    def given_away(self) -> None:
-        for fd in self._made:
-            os.close(fd)
-        self._made = []
-
-    def run(self, conn: socket.socket) -> bytes:
-        """Copy until the service's answer line (returned; b"" if it went away), then what the
-        pipes still hold."""
-        import select
-
-        answer = b""
-        while not answer.endswith(b"\n"):
-            waiting = [conn.fileno(), *self.outputs]
-            if self.stdin_source is not None and self.stdin_sink >= 0 and not self.pending:
-                waiting.append(self.stdin_source)
-            writing = [self.stdin_sink] if self.stdin_sink >= 0 and self.pending else []
-            try:
-                readable, writable, _ = select.select(waiting, writing, [])
-            except InterruptedError:
-                continue
-            for fd in readable:
-                if fd == conn.fileno():
-                    data = _recv(conn)
-                    if not data:
-                        return answer
-                    answer += data
-                elif fd in self.outputs:
-                    self._copy_out(fd)
-                elif fd == self.stdin_source:
-                    self._read_stdin()
-            if self.stdin_sink in writable:
-                self._write_stdin()
-        self._end_stdin()
-        for read_end in list(self.outputs):  # what the command wrote before it ended
-            os.set_blocking(read_end, False)
-            while read_end in self.outputs and self._copy_out(read_end):
-                pass
-        return answer
-
-    def _copy_out(self, read_end: int) -> bool:
+    answer = b""
+    while not answer.endswith(b"\n"):
         try:
-            data = os.read(read_end, 65536)
-        except BlockingIOError:
-            return False
-        if not data:
-            del self.outputs[read_end]
-            os.close(read_end)
-            return False
-        target = self.outputs[read_end]
-        view = memoryview(data)
-        while target is not None and view:
-            try:
-                view = view[os.write(target, view) :]
-            except OSError:
-                self.outputs[read_end] = None  # our own stdout refuses: the rest is dropped
-                break
-        return True
-
-    def _read_stdin(self) -> None:
-        try:
-            self.pending = os.read(0, 65536)
-        except OSError:
-            self.pending = b""
-        if not self.pending:
-            self._end_stdin()
-
-    def _write_stdin(self) -> None:
-        try:
-            self.pending = self.pending[os.write(self.stdin_sink, self.pending) :]
-        except BlockingIOError:
-            pass
-        except OSError:  # the command closed its stdin
-            self._end_stdin()
-
-    def _end_stdin(self) -> None:
-        if self.stdin_sink >= 0:
-            os.close(self.stdin_sink)
-        self.stdin_sink, self.stdin_source, self.pending = -1, None, b""
-
-
-def _recv(conn: socket.socket) -> bytes:
-    while True:
-        try:
-            return conn.recv(4096)
+            readable, writable, _ = select.select([conn.fileno(), *pumps.readers()], pumps.writers(), [])
         except InterruptedError:
             continue
-        except OSError:
-            return b""
+        pumps.pump(readable, writable)
+        if conn.fileno() in readable:
+            try:
+                data = conn.recv(4096)
+            except InterruptedError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                return answer
+            answer += data
+    return answer
 
 
 def _cwd() -> str:

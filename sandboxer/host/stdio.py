@@ -163,6 +163,33 @@ class Pumps:
             raise
         return pumps
 
+    @classmethod
+    def for_client(cls) -> Pumps:
+        """This process's stdio as the CLI client hands it to the service: its own pipes as they
+        are, anything else (a terminal, a file, a socket, a device, a closed descriptor) behind a
+        pipe this process copies — so what reaches the caller's files and terminal is written and
+        read by the caller's own process, never by a root service."""
+        pumps = cls()
+        try:
+            for target in (0, 1, 2):
+                try:
+                    if stat.S_ISFIFO(os.fstat(target).st_mode):
+                        continue  # handed over as it is
+                    closed = False
+                except OSError:
+                    closed = True
+                if target == 0:
+                    pumps._pipe_in()
+                    if closed:
+                        pumps._end_stdin()  # the command reads its end at once
+                else:
+                    pumps._pipe_out(target, _discard if closed else _writer(target))
+        except BaseException:
+            pumps.given_away()
+            pumps.close()
+            raise
+        return pumps
+
     def given_away(self) -> None:
         """The command has its copies: close ours of its ends."""
         for fd in self._theirs:
@@ -252,6 +279,10 @@ def _writer(target: int) -> Callable[[bytes], None]:
                 return  # the caller's file or terminal refuses: the command's output is dropped
 
     return write
+
+
+def _discard(data: bytes) -> None:
+    """The sink of an output whose descriptor was closed."""
 
 
 def feeder(data: bytes) -> int:

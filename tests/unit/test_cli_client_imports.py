@@ -1,6 +1,7 @@
 """The `sandboxer` command is a small client: every command of every caller pays for what it
-imports, so it loads the standard library only, little of it, and no other sandboxer module
-than the directories' (tests the import budget the service exists for)."""
+imports, so it loads the standard library only, little of it, and of sandboxer only the
+directories' module (and, to forward a command, the stdio pumps and the errors they raise) —
+the import budget the service exists for."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 ALLOWED_OWN = {"sandboxer", "sandboxer.__main__", "sandboxer.cliclient", "sandboxer.dirs"}
+FORWARDING = {"sandboxer.host", "sandboxer.host.stdio", "sandboxer.errors"}
 # What the service pays for once and the client must never: the command table and its parsers,
 # the HTTP server, YAML, the broker's core.
 FORBIDDEN = {"typer", "click", "aiohttp", "ruamel", "pydantic", "rich", "http", "asyncio", "subprocess", "dataclasses"}
@@ -26,6 +28,13 @@ def test_the_client_loads_no_other_sandboxer_module() -> None:
     loaded = _loaded_by("sandboxer.__main__")
     assert "sandboxer.cliclient" in loaded
     assert {name for name in loaded if name.split(".")[0] == "sandboxer"} <= ALLOWED_OWN
+
+
+def test_forwarding_loads_only_the_stdio_pumps() -> None:
+    loaded = _loaded_by("sandboxer.host.stdio")
+    own = {name for name in loaded if name.split(".")[0] == "sandboxer"}
+    assert own <= ALLOWED_OWN | FORWARDING
+    assert {name.split(".")[0] for name in loaded} & FORBIDDEN == set()
 
 
 def test_the_client_loads_no_third_party_or_heavy_module() -> None:
