@@ -198,16 +198,12 @@ def _run(conn: socket.socket, serving: Serving, access: Access, request: dict[st
 @contextlib.contextmanager
 def _text(fd: int) -> Iterator[TextIO]:
     """A line-buffered text stream on a copy of a client's descriptor, closed (its unwritten text
-    dropped) when the block ends: nothing of it outlives the command."""
-    copy = os.dup(fd)
-    stream = open(copy, "w", buffering=1, encoding="utf-8", errors="replace", closefd=True)  # noqa: SIM115
+    dropped) when the block ends: nothing of it outlives the command. (The close closes the copy
+    even when its flush fails; the descriptor is never closed a second time, when another
+    thread may hold its number already.)"""
+    stream = open(os.dup(fd), "w", buffering=1, encoding="utf-8", errors="replace", closefd=True)  # noqa: SIM115
     try:
         yield stream
     finally:
         with contextlib.suppress(OSError):
-            stream.flush()
-        if not stream.closed:
-            with contextlib.suppress(OSError):
-                stream.close()
-        with contextlib.suppress(OSError):
-            os.close(copy)  # a close whose flush failed leaves the descriptor open
+            stream.close()
