@@ -75,7 +75,7 @@ class Broker:
         bootstrap file, by path, if given). Nothing is left behind when it fails."""
         from sandboxer.commands.create import create
 
-        document = create(self.dirs, profile, manifest_path=manifest, bootstrap_path=bootstrap, ttl=ttl)
+        document = create(self.dirs, profile, manifest_path=manifest, bootstrap=bootstrap, ttl=ttl)
         return Sandbox(self, Created.from_json(document))
 
     def sandbox(self, sandbox_id: str) -> Sandbox:

@@ -20,6 +20,7 @@ command of every caller pays for what this module imports.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -37,10 +38,14 @@ IDLE_EXIT = 600  # seconds a private service waits for its next command before i
 START_SECONDS = 15.0  # how long a private service may take to answer
 SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 SERVICE_FAILED = 125  # the service went away before it answered a status
+MAX_FILES = 4  # files one command line may name for this process to open (the service's limit)
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 # Commands that never go to a service: serve itself, and the checks of a file the caller names,
 # which read it with the caller's own rights (and need nothing of the broker's).
 FILE_CHECKS = {("ext", "check"), ("manifest", "check"), ("bootstrap", "check")}
+# Files a command reads that this process opens itself, with the caller's own rights, and passes
+# to the service (which opens no path on another account's say-so).
+CALLER_FILES = {"create": ("--bootstrap",)}
 
 
 def main() -> None:
@@ -76,7 +81,7 @@ def run(argv: list[str]) -> int:
         conn = _start_private_service(dirs.config, dirs.state, path)
         if conn is None:
             return _in_process(argv)  # it could not start: the same command, only slower
-    return _forward(conn, argv)
+    return _forward(conn, argv, words)
 
 
 def _in_process(argv: list[str]) -> int:
@@ -175,22 +180,27 @@ def _start_private_service(config: str, state: str, path: str) -> socket.socket 
     return None
 
 
-def _forward(conn: socket.socket, argv: list[str]) -> int:
+def _forward(conn: socket.socket, argv: list[str], words: tuple[str, ...]) -> int:
     """Send the command line with this process's stdio (its terminal and files behind pipes:
-    Pumps.for_client); pass signals on; copy until the status comes; return it."""
+    Pumps.for_client) and the files it names; pass signals on; copy until the status comes;
+    return it."""
     import signal
 
     from sandboxer.host.stdio import Pumps
 
+    files, opened = _open_files(words)
     pumps = Pumps.for_client()
-    header = json.dumps({"argv": argv, "cwd": _cwd(), "env": dict(os.environ)}).encode()
+    header = json.dumps({"argv": argv, "cwd": _cwd(), "env": dict(os.environ), "files": files}).encode()
     try:
-        socket.send_fds(conn, [b"\0" + header + b"\n"], pumps.given)
+        socket.send_fds(conn, [b"\0" + header + b"\n"], [*pumps.given, *opened])
     except OSError as exc:
         sys.stderr.write(f"sandboxer: the service did not take the command ({exc.strerror})\n")
         pumps.given_away()
         pumps.close()
         return SERVICE_FAILED
+    finally:
+        for fd in opened:
+            os.close(fd)
     pumps.given_away()
 
     def pass_on(signum: int, _frame: object) -> None:
@@ -234,6 +244,31 @@ def _copy_until_answer(conn: socket.socket, pumps: Pumps) -> bytes:
                 return answer
             answer += data
     return answer
+
+
+def _open_files(words: tuple[str, ...]) -> tuple[list[dict[str, object]], list[int]]:
+    """Open the files the command line names for the service (CALLER_FILES) as this process
+    may: not following a symlink, not blocking on a FIFO. Each is listed by the name the command
+    line gives it, with its absolute path and the errno of a failed open (0: its descriptor is
+    passed)."""
+    options = CALLER_FILES.get(words[0], ()) if words else ()
+    files: list[dict[str, object]] = []
+    opened: list[int] = []
+    i = 1
+    while i < len(words) and words[i] != "--" and len(files) < MAX_FILES:
+        name, is_option, value = words[i].partition("=")
+        if name in options and not is_option and i + 1 < len(words):
+            value, i = words[i + 1], i + 1
+        i += 1
+        if name not in options or not value:
+            continue
+        error = 0
+        try:
+            opened.append(os.open(value, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC))
+        except OSError as exc:
+            error = exc.errno or errno.EIO
+        files.append({"name": value, "path": os.path.normpath(os.path.join(_cwd(), value)), "errno": error})
+    return files, opened
 
 
 def _cwd() -> str:

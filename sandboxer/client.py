@@ -129,11 +129,20 @@ class Client:
         result: dict[str, Any] = self._request("GET", "/v1/version")
         return result
 
-    def create(self, profile: str, *, ttl: float | None = None) -> ClientSandbox:
-        """A new sandbox from the approved `profile`; the service tears it down after `ttl` seconds."""
+    def create(
+        self, profile: str, *, manifest: str | None = None, bootstrap: str | None = None, ttl: float | None = None
+    ) -> ClientSandbox:
+        """A new sandbox from the approved `profile`; the service tears it down after `ttl` seconds.
+        `bootstrap`: a runtime bootstrap file, read here with this process's rights (owner-only,
+        not a symlink) and sent; `manifest`: a lease manifest, which the service opens itself —
+        so only a service of this process's own account takes one."""
         body: dict[str, Any] = {"profile": profile}
         if ttl is not None:
             body["ttl"] = ttl
+        if manifest is not None:
+            body["manifest"] = os.path.abspath(manifest)
+        if bootstrap is not None:
+            body["bootstrap"] = _sent_bootstrap(bootstrap)
         return ClientSandbox(self, Created.from_json(self._request("POST", "/v1/sandboxes", body)))
 
     def sandbox(self, sandbox_id: str) -> ClientSandbox:
@@ -145,6 +154,17 @@ class Client:
 
     def gc(self) -> GcReport:
         return GcReport.from_json(self._request("POST", "/v1/gc"))
+
+
+def _sent_bootstrap(path: str) -> dict[str, str]:
+    """A bootstrap file as the service takes it from a client: read and checked here as the broker
+    reads one (docs/bootstrap.md; the same errors), its path and base64 bytes."""
+    import base64
+
+    from sandboxer.core import bootstrap
+
+    _, data = bootstrap.load(path)
+    return {"path": os.path.abspath(path), "content": base64.b64encode(data).decode()}
 
 
 class ClientSandbox(SandboxBase):

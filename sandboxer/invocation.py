@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
+    from sandboxer.host.fsutil import CallerFile
     from sandboxer.service.access import Access
 
 
@@ -36,6 +37,7 @@ class Invocation:
     control: int | None = None
     access: Access | None = None  # the service's rules for its caller; None: in-process
     sandboxes: list[str] = field(default_factory=list)  # the sandbox the command named or made (audit)
+    files: Mapping[str, CallerFile] = field(default_factory=dict)  # the client's opens, by the name given
 
 
 _local = threading.local()

@@ -18,8 +18,10 @@ from typer._click.exceptions import UsageError as ClickUsageError
 from typer.core import TyperCommand
 
 from sandboxer.cli.options import (
+    MANIFEST_PATHS,
     JsonOption,
     access,
+    caller_file,
     caller_path,
     debug_of,
     dirs_of,
@@ -53,12 +55,12 @@ def create(
     from sandboxer.commands.create import create as create_sandbox
 
     dirs = dirs_of(ctx)
-    manifest = None if manifest is None else caller_path(manifest, "--manifest")
-    bootstrap = None if bootstrap is None else caller_path(bootstrap, "--bootstrap")
+    manifest = None if manifest is None else caller_path(manifest, "--manifest", why=MANIFEST_PATHS)
+    source = None if bootstrap is None else caller_file(bootstrap, "--bootstrap")
 
     def make(caller_uid: int | None, lifetime: float | None) -> dict[str, Any]:
         return create_sandbox(
-            dirs, profile, manifest_path=manifest, bootstrap_path=bootstrap, ttl=lifetime, caller_uid=caller_uid
+            dirs, profile, manifest_path=manifest, bootstrap=source, ttl=lifetime, caller_uid=caller_uid
         )
 
     rules = access()

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from sandboxer.dirs import Dirs
+from sandboxer.host.fsutil import CallerFile
 from sandboxer.invocation import current
 
 if TYPE_CHECKING:
@@ -59,14 +60,26 @@ def require_owner(what: str) -> None:
         rules.require_owner(what)
 
 
-def caller_path(path: str, what: str) -> str:
+# Why a service takes a lease manifest from its own account only.
+MANIFEST_PATHS = "a lease manifest names host paths the broker binds into the sandbox and later removes"
+
+
+def caller_path(path: str, what: str, *, why: str | None = None) -> str:
     """The path to open for a file the caller named: as given in-process; in the service only
-    for a caller of the service's own account, relative to the client's working directory."""
+    for a caller of the service's own account, relative to the client's working directory
+    (`why`: the reason another account is refused, when it is more than the general rule)."""
     rules = access()
     if rules is None:
         return path
-    rules.require_own_files(what)
+    rules.require_own_files(what, why=why)
     return os.path.join(current().cwd, path)
+
+
+def caller_file(path: str, what: str) -> str | CallerFile:
+    """A file the command reads as it is (never binds or removes): the client's own open of it
+    when it made one (read with the caller's rights, whoever the caller), else caller_path's."""
+    opened = current().files.get(path)
+    return opened if opened is not None else caller_path(path, what)
 
 
 def require_own(sandbox_id: str, unknown: Exception) -> None:

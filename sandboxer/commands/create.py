@@ -19,6 +19,7 @@ MIN_TTL, MAX_TTL = 1, 30 * 24 * 3600  # create --ttl, in seconds
 
 if TYPE_CHECKING:
     from sandboxer.dirs import Dirs
+    from sandboxer.host.fsutil import CallerFile
 
 
 def create(
@@ -26,11 +27,12 @@ def create(
     profile_name: str,
     *,
     manifest_path: str | None = None,
-    bootstrap_path: str | None = None,
+    bootstrap: str | CallerFile | None = None,
     caller_uid: int | None = None,
     ttl: float | None = None,
 ) -> dict[str, Any]:
-    """Create a sandbox from an approved profile (a lease manifest, a runtime bootstrap);
+    """Create a sandbox from an approved profile (a lease manifest by path, a runtime bootstrap
+    by path or as its caller read it);
     nothing is left behind if any step fails. `caller_uid`: the account a service creates it
     for, which alone (with the owners) may use it then. `ttl`: seconds until the service tears
     it down (create --ttl)."""
@@ -38,7 +40,7 @@ def create(
         raise UsageError(f"--ttl: must be between {MIN_TTL} and {MAX_TTL} seconds")
     from sandboxer.core.plan import WORKSPACE_TARGET
 
-    request = CreateRequest(dirs, profile_name, manifest_path, bootstrap_path)
+    request = CreateRequest(dirs, profile_name, manifest_path, bootstrap)
     registry = Registry(dirs.state)
     from sandboxer.commands import warm
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from sandboxer.core.plan import Grants, Plan
     from sandboxer.core.record import SandboxRecord
     from sandboxer.dirs import Dirs
+    from sandboxer.host.fsutil import CallerFile
 
 HOST_LINKS_CANDIDATES = (("/bin", "usr/bin"), ("/lib", "usr/lib"), ("/lib64", "usr/lib64"), ("/sbin", "usr/sbin"))
 HOST_ETC_CANDIDATES = ("/etc/ssl/certs", "/etc/ca-certificates", "/etc/ld.so.cache", "/etc/localtime")
@@ -80,13 +81,15 @@ class CreateRequest:
     """Everything a create checks before anything is made: the approved profile and extension,
     the lease manifest and the runtime bootstrap."""
 
-    def __init__(self, dirs: Dirs, profile_name: str, manifest_path: str | None, bootstrap_path: str | None) -> None:
+    def __init__(
+        self, dirs: Dirs, profile_name: str, manifest_path: str | None, bootstrap: str | CallerFile | None
+    ) -> None:
         self.state_dir = dirs.state
         self.profile_file, self.profile, self.extension = _admit(dirs, profile_name)
         self.backend = backend_name(self.extension)
         repository = self.profile.workspace.repository
         self.assignment = _admit_manifest(dirs, manifest_path, backend=self.backend, repository=repository)
-        self.delivery = _admit_bootstrap(bootstrap_path, self.assignment)
+        self.delivery = _admit_bootstrap(bootstrap, self.assignment)
         image = self.assignment.image if self.assignment is not None else None
         self.image = image or str(self.extension.image)
 
@@ -156,14 +159,14 @@ def deliver_requested(request: CreateRequest, plan: Plan, record: SandboxRecord)
     )
 
 
-def _admit_bootstrap(path: str | None, assignment: Assignment | None) -> tuple[Bootstrap, bytes] | None:
+def _admit_bootstrap(source: str | CallerFile | None, assignment: Assignment | None) -> tuple[Bootstrap, bytes] | None:
     """The runtime bootstrap of a create, read once and checked before anything is made."""
-    if path is None:
+    if source is None:
         return None
     from sandboxer.core import bootstrap
 
-    document, data = bootstrap.load(path)
-    file = os.path.abspath(path)
+    document, data = bootstrap.load(source)
+    file = os.path.abspath(source if isinstance(source, str) else source.path)
     if document.workspace != bootstrap.PUBLIC_WORKSPACE:
         raise PolicyError(f"{file}: workspace: must be {bootstrap.PUBLIC_WORKSPACE}, where the sandbox serves it")
     if assignment is not None:

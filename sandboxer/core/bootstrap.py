@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from sandboxer.core import strictjson
 from sandboxer.core.strictjson import JsonObject
 from sandboxer.errors import DocumentError
-from sandboxer.host.fsutil import UnfitFile, read_owner_only
+from sandboxer.host.fsutil import CallerFile, UnfitFile, read_caller_file
 
 VERSION = "1"
 MAX_BYTES = 16 * 1024
@@ -166,13 +166,13 @@ def clean_absolute(path: str) -> bool:
     return all(part not in (".", "..") for part in path.split("/")[1:])
 
 
-def load(path: str) -> tuple[Bootstrap, bytes]:
-    """Read the bootstrap file once (a regular, owner-only file, not a symlink) and parse it;
-    returns the document and its exact bytes."""
-    absolute = os.path.abspath(path)
+def load(source: str | CallerFile) -> tuple[Bootstrap, bytes]:
+    """Read the bootstrap file once (a regular, owner-only file, not a symlink; or what its
+    caller read of it for a service) and parse it; returns the document and its exact bytes."""
+    absolute = os.path.abspath(source if isinstance(source, str) else source.path)
     try:
         # One more byte than allowed is read, so that parse names the size rule.
-        data, _ = read_owner_only(absolute, MAX_BYTES + 1)
+        data = read_caller_file(absolute if isinstance(source, str) else source, MAX_BYTES + 1)
     except UnfitFile as exc:
         raise BootstrapError(absolute, "", f"the bootstrap file {exc.reason}") from None
     return parse(data, file=absolute), data

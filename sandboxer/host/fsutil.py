@@ -12,6 +12,7 @@ import os
 import stat
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from sandboxer.errors import PolicyError, UsageError
 
@@ -140,27 +141,62 @@ class UnfitFile(Exception):
         self.reason = reason
 
 
+@dataclass(frozen=True, slots=True)
+class CallerFile:
+    """A file its caller read for the broker — a service opens no path on another account's say-so.
+    `path`: the absolute path the caller named (for messages only); then the descriptor the CLI
+    client opened it on, or the bytes an API client read, or the errno of the client's open."""
+
+    path: str
+    fd: int | None = None
+    data: bytes | None = None
+    errno: int = 0
+
+
 def read_owner_only(path: str, limit: int) -> tuple[bytes, os.stat_result]:
     """Read a file once: a regular file, not a symlink, with no group or other permission bits,
     at most `limit` bytes. Raises UnfitFile."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise UnfitFile("is a symlink" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})") from None
+        raise UnfitFile(_unopened(exc.errno or errno.EIO)) from None
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise UnfitFile("must be a regular file")
-        if info.st_mode & 0o077:
-            raise UnfitFile("must be owner-only (no group or other permissions)")
-        chunks, size = [], 0
-        while chunk := os.read(fd, 65536):
-            size += len(chunk)
-            if size > limit:
-                raise UnfitFile(f"is larger than {limit} bytes")
-            chunks.append(chunk)
+        return _read_owner_only(fd, limit)
     finally:
         os.close(fd)
+
+
+def read_caller_file(source: str | CallerFile, limit: int) -> bytes:
+    """read_owner_only of a path, or of a file its caller read: its descriptor is checked the
+    same way (the client opened it without following a symlink); bytes sent have no mode to
+    check, only their size."""
+    if isinstance(source, str):
+        return read_owner_only(source, limit)[0]
+    if source.data is not None:
+        if len(source.data) > limit:
+            raise UnfitFile(f"is larger than {limit} bytes")
+        return source.data
+    if source.fd is None:
+        raise UnfitFile(_unopened(source.errno))
+    return _read_owner_only(source.fd, limit)[0]
+
+
+def _unopened(number: int) -> str:
+    return "is a symlink" if number == errno.ELOOP else f"cannot be read ({os.strerror(number)})"
+
+
+def _read_owner_only(fd: int, limit: int) -> tuple[bytes, os.stat_result]:
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise UnfitFile("must be a regular file")
+    if info.st_mode & 0o077:
+        raise UnfitFile("must be owner-only (no group or other permissions)")
+    chunks, size = [], 0
+    while chunk := os.pread(fd, 65536, size):  # pread: a caller's descriptor is read from its start
+        size += len(chunk)
+        if size > limit:
+            raise UnfitFile(f"is larger than {limit} bytes")
+        chunks.append(chunk)
     return b"".join(chunks), info
 
 

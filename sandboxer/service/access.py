@@ -89,14 +89,17 @@ class Access:
             with _CREATE_LOCK:
                 _CREATING[uid] -= 1
 
-    def require_own_files(self, what: str) -> None:
+    def require_own_files(self, what: str, *, why: str | None = None) -> None:
         """Refuse to open a path this caller named unless the service runs as the caller's own
-        account (a private service, or root's for root)."""
-        if self.peer.uid != os.geteuid():
-            raise PolicyError(
-                f"{what}: the service does not open files for another account",
-                hint="run this command with SANDBOXER_NO_SERVICE=1: it reads the file with your own rights",
-            )
+        account (a private service, or root's for root). `why`: a reason of the file's own."""
+        if self.peer.uid == os.geteuid():
+            return
+        if why is not None:
+            raise PolicyError(f"{what}: {why}: the service takes one from its own account only")
+        raise PolicyError(
+            f"{what}: the service does not open files for another account",
+            hint="run this command with SANDBOXER_NO_SERVICE=1: it reads the file with your own rights",
+        )
 
 
 def admit(dirs: Dirs, sock: socket.socket) -> Access:

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from sandboxer.dirs import Dirs
 from sandboxer.errors import PolicyError, SandboxerError, UsageError
+from sandboxer.host.fsutil import CallerFile
 from sandboxer.host.registry import ID_PATTERN
 from sandboxer.service.access import Access, Refused, admit, visible
 from sandboxer.service.audit import AuditLog
@@ -25,7 +26,7 @@ from sandboxer.service.http import error_response, in_thread, json_body
 
 API_DOCUMENT = Path(__file__).with_name("openapi.json")
 MAX_BODY = 16 * 1024 * 1024  # a request body larger than this is refused (413); exec's stdin is streamed
-CREATE_FIELDS = {"profile", "ttl"}
+CREATE_FIELDS = {"profile", "ttl", "manifest", "bootstrap"}
 DISPATCH_FIELDS = {"lease", "request_id", "wait_seconds"}
 DIGEST_FIELDS = {"path", "full"}
 
@@ -110,21 +111,50 @@ async def list_sandboxes(request: web.Request) -> web.Response:
 
 
 async def create(request: web.Request) -> web.Response:
+    """create: a profile, a TTL, a lease manifest by absolute path (the service's own account
+    only: the broker binds and removes what it names), a bootstrap file as its caller read it."""
+    from sandboxer.cli.options import MANIFEST_PATHS
     from sandboxer.commands.create import create as make
 
     body = await json_body(request, CREATE_FIELDS, {"profile"})
-    profile, ttl = body["profile"], body.get("ttl")
+    profile, ttl, manifest = body["profile"], body.get("ttl"), body.get("manifest")
     if not isinstance(profile, str):
         raise UsageError("profile: must be a profile name")
     if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)):
         raise UsageError("ttl: must be a number of seconds")
+    if manifest is not None and (not isinstance(manifest, str) or not manifest.startswith("/")):
+        raise UsageError("manifest: must be an absolute path")
+    bootstrap = None if body.get("bootstrap") is None else _sent_file(body["bootstrap"], "bootstrap")
     dirs = request.app["dirs"]
     access: Access = request["access"]
-    created = await in_thread(
-        lambda: access.create(profile, ttl, lambda uid, lifetime: make(dirs, profile, caller_uid=uid, ttl=lifetime))
-    )
+    if manifest is not None:
+        access.require_own_files("manifest", why=MANIFEST_PATHS)
+
+    def made(uid: int | None, lifetime: float | None) -> dict[str, Any]:
+        return make(dirs, profile, manifest_path=manifest, bootstrap=bootstrap, caller_uid=uid, ttl=lifetime)
+
+    created = await in_thread(lambda: access.create(profile, ttl, made))
     request["sandbox_id"] = created["id"]
     return web.json_response(created, status=201)
+
+
+def _sent_file(value: object, field: str) -> CallerFile:
+    """A file its caller read and sent: {"path": the absolute path it read (for messages),
+    "content": its bytes in base64}."""
+    import base64
+    import binascii
+
+    if not isinstance(value, dict) or set(value) != {"path", "content"}:
+        raise UsageError(f"{field}: must be an object of exactly path and content")
+    path, content = value["path"], value["content"]
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise UsageError(f"{field}.path: must be an absolute path")
+    if not isinstance(content, str):
+        raise UsageError(f"{field}.content: must be base64 text")
+    try:
+        return CallerFile(path, data=base64.b64decode(content, validate=True))
+    except binascii.Error:
+        raise UsageError(f"{field}.content: must be base64 text") from None
 
 
 def _unknown(request: web.Request) -> SandboxerError:

@@ -3,9 +3,10 @@
 A connection whose first byte is NUL is a CLI client's (an HTTP request starts with a method
 name). Its protocol, one message each way (docs/service.md):
 
-    client → service   NUL, a JSON line {"argv": [...], "cwd": "...", "env": {...}}, with the
-                       client's fds 0, 1 and 2 attached (SCM_RIGHTS); then, while the command
-                       runs, one byte per signal the client received (SIGINT, SIGTERM, SIGHUP)
+    client → service   NUL, a JSON line {"argv": [...], "cwd": "...", "env": {...}, "files":
+                       [...]}, with the client's fds 0, 1 and 2 attached (SCM_RIGHTS), then one
+                       per file it opened for the command; then, while the command runs, one
+                       byte per signal the client received (SIGINT, SIGTERM, SIGHUP)
     service → client   a JSON line {"status": N} once the command has ended, then the end
 
 The service runs the one typer command table (sandboxer.cli) for the client in a worker thread
@@ -29,6 +30,7 @@ from typing import Any, TextIO
 
 from sandboxer.dirs import Dirs
 from sandboxer.errors import UsageError
+from sandboxer.host.fsutil import CallerFile
 from sandboxer.host.registry import ID_PATTERN
 from sandboxer.invocation import Invocation, running
 from sandboxer.service.access import Access, Refused, admit
@@ -38,7 +40,9 @@ from sandboxer.service.peer import Peer
 MAGIC = b"\0"
 MAX_HEADER = 1024 * 1024  # argv, cwd and environment: more than any command line may hold
 HEADER_SECONDS = 10.0  # a client that sends less than its header in this time is dropped
-FIELDS = {"argv", "cwd", "env"}
+FIELDS = {"argv", "cwd", "env"}  # and "files", when the client opened any
+FILE_FIELDS = {"name", "path", "errno"}
+MAX_FILES = 4  # files a command line names for the client to open (create --bootstrap: one)
 SERVICE_FAILED = 125  # a command whose output could not be written: the client says so too
 
 log = logging.getLogger("sandboxer.service")
@@ -83,7 +87,7 @@ def serve_client(conn: socket.socket, serving: Serving) -> None:
         conn.settimeout(None)
         if isinstance(access, Refused):
             status = _refuse(serving.audit, access, fds[2])
-        elif access.peer.uid != os.geteuid() and not all(_is_pipe(fd) for fd in fds):
+        elif access.peer.uid != os.geteuid() and not all(_is_pipe(fd) for fd in fds[:3]):
             # The service writes and reads these with its own rights: for another account, only
             # pipes (the client puts its files and terminal behind pipes itself).
             status = _refuse(serving.audit, StdioRefused(access.peer), fds[2])
@@ -98,16 +102,17 @@ def serve_client(conn: socket.socket, serving: Serving) -> None:
 
 
 def _receive(conn: socket.socket, deadline: float) -> tuple[dict[str, Any], list[int]]:
-    """The client's request and its three descriptors, all of it by `deadline`."""
+    """The client's request and its descriptors (stdin, stdout, stderr and the files it opened),
+    all of it by `deadline`."""
     conn.settimeout(HEADER_SECONDS)
-    data, fds, flags, _ = socket.recv_fds(conn, 65536, 3, socket.MSG_CMSG_CLOEXEC)
+    data, fds, flags, _ = socket.recv_fds(conn, 65536, 3 + MAX_FILES, socket.MSG_CMSG_CLOEXEC)
     if flags & socket.MSG_CTRUNC:
         for fd in fds:
             os.close(fd)
-        raise UsageError("more descriptors than stdin, stdout and stderr were passed")
+        raise UsageError(f"more descriptors than stdio and {MAX_FILES} files were passed")
     try:
-        if len(fds) != 3 or not data.startswith(MAGIC):
-            raise UsageError("a CLI request starts with NUL and passes exactly three descriptors")
+        if len(fds) < 3 or not data.startswith(MAGIC):
+            raise UsageError("a CLI request starts with NUL and passes stdin, stdout and stderr")
         while b"\n" not in data:
             if len(data) > MAX_HEADER:
                 raise UsageError(f"the request is longer than {MAX_HEADER} bytes")
@@ -120,7 +125,7 @@ def _receive(conn: socket.socket, deadline: float) -> tuple[dict[str, Any], list
                 raise UsageError("the client ended its request early")
             data += more
         request = json.loads(data[len(MAGIC) : data.index(b"\n")])  # after it: signals, too early
-        _check(request)
+        _check(request, opened=len(fds) - 3)
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -128,9 +133,14 @@ def _receive(conn: socket.socket, deadline: float) -> tuple[dict[str, Any], list
     return request, fds
 
 
-def _check(request: object) -> None:
-    if not isinstance(request, dict) or set(request) != FIELDS:
-        raise UsageError(f"a CLI request is an object of exactly {sorted(FIELDS)}")
+def _check(request: object, *, opened: int) -> None:
+    if not isinstance(request, dict) or set(request) - {"files"} != FIELDS:
+        raise UsageError(f"a CLI request is an object of {sorted(FIELDS)} and optionally files")
+    files = request.setdefault("files", [])
+    if not isinstance(files, list) or not all(_file_entry(entry) for entry in files):
+        raise UsageError(f"files: must be a list of objects of exactly {sorted(FILE_FIELDS)}")
+    if sum(1 for entry in files if entry["errno"] == 0) != opened:
+        raise UsageError("files: one descriptor is passed for each file opened (errno 0)")
     argv, cwd, env = request["argv"], request["cwd"], request["env"]
     if not isinstance(argv, list) or not all(isinstance(arg, str) for arg in argv):
         raise UsageError("argv: must be a list of strings")
@@ -138,6 +148,29 @@ def _check(request: object) -> None:
         raise UsageError("cwd: must be an absolute path")
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise UsageError("env: must map names to strings")
+
+
+def _file_entry(entry: object) -> bool:
+    """One file the client opened (errno 0) or could not open: {"name", "path", "errno"}."""
+    return (
+        isinstance(entry, dict)
+        and set(entry) == FILE_FIELDS
+        and isinstance(entry["name"], str)
+        and isinstance(entry["path"], str)
+        and os.path.isabs(entry["path"])
+        and type(entry["errno"]) is int
+        and entry["errno"] >= 0
+    )
+
+
+def _files(request: dict[str, Any], fds: list[int]) -> dict[str, CallerFile]:
+    """The files the client opened for the command, by the name its command line gives them;
+    their descriptors follow stdio's, in order."""
+    passed = iter(fds[3:])
+    return {
+        entry["name"]: CallerFile(entry["path"], fd=next(passed) if entry["errno"] == 0 else None, errno=entry["errno"])
+        for entry in request["files"]
+    }
 
 
 def _refuse(audit: AuditLog, refusal: Refused, stderr_fd: int) -> int:
@@ -180,6 +213,7 @@ def _run(conn: socket.socket, serving: Serving, access: Access, request: dict[st
                 stdio=(fds[0], fds[1], fds[2]),
                 control=conn.fileno(),
                 access=access,
+                files=_files(request, fds),
             )
             with running(invocation, stdout, stderr):
                 status = serving.commands.run(list(request["argv"]))
