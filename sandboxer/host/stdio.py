@@ -8,6 +8,7 @@ import os
 import select
 import signal
 import stat
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,34 @@ class Program:
         self.stdin = stdin
         self.output = output
         self.cancelled = cancelled
+
+
+class Watchdog:
+    """An exec's --timeout kept by a timer thread as well as by the exec's own loop: at the
+    deadline it kills the exec (`kill`) even while that loop is blocked handing output to a
+    caller that stopped reading (a program's sink, a client's pipe), so no caller can keep a
+    command past its timeout. `fired`: it killed. A context manager; its end stops the timer
+    (waiting for a kill under way)."""
+
+    def __init__(self, timeout: float | None, kill: Callable[[], None]) -> None:
+        self.fired = False
+        self._kill = kill
+        self._timer = None if timeout is None else threading.Timer(timeout, self._fire)
+
+    def _fire(self) -> None:
+        self.fired = True
+        self._kill()
+
+    def __enter__(self) -> Watchdog:
+        if self._timer is not None:
+            self._timer.daemon = True
+            self._timer.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer.join()
 
 
 class Control:

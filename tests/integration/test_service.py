@@ -837,3 +837,35 @@ def test_concurrent_creates_of_a_caller_stay_within_its_limit(
             owner.sandbox(sandbox_id).teardown()
     finally:
         started.stop()
+
+
+def test_a_client_that_stops_reading_cannot_keep_its_exec_past_its_timeout(sbx_root: SandboxBroker) -> None:
+    """The command floods its output and the client reads none of it, staying connected: the
+    command still ends at its --timeout (the service's queue and the pipes are full, its exec
+    loop blocked handing output on); the client that reads later gets status 124."""
+    started = Service(sbx_root, _socket_dir(sbx_root) / "broker.sock").start()
+    try:
+        sandbox = Client(str(started.socket)).create(sbx_root.profile)
+        marker = f"{7000 + os.getpid() % 1000}.5"
+        options = {"argv": ["sh", "-c", f"sleep {marker} & yes flood"], "timeout": 2}
+        body = json.dumps(options).encode() + b"\n"
+        head = f"POST /v1/sandboxes/{sandbox.id}/exec HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(str(started.socket))
+            sock.sendall(head.encode() + body)
+            assert _running_marker(sbx_root, sandbox.id, f"sleep {marker}")
+            deadline = time.monotonic() + 20
+            while _running_marker(sbx_root, sandbox.id, f"sleep {marker}"):
+                assert time.monotonic() < deadline, "the exec outlived its timeout while its client held on"
+                time.sleep(0.2)
+            answer = b""
+            sock.settimeout(30)
+            while chunk := sock.recv(1 << 20):  # now read it all: the end frame says why it ended
+                answer += chunk
+                if answer.endswith(b"0\r\n\r\n"):
+                    break
+        assert b'{"status": 124}' in answer
+        sandbox.teardown()
+    finally:
+        started.stop()

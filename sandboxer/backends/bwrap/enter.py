@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from sandboxer.errors import ExecUsage
 from sandboxer.host import procs
-from sandboxer.host.stdio import CALLER_GONE, CANCEL_POLL, TIMED_OUT, CallerStdio, Control, Program, Pumps
+from sandboxer.host.stdio import CALLER_GONE, CANCEL_POLL, TIMED_OUT, CallerStdio, Control, Program, Pumps, Watchdog
 
 if TYPE_CHECKING:
     from sandboxer.backends.bwrap import joiner
@@ -146,28 +146,31 @@ def _wait(
     pidfd = os.pidfd_open(started.relay_pid)
     deadline = None if timeout is None else time.monotonic() + timeout
     watched = [control.fd] if control is not None else []
+    # The loop below enforces the deadline too; the watchdog, when output it hands on blocks it.
+    watchdog = Watchdog(timeout, lambda: _kill(exec_group, started.command_pid))
     try:
-        while True:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if cancelled is not None:
-                remaining = CANCEL_POLL if remaining is None else min(remaining, CANCEL_POLL)
-            try:
-                readable, writable, _ = select.select(
-                    [pidfd, *pumps.readers(), *watched], pumps.writers(), [], remaining
-                )
-            except InterruptedError:
-                continue
-            pumps.pump(readable, writable)
-            if pidfd in readable:
-                break
-            if control is not None and control.fd in readable:
-                for signum in control.signals():
-                    forward(signum, None)
-            gone = caller_gone()
-            if gone or (deadline is not None and time.monotonic() >= deadline):
-                _kill(exec_group, started.command_pid)
-                os.waitpid(started.relay_pid, 0)
-                return CALLER_GONE if gone else TIMED_OUT
+        with watchdog:
+            while True:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if cancelled is not None:
+                    remaining = CANCEL_POLL if remaining is None else min(remaining, CANCEL_POLL)
+                try:
+                    readable, writable, _ = select.select(
+                        [pidfd, *pumps.readers(), *watched], pumps.writers(), [], remaining
+                    )
+                except InterruptedError:
+                    continue
+                pumps.pump(readable, writable)
+                if pidfd in readable:
+                    break
+                if control is not None and control.fd in readable:
+                    for signum in control.signals():
+                        forward(signum, None)
+                gone = caller_gone()
+                if gone or (deadline is not None and time.monotonic() >= deadline):
+                    _kill(exec_group, started.command_pid)
+                    os.waitpid(started.relay_pid, 0)
+                    return CALLER_GONE if gone else TIMED_OUT
     finally:
         os.close(pidfd)
         pumps.finish()
@@ -177,6 +180,8 @@ def _wait(
         # running goes too, as when the caller goes first.
         _kill(exec_group, None)
         return CALLER_GONE
+    if watchdog.fired:
+        return TIMED_OUT
     return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
 

@@ -76,6 +76,7 @@ def run(
             timeout=timeout,
             started=started if gated else None,
             cancelled=cancelled,
+            kill=lambda: _kill_docker_exec(exec_id, groups),
         )
         if not finished:
             _kill_docker_exec(exec_id, groups)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from sandboxer.backends.docker.engine import EngineError, frames, hijack, inspect_exec, request
-from sandboxer.host.stdio import CANCEL_POLL
+from sandboxer.host.stdio import CANCEL_POLL, Watchdog
 
 Socket = socket.socket
 
@@ -209,36 +209,34 @@ def run(
     timeout: float | None,
     started: Callable[[], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
+    kill: Callable[[], None] | None = None,
 ) -> bool:
     """Start the exec and stream until it ends; False if `timeout` expired first. What it
     writes goes to `output` (stream 1 or 2, bytes) as it arrives. `started` is called once the
-    exec runs, before any of its output is read."""
+    exec runs, before any of its output is read. `kill` kills what the exec started: when
+    `output` blocks past the deadline (a caller that stopped reading), a watchdog calls it and
+    closes the stream — the Engine, whose writes to it would block, lets the container be."""
     sock, buffer = hijack(f"/exec/{exec_id}/start", json.dumps({"Detach": False, "Tty": False}).encode())
     stop_r, stop_w = os.pipe2(os.O_CLOEXEC)
     pump = threading.Thread(target=_pump_stdin, args=(sock, stdin, stop_r), daemon=True)
+
+    def overdue() -> None:
+        if kill is not None:
+            kill()
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+    watchdog = Watchdog(timeout, overdue)
     try:
         if started is not None:
             started()
         pump.start()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            ready_frames, buffer = frames(buffer)
-            for stream, payload in ready_frames:
-                output(stream, payload)
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if (remaining is not None and remaining <= 0) or (cancelled is not None and cancelled()):
-                return False
-            if cancelled is not None:
-                remaining = CANCEL_POLL if remaining is None else min(remaining, CANCEL_POLL)
-            ready, _, _ = select.select([sock], [], [], remaining)
-            if not ready:
-                continue
-            data = sock.recv(65536)
-            if not data:
-                if buffer:
-                    raise EngineError("the Engine closed the stream in the middle of a frame")
-                return True
-            buffer += data
+        with watchdog:
+            return _stream(sock, buffer, output, timeout, cancelled) and not watchdog.fired
+    except (OSError, EngineError):
+        if watchdog.fired:
+            return False  # the watchdog closed the stream under it
+        raise
     finally:
         os.write(stop_w, b"x")
         if pump.is_alive():
@@ -248,6 +246,35 @@ def run(
         os.close(stop_r)
         os.close(stop_w)
         sock.close()
+
+
+def _stream(
+    sock: socket.socket,
+    buffer: bytes,
+    output: Callable[[int, bytes], None],
+    timeout: float | None,
+    cancelled: Callable[[], bool] | None,
+) -> bool:
+    """Hand the exec's output on until its end (True) or its deadline or cancellation (False)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        ready_frames, buffer = frames(buffer)
+        for stream, payload in ready_frames:
+            output(stream, payload)
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if (remaining is not None and remaining <= 0) or (cancelled is not None and cancelled()):
+            return False
+        if cancelled is not None:
+            remaining = CANCEL_POLL if remaining is None else min(remaining, CANCEL_POLL)
+        ready, _, _ = select.select([sock], [], [], remaining)
+        if not ready:
+            continue
+        data = sock.recv(65536)
+        if not data:
+            if buffer:
+                raise EngineError("the Engine closed the stream in the middle of a frame")
+            return True
+        buffer += data
 
 
 def capture(container: str, argv: list[str], *, env: dict[str, str], user: str, cwd: str = "/") -> bytes:
