@@ -15,6 +15,7 @@ and the same directories.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -36,7 +37,7 @@ from sandboxer.results import (
     Stream,
     owner_entries,
 )
-from sandboxer.verbs import SandboxBase
+from sandboxer.verbs import SandboxBase, Stdin
 
 __all__ = ["Broker", "ExecStream", "Owner", "Sandbox"]
 
@@ -112,7 +113,7 @@ class Sandbox(SandboxBase):
         self,
         argv: Sequence[str],
         *,
-        stdin: bytes = b"",
+        stdin: Stdin = b"",
         cwd: str | None = None,
         timeout: float | None = None,
         consumer: str | None = None,
@@ -135,7 +136,7 @@ class Sandbox(SandboxBase):
         self,
         argv: Sequence[str],
         *,
-        stdin: bytes = b"",
+        stdin: Stdin = b"",
         cwd: str | None = None,
         timeout: float | None = None,
         consumer: str | None = None,
@@ -144,8 +145,15 @@ class Sandbox(SandboxBase):
         """Run `argv` and yield its output as it comes: ("stdout" | "stderr", bytes) pairs; the
         exit status is the stream's `.status` once the iteration has ended."""
         return ExecStream(
-            lambda sink: self._execute(
-                argv, sink, stdin=stdin, cwd=cwd, timeout=timeout, consumer=consumer, executable=executable
+            lambda sink, cancelled: self._execute(
+                argv,
+                sink,
+                stdin=stdin,
+                cwd=cwd,
+                timeout=timeout,
+                consumer=consumer,
+                executable=executable,
+                cancelled=cancelled,
             )
         )
 
@@ -154,14 +162,17 @@ class Sandbox(SandboxBase):
         argv: Sequence[str],
         sink: ExecSink,
         *,
-        stdin: bytes,
+        stdin: Stdin,
         cwd: str | None,
         timeout: float | None,
         consumer: str | None,
         executable: str | None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> int:
         """The CLI's exec with pipes for stdio: its broker failures (status 125) raise ExecError;
-        a command it cannot start ends with the CLI's status and line on stderr."""
+        a command it cannot start ends with the CLI's status and line on stderr. A binary file as
+        `stdin` is fed to the command through a pipe as it reads; `cancelled` saying yes kills
+        the exec (status 137)."""
         from sandboxer.commands import execute
         from sandboxer.errors import ExecUsage
         from sandboxer.host.stdio import Program
@@ -174,13 +185,14 @@ class Sandbox(SandboxBase):
                 options[name] = value
         if timeout is not None:
             options["timeout"] = repr(float(timeout))
-        try:
-            return execute.execute(self.broker.dirs, options, list(argv), Program(stdin, sink))
-        except ExecUsage as exc:
-            raise ExecError(str(exc)) from None
-        except EntryError as exc:
-            sink("stderr", f"sandboxer: exec: {exc.message}\n".encode())
-            return exc.status
+        with fed(stdin) as source:
+            try:
+                return execute.execute(self.broker.dirs, options, list(argv), Program(source, sink, cancelled))
+            except ExecUsage as exc:
+                raise ExecError(str(exc)) from None
+            except EntryError as exc:
+                sink("stderr", f"sandboxer: exec: {exc.message}\n".encode())
+                return exc.status
 
     def inspect(self) -> Evidence:
         """The live sandbox observed against its plan (inspect --json)."""
@@ -215,21 +227,54 @@ class Sandbox(SandboxBase):
         return receipt
 
 
+@contextlib.contextmanager
+def fed(stdin: Stdin) -> Iterator[bytes | int]:
+    """An exec's input as the core takes it: bytes as they are; a binary file through a pipe that
+    a thread fills from it as the command reads (the pipe is closed after the exec, which ends the
+    thread if the command stopped reading)."""
+    if isinstance(stdin, bytes):
+        yield stdin
+        return
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+
+    def copy() -> None:
+        read = getattr(stdin, "read1", stdin.read)  # what is there: a pipe's input goes on as it comes
+        try:
+            while chunk := read(1 << 16):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(write_end, view) :]
+        except OSError:
+            pass  # the command stopped reading, and the exec ended
+        finally:
+            os.close(write_end)
+
+    feeder = threading.Thread(target=copy, name="sandboxer-exec-stdin", daemon=True)
+    feeder.start()
+    try:
+        yield read_end
+    finally:
+        os.close(read_end)
+        feeder.join()
+
+
 class ExecStream:
     """An exec's output as an iterator of ("stdout" | "stderr", bytes); `.status` is its exit
-    status once the iteration has ended. The exec runs in a thread of its own meanwhile."""
+    status once the iteration has ended. The exec runs in a thread of its own meanwhile; leaving
+    the iteration early kills it (as the service does when its client stops listening)."""
 
-    def __init__(self, run: Callable[[ExecSink], int]) -> None:
+    def __init__(self, run: Callable[[ExecSink, Callable[[], bool]], int]) -> None:
         self._run = run
         self.status: int | None = None
 
     def __iter__(self) -> Iterator[tuple[Stream, bytes]]:
         chunks: queue.Queue[tuple[Stream, bytes] | None] = queue.Queue()
         failure: list[BaseException] = []
+        left = threading.Event()  # the iteration ended before the exec did
 
         def work() -> None:
             try:
-                self.status = self._run(lambda stream, chunk: chunks.put((stream, chunk)))
+                self.status = self._run(lambda stream, chunk: chunks.put((stream, chunk)), left.is_set)
             except BaseException as exc:  # handed to the iterating thread
                 failure.append(exc)
             finally:
@@ -237,9 +282,12 @@ class ExecStream:
 
         worker = threading.Thread(target=work, name="sandboxer-exec", daemon=True)
         worker.start()
-        while (item := chunks.get()) is not None:
-            yield item
-        worker.join()
+        try:
+            while (item := chunks.get()) is not None:
+                yield item
+        finally:
+            left.set()  # no effect once the exec has ended
+            worker.join()
         if failure:
             raise failure[0]
 

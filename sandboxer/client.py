@@ -38,7 +38,7 @@ from sandboxer.results import (
     owner_entries,
 )
 from sandboxer.service import frames
-from sandboxer.verbs import SandboxBase
+from sandboxer.verbs import SandboxBase, Stdin
 
 __all__ = ["Client", "ClientExecStream", "ClientOwner", "ClientSandbox"]
 
@@ -178,18 +178,19 @@ class ClientSandbox(SandboxBase):
         self,
         argv: Sequence[str],
         *,
-        stdin: bytes = b"",
+        stdin: Stdin = b"",
         cwd: str | None = None,
         timeout: float | None = None,
         consumer: str | None = None,
         executable: str | None = None,
     ) -> ClientExecStream:
-        """Run `argv` and yield its output as it arrives; `.status` once the iteration ended."""
+        """Run `argv` and yield its output as it arrives; `.status` once the iteration ended.
+        Leaving the iteration early closes the connection, and the service kills the exec."""
         options: dict[str, Any] = {"argv": list(argv)}
         for name, value in (("cwd", cwd), ("timeout", timeout), ("consumer", consumer), ("executable", executable)):
             if value is not None:
                 options[name] = value
-        return ClientExecStream(self.client, self.id, json.dumps(options).encode() + b"\n" + stdin)
+        return ClientExecStream(self.client, self.id, json.dumps(options).encode() + b"\n", stdin)
 
     def inspect(self) -> Evidence:
         return Evidence.from_json(self.client._request("GET", f"/v1/sandboxes/{self.id}"))
@@ -237,10 +238,11 @@ class ClientOwner:
 class ClientExecStream:
     """An exec's frames as ("stdout" | "stderr", bytes) pairs; `.status` at the end."""
 
-    def __init__(self, client: Client, sandbox_id: str, body: bytes) -> None:
+    def __init__(self, client: Client, sandbox_id: str, options: bytes, stdin: Stdin) -> None:
         self._client = client
         self._path = f"/v1/sandboxes/{sandbox_id}/exec"
-        self._body = body
+        self._options = options  # the body's first line
+        self._stdin = stdin
         self.status: int | None = None
 
     def __iter__(self) -> Iterator[tuple[Stream, bytes]]:
@@ -250,11 +252,16 @@ class ClientExecStream:
         try:
             try:
                 connection.putrequest("POST", self._path)
-                connection.putheader("Content-Length", str(len(self._body)))
+                if isinstance(self._stdin, bytes):
+                    connection.putheader("Content-Length", str(len(self._options) + len(self._stdin)))
+                else:  # a stream of unknown length
+                    connection.putheader("Transfer-Encoding", "chunked")
                 connection.endheaders()
                 # The body (the command's stdin) goes in while the output comes out: a command
                 # that writes before it has read all its input would otherwise wait on us forever.
-                sender = threading.Thread(target=_send_all, args=(connection.sock, self._body), daemon=True)
+                sender = threading.Thread(
+                    target=_send_body, args=(connection.sock, self._options, self._stdin), daemon=True
+                )
                 sender.start()
                 response = connection.getresponse()
             except OSError as exc:
@@ -285,7 +292,17 @@ class ClientExecStream:
         self.status = int(document["status"])
 
 
-def _send_all(sock: socketlib.socket, data: bytes) -> None:
-    """Send a request body (an exec's stdin) on its own thread; a closed connection ends it."""
+def _send_body(sock: socketlib.socket, options: bytes, stdin: Stdin) -> None:
+    """Send an exec's body — its options line, then its stdin — on its own thread: bytes as they
+    are, a binary file read to its end in chunks (chunked transfer encoding). A closed connection
+    ends it."""
     with contextlib.suppress(OSError):
-        sock.sendall(data)
+        if isinstance(stdin, bytes):
+            sock.sendall(options + stdin)
+            return
+        read = getattr(stdin, "read1", stdin.read)  # what is there: a pipe's input goes on as it comes
+        chunk = options
+        while chunk:
+            sock.sendall(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+            chunk = read(1 << 16)
+        sock.sendall(b"0\r\n\r\n")

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from types import TracebackType
-from typing import Protocol, Self
+from typing import BinaryIO, Protocol, Self
 
 from sandboxer.results import Created, ExecResult, Receipt, Stream
+
+# An exec's stdin: all of it, or a binary file read to its end as the command runs (a pipe, a
+# file, a socket: put's tar stream).
+Stdin = bytes | BinaryIO
 
 
 class OutputStream(Protocol):
@@ -42,7 +46,7 @@ class SandboxBase:
         self,
         argv: Sequence[str],
         *,
-        stdin: bytes = b"",
+        stdin: Stdin = b"",
         cwd: str | None = None,
         timeout: float | None = None,
         consumer: str | None = None,
@@ -60,7 +64,7 @@ class SandboxBase:
         self,
         argv: Sequence[str],
         *,
-        stdin: bytes = b"",
+        stdin: Stdin = b"",
         cwd: str | None = None,
         timeout: float | None = None,
         consumer: str | None = None,
@@ -85,4 +89,4 @@ class SandboxBase:
         regular files and directories only (sandboxer.transfer)."""
         from sandboxer.transfer import get
 
-        get(self.exec, source, destination)
+        get(self.exec_stream, source, destination)

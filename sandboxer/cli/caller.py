@@ -25,6 +25,7 @@ from sandboxer.cli.options import (
     caller_path,
     debug_of,
     dirs_of,
+    interrupted,
     made_sandbox,
     require_own,
     require_owner,
@@ -66,6 +67,11 @@ def create(
     rules = access()
     result = make(None, ttl) if rules is None else rules.create(profile, ttl, make)
     made_sandbox(result["id"])
+    if interrupted():  # Ctrl-C at a client of the service: as in-process, no sandbox is left
+        from sandboxer.commands.teardown import teardown
+
+        teardown(dirs, result["id"])
+        raise typer.Abort
     print_result(result, result["id"], json)
 
 

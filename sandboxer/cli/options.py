@@ -91,6 +91,18 @@ def require_own(sandbox_id: str, unknown: Exception) -> None:
         invocation.access.require_own(sandbox_id, unknown)
 
 
+def interrupted() -> bool:
+    """In the service: whether the client passed on a signal (its Ctrl-C) or went away while the
+    command ran. In-process the signal interrupts the command itself (KeyboardInterrupt)."""
+    from sandboxer.host.stdio import Control
+
+    control = current().control
+    if control is None:
+        return False
+    client = Control(control)
+    return bool(client.signals()) or client.gone
+
+
 def made_sandbox(sandbox_id: str) -> None:
     """The sandbox a command made, for its audit line."""
     current().sandboxes.append(sandbox_id)

@@ -692,6 +692,42 @@ def test_put_and_get_copy_files_and_directories_as_the_sandbox_user(
                 sandbox.get("/workspace/single.txt", str(tmp_path / "single.txt"))  # never overwrites
             with pytest.raises(UsageError):
                 sandbox.put(str(tree), "relative/path")
+
+            # Streams both ways: past the service's 16 MiB body limit, never held whole.
+            big = tmp_path / "big.bin"
+            big.write_bytes(os.urandom(1 << 20) * 40)
+            sandbox.put(str(big), "/workspace/big.bin")
+            sandbox.get("/workspace/big.bin", str(tmp_path / "big-back.bin"))
+            assert (tmp_path / "big-back.bin").read_bytes() == big.read_bytes()
+            with pytest.raises(UsageError) as missing:
+                sandbox.get("/workspace/no-such", str(tmp_path / "none"))
+            assert missing.value.message.startswith("get: /workspace/no-such: tar in the sandbox failed (tar:")
+            assert not (tmp_path / "none").exists()
+    finally:
+        if started:
+            started.stop()
+
+
+@pytest.mark.parametrize("front", ["embedded", "client"])
+def test_leaving_an_exec_stream_early_kills_the_exec(sbx_root: SandboxBroker, front: str) -> None:
+    """Embedded and through the service alike: a program that stops listening stops the command."""
+    started = Service(sbx_root, _socket_dir(sbx_root) / "broker.sock").start() if front == "client" else None
+    try:
+        broker = (
+            Client(str(started.socket))
+            if started
+            else Broker(config_dir=str(sbx_root.config), state_dir=str(sbx_root.state))
+        )
+        with broker.create(sbx_root.profile) as sandbox:
+            marker = f"{8000 + os.getpid() % 1000}.5"
+            stream = sandbox.exec_stream(["sh", "-c", f"sleep {marker} & yes flood"])
+            for kind, chunk in stream:
+                assert (kind, chunk[:6]) == ("stdout", b"flood\n")
+                break
+            deadline = time.monotonic() + 10
+            while _running_marker(sbx_root, sandbox.id, f"sleep {marker}"):
+                assert time.monotonic() < deadline, "the exec outlived the iteration that left it"
+                time.sleep(0.2)
     finally:
         if started:
             started.stop()

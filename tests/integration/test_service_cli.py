@@ -142,6 +142,29 @@ def test_a_signal_to_the_client_reaches_the_exec_as_in_process(served: SandboxBr
     assert through == ((3, b"caught\n") if served.backend == "bwrap" else (130, b""))
 
 
+def test_ctrl_c_during_a_create_through_the_service_leaves_no_sandbox(served: SandboxBroker) -> None:
+    """As in-process: "interrupted", status 130, and nothing made is left (the service finishes
+    the create it started, then tears it down)."""
+    registry = served.state / "sandboxes"
+    before = set(os.listdir(registry)) if registry.is_dir() else set()
+    process = subprocess.Popen(
+        served.argv("create", "--profile", served.profile),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=served.env(),
+    )
+    deadline = time.monotonic() + 30
+    while not (set(os.listdir(registry)) - before if registry.is_dir() else set()):  # the create is under way
+        assert time.monotonic() < deadline, "no create began"
+        assert process.poll() is None, "the create ended before it began"
+        time.sleep(0.005)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert (process.returncode, out, err) == (130, b"", b"sandboxer: interrupted\n")
+    assert json.loads(served.run("list", "--json").stdout) == {"sandboxes": []}
+    assert ("cli create", 130) in audited(served)
+
+
 def test_an_exec_whose_client_is_killed_is_killed_with_all_it_started(served: SandboxBroker) -> None:
     sandbox_id = served.create()
     marker = f"{8000 + os.getpid() % 1000}.5"
