@@ -102,6 +102,32 @@ class Access:
         )
 
 
+CALLS_PER_CALLER = 32  # requests one account (not root, not the service's) may have under way at once
+
+
+class CallerSlots:
+    """Requests under way by account — CLI commands and HTTP requests together — so that no one
+    account but root and the service's own can take every worker: at most CALLS_PER_CALLER at
+    once. Used from the service's event loop only."""
+
+    def __init__(self) -> None:
+        self._running: dict[int, int] = {}
+
+    def take(self, uid: int) -> bool:
+        """One more request of `uid`, unless it has its limit under way already."""
+        if uid in (0, os.geteuid()):
+            return True
+        if self._running.get(uid, 0) >= CALLS_PER_CALLER:
+            return False
+        self._running[uid] = self._running.get(uid, 0) + 1
+        return True
+
+    def give(self, uid: int) -> None:
+        """A request of `uid` that take() let in has ended."""
+        if uid not in (0, os.geteuid()):
+            self._running[uid] -= 1
+
+
 def admit(dirs: Dirs, sock: socket.socket) -> Access:
     """The access of the process at the other end of `sock`: an owner's, or a granted caller's;
     PolicyError for anyone else."""

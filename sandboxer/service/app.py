@@ -9,7 +9,9 @@ the CLI's exit status and an HTTP status for it. Exec answers with a stream of f
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +21,11 @@ from sandboxer.dirs import Dirs
 from sandboxer.errors import PolicyError, SandboxerError, UsageError
 from sandboxer.host.fsutil import CallerFile
 from sandboxer.host.registry import ID_PATTERN
-from sandboxer.service.access import Access, Refused, admit, visible
+from sandboxer.service.access import CALLS_PER_CALLER, Access, CallerSlots, Refused, admit, visible
 from sandboxer.service.audit import AuditLog
 from sandboxer.service.exec_route import exec_command
-from sandboxer.service.http import error_response, in_thread, json_body
+from sandboxer.service.http import error_document, error_response, in_thread, json_body
+from sandboxer.service.peer import peer_of
 
 API_DOCUMENT = Path(__file__).with_name("openapi.json")
 MAX_BODY = 16 * 1024 * 1024  # a request body larger than this is refused (413); exec's stdin is streamed
@@ -33,14 +36,26 @@ DIGEST_FIELDS = {"path", "full"}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def make_app(dirs: Dirs) -> web.Application:
-    """The application for one config dir and state dir."""
+def make_app(dirs: Dirs, *, workers: Executor, slots: CallerSlots) -> web.Application:
+    """The application for one config dir and state dir. `workers` runs execs (for as long as
+    their commands run); `slots` is each account's share of the requests under way, shared with
+    the CLI clients."""
 
     @web.middleware
     async def callers(request: web.Request, handler: Handler) -> web.StreamResponse:
         sock = request.transport.get_extra_info("socket") if request.transport else None
         if sock is None:
             return error_response(PolicyError("the caller's credentials cannot be read"))
+        uid = peer_of(sock).uid
+        if not slots.take(uid):
+            busy = PolicyError(f"uid {uid} has {CALLS_PER_CALLER} requests under way (the service's limit per caller)")
+            return web.json_response({"error": error_document(busy)}, status=429)
+        try:
+            return await admitted(request, handler, sock)
+        finally:
+            slots.give(uid)
+
+    async def admitted(request: web.Request, handler: Handler, sock: socket.socket) -> web.StreamResponse:
         try:
             access = await in_thread(admit, dirs, sock)
         except Refused as refusal:
@@ -76,6 +91,13 @@ def make_app(dirs: Dirs) -> web.Application:
     app["dirs"] = dirs
     app["audit"] = audit
     app["execs"] = set()  # each running exec's `gone`: set when the service stops (serve.py)
+    app["workers"] = workers
+    _add_routes(app)
+    return app
+
+
+def _add_routes(app: web.Application) -> None:
+    """The API's routes (openapi.json lists them), each named for the audit log."""
     app.router.add_get("/v1/version", version, name="version")
     app.router.add_get("/v1/openapi.json", openapi, name="openapi")
     app.router.add_get("/v1/sandboxes", list_sandboxes, name="list")
@@ -89,7 +111,6 @@ def make_app(dirs: Dirs) -> web.Application:
     app.router.add_post("/v1/owner/approve", owner_approve, name="ext-approve")
     app.router.add_post("/v1/owner/revoke", owner_revoke, name="ext-revoke")
     app.router.add_post("/v1/runtime/digest", runtime_digest, name="runtime-digest")
-    return app
 
 
 async def version(request: web.Request) -> web.Response:

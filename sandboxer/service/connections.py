@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 import sys
 import time
+from concurrent.futures import Executor
 from typing import Any
 
+from sandboxer.service.access import CallerSlots
 from sandboxer.service.cliserver import Serving, serve_client
 from sandboxer.service.peer import peer_of
 
 FIRST_BYTE_SECONDS = 10.0  # a connection that says nothing this long is closed
 ACCEPT_RETRY = 0.5  # seconds before accepting again after accept() failed
-CLIENTS_PER_CALLER = 32  # CLI commands one account (not root, not the service's) may run at once
 
 
 class Activity:
@@ -42,13 +42,23 @@ class Activity:
 class Connections:
     """Accepts on the listener until stopped; knows the CLI clients whose commands run."""
 
-    def __init__(self, listener: socket.socket, http: Any, serving: Serving, activity: Activity) -> None:
+    def __init__(
+        self,
+        listener: socket.socket,
+        http: Any,
+        serving: Serving,
+        *,
+        activity: Activity,
+        slots: CallerSlots,
+        workers: Executor,
+    ) -> None:
         self.listener = listener
         self.http = http  # aiohttp's protocol factory (AppRunner.server)
         self.serving = serving
         self.activity = activity
+        self.slots = slots  # shared with the HTTP API: one limit per account
+        self.workers = workers  # the pool that runs commands (as long as they take)
         self.clients: set[socket.socket] = set()
-        self.per_uid: dict[int, int] = {}  # CLI clients being served, by account
         self.tasks: set[asyncio.Task[None]] = set()
 
     async def accept(self) -> None:
@@ -76,22 +86,20 @@ class Connections:
             conn.close()
 
     async def _cli(self, conn: socket.socket) -> None:
-        """A CLI client's command, in a worker thread — at most CLIENTS_PER_CALLER at once for any
-        account but root and the service's own, so that one caller cannot take every worker."""
+        """A CLI client's command, in a worker thread — within its account's share (CallerSlots);
+        a client past it is closed at once (it says the service went away, status 125)."""
         uid = peer_of(conn).uid
-        limited = uid not in (0, os.geteuid())
-        if limited and self.per_uid.get(uid, 0) >= CLIENTS_PER_CALLER:
+        if not self.slots.take(uid):
             conn.close()
             return
-        self.per_uid[uid] = self.per_uid.get(uid, 0) + 1
         self.activity.begin()
         self.clients.add(conn)
         try:
-            await asyncio.get_running_loop().run_in_executor(None, serve_client, conn, self.serving)
+            await asyncio.get_running_loop().run_in_executor(self.workers, serve_client, conn, self.serving)
         finally:
             self.clients.discard(conn)
             self.activity.end()
-            self.per_uid[uid] -= 1
+            self.slots.give(uid)
 
     async def close(self) -> None:
         """Stop: a running exec sees its client gone and ends; other commands finish."""

@@ -74,7 +74,7 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
             os.close(stdin_r)  # input the command never read is refused from now on
             put(None)
 
-    done = loop.run_in_executor(None, run)
+    done = loop.run_in_executor(request.app["workers"], run)  # as long as the command runs
     try:
         await _relay(request, response, chunks, gone)
     except BaseException:  # the request was cancelled: the exec ends too

@@ -30,7 +30,8 @@ from sandboxer.service.cliserver import CommandTable, Serving
 
 LOCK_FILE = "service.lock"
 SHUTDOWN_GRACE = 5.0  # seconds open requests get to finish after SIGTERM; then they are cancelled
-WORKERS = 256  # requests the service works on at once (each exec holds one while it runs)
+WORKERS = 256  # commands the service runs at once: CLI commands and execs, each as long as it runs
+SHORT_WORKERS = 64  # the other requests' blocking steps (admission, create, inspect, ...) at once
 
 
 def default_socket(dirs: Dirs) -> str:
@@ -124,11 +125,17 @@ def _answers(path: str) -> bool:
 async def _run(dirs: Dirs, listener: socket.socket, idle_exit: float | None, lock: int, commands: CommandTable) -> None:
     from aiohttp import web
 
+    from sandboxer.service.access import CallerSlots
     from sandboxer.service.app import Handler, make_app
     from sandboxer.service.connections import Activity, Connections
     from sandboxer.service.lifetimes import REAP_EVERY, reap
 
-    app = make_app(dirs)
+    # Commands run as long as they take (an exec as long as its command): they have a pool of
+    # their own, so that however many run, admission, the other requests and the reaper go on.
+    workers = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="sandboxer-command")
+    reaper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandboxer-reaper")
+    slots = CallerSlots()
+    app = make_app(dirs, workers=workers, slots=slots)
     activity = Activity()
 
     @web.middleware
@@ -141,14 +148,12 @@ async def _run(dirs: Dirs, listener: socket.socket, idle_exit: float | None, loc
 
     app.middlewares.insert(0, idle_clock)
     install_thread_streams()  # a CLI client's command prints on the client's own descriptors
-    # Every command runs in a worker thread, an exec for as long as its command runs: the default
-    # pool (a handful of threads on a small machine) would let a few long execs starve the rest.
     loop = asyncio.get_running_loop()
-    loop.set_default_executor(ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="sandboxer"))
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=SHORT_WORKERS, thread_name_prefix="sandboxer"))
     runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=SHUTDOWN_GRACE)
     await runner.setup()
     serving = Serving(dirs=dirs, audit=app["audit"], commands=commands)
-    connections = Connections(listener, runner.server, serving, activity)
+    connections = Connections(listener, runner.server, serving, activity=activity, slots=slots, workers=workers)
     acceptor = asyncio.create_task(connections.accept())
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -159,7 +164,7 @@ async def _run(dirs: Dirs, listener: socket.socket, idle_exit: float | None, loc
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=REAP_EVERY)
-            await loop.run_in_executor(None, reap, dirs, app["audit"])
+            await loop.run_in_executor(reaper, reap, dirs, app["audit"])
             if idle_exit is not None and activity.idle_for() > idle_exit:
                 sys.stderr.write("sandboxer: idle, exiting\n")
                 break
@@ -172,4 +177,6 @@ async def _run(dirs: Dirs, listener: socket.socket, idle_exit: float | None, loc
             gone.set()
         await connections.close()
         await runner.cleanup()
+        workers.shutdown(wait=False)
+        reaper.shutdown(wait=False)
     sys.stderr.write("sandboxer: stopped; live sandboxes keep running\n")

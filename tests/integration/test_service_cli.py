@@ -462,3 +462,50 @@ def test_one_account_cannot_take_every_worker(served: SandboxBroker) -> None:
         if holder.poll() is None:
             holder.kill()
             holder.communicate()
+
+
+SHARED_LIMIT = """
+import http.client, json, socket, sys, time
+path = sys.argv[1]
+
+def version():
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(path)
+    conn.sendall(b"GET /v1/version HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")
+    response = http.client.HTTPResponse(conn)
+    response.begin()
+    status = [response.status, json.loads(response.read())]
+    conn.close()
+    return status
+
+held = []
+for _ in range(32):
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(path)
+    socket.send_fds(conn, [b"\\0{"], [0, 1, 2])  # a CLI request that never goes on
+    held.append(conn)
+busy = version()
+for conn in held:
+    conn.close()
+for _ in range(100):  # the service sees them end
+    later = version()
+    if later[0] != 429:
+        break
+    time.sleep(0.05)
+print(json.dumps([busy, later]))
+"""
+
+
+def test_one_accounts_share_counts_its_cli_commands_and_http_requests_together(served: SandboxBroker) -> None:
+    """32 stalled CLI requests of one account: its HTTP request is refused at once (429); once
+    they end, it is answered again (here: refused as not granted, 403)."""
+    uid = str(UNPRIVILEGED_UID)
+    argv = ["setpriv", "--reuid", uid, "--regid", uid, "--clear-groups", "--", sys.executable, "-c", SHARED_LIMIT]
+    done = subprocess.run(
+        [*argv, str(served.state / "broker.sock")], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    busy, later = json.loads(done.stdout)
+    assert busy[0] == 429
+    assert busy[1]["error"]["message"] == f"uid {uid} has 32 requests under way (the service's limit per caller)"
+    assert later[0] == 403
