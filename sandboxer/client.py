@@ -216,6 +216,14 @@ class ClientOwner:
     def __init__(self, client: Client) -> None:
         self.client = client
 
+    def check(self, path: str) -> dict[str, object]:
+        """Validate one owner file; its normalized meaning (ConfigError, 2, when invalid). Read in
+        this process, with its own rights, as `sandboxer ext check` does: it needs nothing of the
+        service's."""
+        from sandboxer.commands.owner import check
+
+        return check(path)
+
     def approve(self, name: str) -> Approval:
         """Approve the exact current bytes of an extension config, a profile or grants."""
         return Approval.from_json(self.client._request("POST", "/v1/owner/approve", {"name": name}))
