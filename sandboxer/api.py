@@ -37,7 +37,7 @@ from sandboxer.results import (
     Stream,
     owner_entries,
 )
-from sandboxer.verbs import SandboxBase, Stdin
+from sandboxer.verbs import InputChunks, SandboxBase, Stdin
 
 __all__ = ["Broker", "ExecStream", "Owner", "Sandbox"]
 
@@ -236,11 +236,11 @@ def fed(stdin: Stdin) -> Iterator[bytes | int]:
         yield stdin
         return
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    chunks = InputChunks(stdin)
 
     def copy() -> None:
-        read = getattr(stdin, "read1", stdin.read)  # what is there: a pipe's input goes on as it comes
         try:
-            while chunk := read(1 << 16):
+            for chunk in chunks:
                 view = memoryview(chunk)
                 while view:
                     view = view[os.write(write_end, view) :]
@@ -254,8 +254,12 @@ def fed(stdin: Stdin) -> Iterator[bytes | int]:
     try:
         yield read_end
     finally:
-        os.close(read_end)
+        os.close(read_end)  # a feeder writing ends (EPIPE) ...
+        chunks.stop()  # ... and one waiting for the caller's input
         feeder.join()
+        chunks.close()
+    if chunks.failure is not None:
+        raise chunks.failure  # the command ran on the input read before it
 
 
 class ExecStream:

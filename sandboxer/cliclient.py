@@ -264,7 +264,7 @@ def _open_files(words: tuple[str, ...]) -> tuple[list[dict[str, object]], list[i
             continue
         error = 0
         try:
-            opened.append(os.open(value, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC))
+            opened.append(os.open(value, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC))
         except OSError as exc:
             error = exc.errno or errno.EIO
         files.append({"name": value, "path": os.path.normpath(os.path.join(_cwd(), value)), "errno": error})

@@ -38,7 +38,7 @@ from sandboxer.results import (
     owner_entries,
 )
 from sandboxer.service import frames
-from sandboxer.verbs import SandboxBase, Stdin
+from sandboxer.verbs import InputChunks, SandboxBase, Stdin
 
 __all__ = ["Client", "ClientExecStream", "ClientOwner", "ClientSandbox"]
 
@@ -256,21 +256,15 @@ class ClientExecStream:
     def __iter__(self) -> Iterator[tuple[Stream, bytes]]:
         connection = _UnixConnection(self._client.socket, None)  # an exec takes as long as it takes
         response: http.client.HTTPResponse | None = None
-        sender: threading.Thread | None = None
+        body = _Body(self._options, self._stdin)
         try:
             try:
                 connection.putrequest("POST", self._path)
-                if isinstance(self._stdin, bytes):
-                    connection.putheader("Content-Length", str(len(self._options) + len(self._stdin)))
-                else:  # a stream of unknown length
-                    connection.putheader("Transfer-Encoding", "chunked")
+                connection.putheader(*body.header())
                 connection.endheaders()
                 # The body (the command's stdin) goes in while the output comes out: a command
                 # that writes before it has read all its input would otherwise wait on us forever.
-                sender = threading.Thread(
-                    target=_send_body, args=(connection.sock, self._options, self._stdin), daemon=True
-                )
-                sender.start()
+                body.start(connection.sock)
                 response = connection.getresponse()
             except OSError as exc:
                 raise errors.BackendError(f"the broker service does not answer ({exc})") from None
@@ -282,16 +276,14 @@ class ClientExecStream:
                 for kind, payload in reader.feed(chunk):
                     if kind == frames.END:
                         self._finish(json.loads(payload))
+                        body.raise_failure()  # the command ran on the input read before it
                         return
                     yield ("stdout" if kind == frames.STDOUT else "stderr"), payload
             raise errors.BackendError("the service ended the exec's stream before its status")
         finally:
             if response is not None:
                 response.close()
-            if sender is not None:
-                with contextlib.suppress(OSError):
-                    connection.sock.shutdown(socketlib.SHUT_RDWR)  # a send still blocked returns
-                sender.join()
+            body.stop(connection.sock)
             connection.close()
 
     def _finish(self, document: dict[str, Any]) -> None:
@@ -300,17 +292,49 @@ class ClientExecStream:
         self.status = int(document["status"])
 
 
-def _send_body(sock: socketlib.socket, options: bytes, stdin: Stdin) -> None:
-    """Send an exec's body — its options line, then its stdin — on its own thread: bytes as they
-    are, a binary file read to its end in chunks (chunked transfer encoding). A closed connection
-    ends it."""
-    with contextlib.suppress(OSError):
-        if isinstance(stdin, bytes):
-            sock.sendall(options + stdin)
-            return
-        read = getattr(stdin, "read1", stdin.read)  # what is there: a pipe's input goes on as it comes
-        chunk = options
-        while chunk:
-            sock.sendall(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-            chunk = read(1 << 16)
-        sock.sendall(b"0\r\n\r\n")
+class _Body:
+    """An exec's request body, sent on a thread of its own while the answer is read: its options
+    line, then its stdin — bytes with a Content-Length, or a binary file's chunks as they come
+    (chunked transfer encoding). A closed connection ends it; a file that cannot be read ends it
+    early (the command reads its end) and its failure is raised after the exec."""
+
+    def __init__(self, options: bytes, stdin: Stdin) -> None:
+        self._options = options
+        self._data = stdin if isinstance(stdin, bytes) else None
+        self._chunks = None if isinstance(stdin, bytes) else InputChunks(stdin)
+        self._thread: threading.Thread | None = None
+
+    def header(self) -> tuple[str, str]:
+        if self._data is not None:
+            return "Content-Length", str(len(self._options) + len(self._data))
+        return "Transfer-Encoding", "chunked"  # a stream of unknown length
+
+    def start(self, sock: socketlib.socket) -> None:
+        self._thread = threading.Thread(target=self._send, args=(sock,), daemon=True)
+        self._thread.start()
+
+    def _send(self, sock: socketlib.socket) -> None:
+        with contextlib.suppress(OSError):
+            if self._chunks is None:
+                sock.sendall(self._options + (self._data or b""))
+                return
+            sock.sendall(b"%x\r\n%b\r\n" % (len(self._options), self._options))
+            for chunk in self._chunks:
+                sock.sendall(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+            sock.sendall(b"0\r\n\r\n")  # the end, also of a file that failed (raised after the exec)
+
+    def raise_failure(self) -> None:
+        if self._chunks is not None and self._chunks.failure is not None:
+            raise self._chunks.failure
+
+    def stop(self, sock: socketlib.socket | None) -> None:
+        """End the sending (a send blocked on the connection, a wait for the caller's input)."""
+        if self._thread is not None:
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socketlib.SHUT_RDWR)
+            if self._chunks is not None:
+                self._chunks.stop()
+            self._thread.join()
+        if self._chunks is not None:
+            self._chunks.close()

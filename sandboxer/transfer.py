@@ -12,6 +12,7 @@ service's `ClientSandbox` alike.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import posixpath
@@ -69,7 +70,7 @@ def put(run: Exec, source: str, destination: str) -> None:
     local = [exc for exc in failure if not isinstance(exc, BrokenPipeError)]
     if local:
         where = local[0].filename or source
-        raise UsageError(f"put: {where}: cannot be read ({local[0].strerror})")
+        raise UsageError(f"put: {where}: cannot be read ({local[0].strerror or local[0]})")
     if done.status != 0:
         raise UsageError(f"put: {destination}: tar in the sandbox failed ({_first_line(done.stderr)})")
 
@@ -80,37 +81,55 @@ def get(run: ExecStream, source: str, destination: str) -> None:
     if os.path.lexists(destination):
         raise UsageError(f"get: {destination}: exists; give a path that does not")
     output = _Stdout(run(["tar", "-c", "-f", "-", "-C", parent, "--", name]))
+    made = _Made(destination)
     try:
-        _unpack_all(output, source, name, destination)
+        _unpack_all(output, source, name, made)
     except BaseException:
         output.stop()  # the sandbox's tar is killed
-        _remove(destination)
+        made.remove()
         raise
 
 
-def _unpack_all(output: _Stdout, source: str, name: str, destination: str) -> None:
+class _Made:
+    """The new local destination of a get: made by this get alone (never an existing path, even
+    one that appeared meanwhile), so that a failed get removes it and nothing else."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.made = False
+
+    def make(self, *, directory: bool, mode: int) -> None:
+        """Make the destination itself, exclusively (FileExistsError if anything is there now)."""
+        if directory:
+            os.mkdir(self.path, 0o700)
+            os.chmod(self.path, mode | 0o700)
+        else:
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode))
+        self.made = True
+
+    def remove(self) -> None:
+        if not self.made:
+            return
+        if os.path.isdir(self.path) and not os.path.islink(self.path):
+            shutil.rmtree(self.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+
+
+def _unpack_all(output: _Stdout, source: str, name: str, made: _Made) -> None:
     """Unpack the sandbox's archive as it comes, member by member, then read to the exec's end."""
     try:
         with tarfile.open(fileobj=output, mode="r|") as archive:
             for member in archive:
-                _unpack(member, archive, name, destination)
+                _unpack(member, archive, name, made)
     except tarfile.TarError:
         output.drain()
         if output.status == 0:
             raise UsageError(f"get: {source}: the sandbox sent a damaged archive") from None
-    except OSError as exc:
-        raise UsageError(f"get: {exc.filename or destination}: cannot be written ({exc.strerror})") from None
     output.drain()
     if output.status != 0:
         raise UsageError(f"get: {source}: tar in the sandbox failed ({_first_line(bytes(output.stderr))})")
-
-
-def _remove(path: str) -> None:
-    """What a failed get made at `path` (which did not exist before)."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    elif os.path.lexists(path):
-        os.unlink(path)
 
 
 class _Stdout(io.RawIOBase):
@@ -157,8 +176,8 @@ class _Stdout(io.RawIOBase):
             close()
 
 
-def _unpack(member: tarfile.TarInfo, archive: tarfile.TarFile, name: str, destination: str) -> None:
-    """One member of the sandbox's archive, created anew below `destination`: a regular file or
+def _unpack(member: tarfile.TarInfo, archive: tarfile.TarFile, name: str, made: _Made) -> None:
+    """One member of the sandbox's archive, created anew below the destination: a regular file or
     a directory below `name`, or the whole copy is refused."""
     path = posixpath.normpath(member.name)
     parts = path.split("/")
@@ -166,19 +185,33 @@ def _unpack(member: tarfile.TarInfo, archive: tarfile.TarFile, name: str, destin
         raise UsageError(f"get: the sandbox's archive names {member.name[:80]!r}, outside {name}")
     if not (member.isfile() or member.isdir()):
         raise UsageError(f"get: {member.name[:80]!r} is not a regular file or directory; nothing is copied")
-    target = os.path.join(destination, *parts[1:])
+    target = os.path.join(made.path, *parts[1:])
     mode = member.mode & 0o755
-    if member.isdir():
-        os.makedirs(target, mode=0o700, exist_ok=True)
-        os.chmod(target, mode | 0o700)
-        return
-    os.makedirs(os.path.dirname(target) or ".", mode=0o700, exist_ok=True)
+    try:
+        if not made.made:  # the destination itself, first of all
+            made.make(directory=member.isdir() or len(parts) > 1, mode=mode if len(parts) == 1 else 0o700)
+        if member.isdir():
+            os.makedirs(target, mode=0o700, exist_ok=True)
+            os.chmod(target, mode | 0o700)
+            return
+        os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+        anew = os.O_TRUNC if target == made.path else os.O_EXCL  # the destination file was made just now
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | anew
+        out = os.fdopen(os.open(target, flags, mode), "wb")
+    except OSError as exc:
+        raise UsageError(f"get: {exc.filename or target}: cannot be written ({exc.strerror or exc})") from None
     stream = archive.extractfile(member)
     assert stream is not None  # a regular file  # noqa: S101
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    with os.fdopen(fd, "wb") as out:
+    written = 0
+    with out:
         while chunk := stream.read(1 << 20):
-            out.write(chunk)
+            written += len(chunk)
+            try:
+                out.write(chunk)
+            except OSError as exc:
+                raise UsageError(f"get: {target}: cannot be written ({exc.strerror or exc})") from None
+    if written != member.size:  # a stream read ends short without a word
+        raise tarfile.ReadError("unexpected end of data")
 
 
 def _first_line(data: bytes) -> str:

@@ -4,6 +4,7 @@ at the end of a `with` block, and put/get on top of its own exec."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import BinaryIO, Protocol, Self
@@ -13,6 +14,49 @@ from sandboxer.results import Created, ExecResult, Receipt, Stream
 # An exec's stdin: all of it, or a binary file read to its end as the command runs (a pipe, a
 # file, a socket: put's tar stream).
 Stdin = bytes | BinaryIO
+
+
+class InputChunks:
+    """A caller's binary file as an exec's input: its chunks as they come, until its end or until
+    stop(). A file with a descriptor is read from the descriptor (not through the file object's
+    buffer), and stop() ends a wait on it at once; one without (BytesIO) by its read(). Why a
+    read failed is kept in `failure`, for the caller's thread to raise."""
+
+    def __init__(self, stdin: BinaryIO) -> None:
+        self._stdin = stdin
+        try:
+            self._fd: int | None = stdin.fileno()
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the last
+            self._fd = None
+        self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
+        self.failure: BaseException | None = None
+
+    def __iter__(self) -> Iterator[bytes]:
+        from sandboxer.host.ready import wait_ready
+
+        read = getattr(self._stdin, "read1", self._stdin.read)  # what is there, as it comes
+        while True:
+            try:
+                if self._fd is None:
+                    chunk = read(1 << 16)
+                elif self._stop_r in wait_ready([self._fd, self._stop_r])[0]:
+                    return
+                else:
+                    chunk = os.read(self._fd, 1 << 16)
+            except Exception as exc:  # the caller's file: raised in the caller's thread
+                self.failure = exc
+                return
+            if not chunk:
+                return
+            yield chunk
+
+    def stop(self) -> None:
+        """No more reading: a wait on the descriptor ends now."""
+        os.write(self._stop_w, b"x")
+
+    def close(self) -> None:
+        os.close(self._stop_r)
+        os.close(self._stop_w)
 
 
 class OutputStream(Protocol):

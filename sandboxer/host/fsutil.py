@@ -182,21 +182,30 @@ def read_caller_file(source: str | CallerFile, limit: int) -> bytes:
 
 
 def _unopened(number: int) -> str:
-    return "is a symlink" if number == errno.ELOOP else f"cannot be read ({os.strerror(number)})"
+    if number == errno.ELOOP:
+        return "is a symlink"
+    try:
+        reason = os.strerror(number)
+    except (OverflowError, ValueError):
+        reason = f"error {number}"
+    return f"cannot be read ({reason})"
 
 
 def _read_owner_only(fd: int, limit: int) -> tuple[bytes, os.stat_result]:
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        raise UnfitFile("must be a regular file")
-    if info.st_mode & 0o077:
-        raise UnfitFile("must be owner-only (no group or other permissions)")
-    chunks, size = [], 0
-    while chunk := os.pread(fd, 65536, size):  # pread: a caller's descriptor is read from its start
-        size += len(chunk)
-        if size > limit:
-            raise UnfitFile(f"is larger than {limit} bytes")
-        chunks.append(chunk)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnfitFile("must be a regular file")
+        if info.st_mode & 0o077:
+            raise UnfitFile("must be owner-only (no group or other permissions)")
+        chunks, size = [], 0
+        while chunk := os.pread(fd, 65536, size):  # pread: a caller's descriptor is read from its start
+            size += len(chunk)
+            if size > limit:
+                raise UnfitFile(f"is larger than {limit} bytes")
+            chunks.append(chunk)
+    except OSError as exc:  # a caller's descriptor not open for reading, say
+        raise UnfitFile(_unopened(exc.errno or errno.EIO)) from None
     return b"".join(chunks), info
 
 

@@ -5,7 +5,6 @@ them — shared by both engines' exec paths."""
 from __future__ import annotations
 
 import os
-import select
 import signal
 import stat
 import threading
@@ -13,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sandboxer.errors import ExecUsage
+from sandboxer.host.ready import wait_ready
 
 if TYPE_CHECKING:
     from sandboxer.results import Stream
@@ -48,17 +48,28 @@ class Watchdog:
     """An exec's --timeout kept by a timer thread as well as by the exec's own loop: at the
     deadline it kills the exec (`kill`) even while that loop is blocked handing output to a
     caller that stopped reading (a program's sink, a client's pipe), so no caller can keep a
-    command past its timeout. `fired`: it killed. A context manager; its end stops the timer
-    (waiting for a kill under way)."""
+    command past its timeout. `fired`: it killed. A context manager; stop() — and the block's
+    end — keeps it from killing from then on (waiting for a kill under way): the exec loop
+    calls it as soon as it sees the command end, before the command's pid can be reused."""
 
     def __init__(self, timeout: float | None, kill: Callable[[], None]) -> None:
         self.fired = False
         self._kill = kill
+        self._lock = threading.Lock()
+        self._stopped = False
         self._timer = None if timeout is None else threading.Timer(timeout, self._fire)
 
     def _fire(self) -> None:
-        self.fired = True
-        self._kill()
+        with self._lock:
+            if self._stopped:
+                return
+            self.fired = True
+            self._kill()
+
+    def stop(self) -> None:
+        """No kill from now on; returns once a kill under way is done (`fired` is final then)."""
+        with self._lock:
+            self._stopped = True
 
     def __enter__(self) -> Watchdog:
         if self._timer is not None:
@@ -67,6 +78,7 @@ class Watchdog:
         return self
 
     def __exit__(self, *_: object) -> None:
+        self.stop()
         if self._timer is not None:
             self._timer.cancel()
             self._timer.join()
@@ -86,7 +98,7 @@ class Control:
     def signals(self) -> list[int]:
         """The signals the client sent since the last call (without waiting; only SIGINT, SIGTERM
         and SIGHUP, which an in-process exec forwards too); at the connection's end, `gone`."""
-        if self.gone or not select.select([self.fd], [], [], 0)[0]:
+        if self.gone or not wait_ready([self.fd], timeout=0)[0]:
             return []
         try:
             data = os.read(self.fd, 64)
@@ -272,7 +284,7 @@ class Pumps:
             os.set_blocking(read_end, False)
             while _copy(read_end, target):
                 try:
-                    if not select.select([read_end], [], [], 0)[0]:
+                    if not wait_ready([read_end], timeout=0)[0]:
                         break
                 except InterruptedError:
                     continue

@@ -24,7 +24,7 @@ from sandboxer.host.registry import ID_PATTERN
 from sandboxer.service.access import CALLS_PER_CALLER, Access, CallerSlots, Refused, admit, visible
 from sandboxer.service.audit import AuditLog
 from sandboxer.service.exec_route import exec_command
-from sandboxer.service.http import error_document, error_response, in_thread, json_body
+from sandboxer.service.http import error_document, error_response, in_thread, in_worker, json_body
 from sandboxer.service.peer import peer_of
 
 API_DOCUMENT = Path(__file__).with_name("openapi.json")
@@ -127,8 +127,8 @@ async def list_sandboxes(request: web.Request) -> web.Response:
     from sandboxer.commands.teardown import list_sandboxes as listing
 
     access: Access = request["access"]
-    document = await in_thread(listing, request.app["dirs"])
-    return web.json_response(visible(document, await in_thread(access.own_ids)))
+    document = await in_worker(request, listing, request.app["dirs"])
+    return web.json_response(visible(document, await in_worker(request, access.own_ids)))
 
 
 async def create(request: web.Request) -> web.Response:
@@ -154,8 +154,15 @@ async def create(request: web.Request) -> web.Response:
     def made(uid: int | None, lifetime: float | None) -> dict[str, Any]:
         return make(dirs, profile, manifest_path=manifest, bootstrap=bootstrap, caller_uid=uid, ttl=lifetime)
 
-    created = await in_thread(lambda: access.create(profile, ttl, made))
+    created = await in_worker(request, lambda: access.create(profile, ttl, made))
     request["sandbox_id"] = created["id"]
+    if request.transport is None or request.transport.is_closing():
+        # The client went away while the create ran: it never learns the id, so nothing is left
+        # (as when a CLI client's create is interrupted).
+        from sandboxer.commands.teardown import teardown as remove
+
+        await in_worker(request, remove, dirs, created["id"])
+        request["exit_status"] = 130
     return web.json_response(created, status=201)
 
 
@@ -187,16 +194,16 @@ def _unknown(request: web.Request) -> SandboxerError:
 async def inspect(request: web.Request) -> web.Response:
     from sandboxer.commands.inspect import inspect as observe
 
-    await in_thread(request["access"].require_own, request.match_info["id"], _unknown(request))
-    return web.json_response(await in_thread(observe, request.app["dirs"], request.match_info["id"]))
+    await in_worker(request, request["access"].require_own, request.match_info["id"], _unknown(request))
+    return web.json_response(await in_worker(request, observe, request.app["dirs"], request.match_info["id"]))
 
 
 async def teardown(request: web.Request) -> web.Response:
     from sandboxer.commands.teardown import teardown as remove
     from sandboxer.errors import ResidueError
 
-    await in_thread(request["access"].require_own, request.match_info["id"], _unknown(request))
-    receipt = await in_thread(remove, request.app["dirs"], request.match_info["id"])
+    await in_worker(request, request["access"].require_own, request.match_info["id"], _unknown(request))
+    receipt = await in_worker(request, remove, request.app["dirs"], request.match_info["id"])
     if receipt["residue"]:
         error = ResidueError(f"teardown of {receipt['id']} left residue: {'; '.join(receipt['residue'])}")
         return error_response(error, receipt=receipt)
@@ -220,10 +227,11 @@ async def dispatch_tool(request: web.Request) -> web.Response:
     if isinstance(wait, bool) or not isinstance(wait, int):
         raise UsageError("wait_seconds: must be a whole number of seconds")
     sandbox_id = request.match_info["id"]
-    await in_thread(request["access"].require_own, sandbox_id, _unknown(request))
+    await in_worker(request, request["access"].require_own, sandbox_id, _unknown(request))
     state = request.app["dirs"].state
-    document = await in_thread(
-        lambda: dispatch(state, sandbox_id, lease_id=body["lease"], request_id=body["request_id"], wait_seconds=wait)
+    document = await in_worker(
+        request,
+        lambda: dispatch(state, sandbox_id, lease_id=body["lease"], request_id=body["request_id"], wait_seconds=wait),
     )
     return web.json_response(document)
 
@@ -233,7 +241,7 @@ async def owner_entries(request: web.Request) -> web.Response:
     from sandboxer.commands.owner import list_entries
 
     request["access"].require_owner("ext list")
-    return web.json_response(await in_thread(list_entries, request.app["dirs"]))
+    return web.json_response(await in_worker(request, list_entries, request.app["dirs"]))
 
 
 async def owner_approve(request: web.Request) -> web.Response:
@@ -243,7 +251,7 @@ async def owner_approve(request: web.Request) -> web.Response:
     request["access"].require_owner("ext approve")
     body = await json_body(request, {"name"}, {"name"})
     _strings(body, "name")
-    return web.json_response(await in_thread(approve, request.app["dirs"], body["name"]))
+    return web.json_response(await in_worker(request, approve, request.app["dirs"], body["name"]))
 
 
 async def owner_revoke(request: web.Request) -> web.Response:
@@ -253,7 +261,7 @@ async def owner_revoke(request: web.Request) -> web.Response:
     request["access"].require_owner("ext revoke")
     body = await json_body(request, {"name"}, {"name"})
     _strings(body, "name")
-    return web.json_response(await in_thread(revoke, request.app["dirs"], body["name"]))
+    return web.json_response(await in_worker(request, revoke, request.app["dirs"], body["name"]))
 
 
 async def runtime_digest(request: web.Request) -> web.Response:
@@ -271,11 +279,11 @@ async def runtime_digest(request: web.Request) -> web.Response:
         raise UsageError("path: must be an absolute path")
     if not isinstance(full, bool):
         raise UsageError("full: must be true or false")
-    return web.json_response(await in_thread(lambda: digest(request.app["dirs"], path, full=full)))
+    return web.json_response(await in_worker(request, lambda: digest(request.app["dirs"], path, full=full)))
 
 
 async def gc(request: web.Request) -> web.Response:
     from sandboxer.commands.teardown import gc as collect
 
     request["access"].require_owner("gc")
-    return web.json_response(await in_thread(collect, request.app["dirs"]))
+    return web.json_response(await in_worker(request, collect, request.app["dirs"]))

@@ -43,6 +43,7 @@ HEADER_SECONDS = 10.0  # a client that sends less than its header in this time i
 FIELDS = {"argv", "cwd", "env"}  # and "files", when the client opened any
 FILE_FIELDS = {"name", "path", "errno"}
 MAX_FILES = 4  # files a command line names for the client to open (create --bootstrap: one)
+MAX_ERRNO = 4096  # errno values are small; Linux's are below 4096
 SERVICE_FAILED = 125  # a command whose output could not be written: the client says so too
 
 log = logging.getLogger("sandboxer.service")
@@ -159,7 +160,7 @@ def _file_entry(entry: object) -> bool:
         and isinstance(entry["path"], str)
         and os.path.isabs(entry["path"])
         and type(entry["errno"]) is int
-        and entry["errno"] >= 0
+        and 0 <= entry["errno"] < MAX_ERRNO
     )
 
 

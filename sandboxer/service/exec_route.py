@@ -22,7 +22,7 @@ from sandboxer.dirs import Dirs
 from sandboxer.errors import ExecError, ExecUsage, SandboxerError, UsageError
 from sandboxer.host.stdio import CANCEL_POLL
 from sandboxer.service import frames
-from sandboxer.service.http import checked, error_document, in_thread
+from sandboxer.service.http import checked, error_document, in_worker
 
 EXEC_FIELDS = {"argv", "cwd", "timeout", "consumer", "executable"}
 MAX_OPTIONS = 1024 * 1024  # exec's first line, its options
@@ -35,7 +35,9 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
     head, rest = await _first_line(request)
     sandbox_id = request.match_info["id"]
     argv, cli_options = _exec_options(head, sandbox_id)
-    await in_thread(request["access"].require_own, sandbox_id, ExecError(f"exec: no such sandbox: {sandbox_id}"))
+    await in_worker(
+        request, request["access"].require_own, sandbox_id, ExecError(f"exec: no such sandbox: {sandbox_id}")
+    )
 
     response = web.StreamResponse(headers={"Content-Type": frames.CONTENT_TYPE})
     await response.prepare(request)

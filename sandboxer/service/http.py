@@ -25,8 +25,15 @@ def error_response(error: SandboxerError, **extra: Any) -> web.Response:
 
 
 async def in_thread(function: Callable[..., Any], *args: Any) -> Any:
-    """A blocking command, off the event loop."""
+    """A short blocking step off the event loop (admission, the audit line): the service's default
+    pool, which no command holds."""
     return await asyncio.get_running_loop().run_in_executor(None, function, *args)
+
+
+async def in_worker(request: web.Request, function: Callable[..., Any], *args: Any) -> Any:
+    """A route's command off the event loop, in the pool commands run in (as long as they take:
+    a dispatch may wait minutes), so that admission and the reaper never wait behind them."""
+    return await asyncio.get_running_loop().run_in_executor(request.app["workers"], function, *args)
 
 
 async def json_body(request: web.Request, allowed: set[str], required: set[str]) -> dict[str, Any]:

@@ -7,7 +7,9 @@ accounts: the caller is whoever the kernel says is at the other end of the socke
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import io
 import json
 import os
 import pwd
@@ -18,6 +20,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -905,3 +908,84 @@ def test_a_client_that_stops_reading_cannot_keep_its_exec_past_its_timeout(sbx_r
         sandbox.teardown()
     finally:
         started.stop()
+
+
+class _FailingInput(io.RawIOBase):
+    """A caller's stdin that gives some bytes, then fails."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        self.calls += 1
+        if self.calls > 1:
+            raise OSError(errno.EIO, "the caller's input failed")
+        buffer[:6] = b"first\n"
+        return 6
+
+
+@pytest.mark.parametrize("front", ["embedded", "client"])
+def test_a_file_as_stdin_streams_and_its_failures_reach_the_caller(sb_root: SandboxBroker, front: str) -> None:
+    started = Service(sb_root, _socket_dir(sb_root) / "broker.sock").start() if front == "client" else None
+    try:
+        broker = (
+            Client(str(started.socket))
+            if started
+            else Broker(config_dir=str(sb_root.config), state_dir=str(sb_root.state))
+        )
+        with broker.create(sb_root.profile) as sandbox:
+            read_end, write_end = os.pipe()
+            with os.fdopen(read_end, "rb") as source:
+                os.write(write_end, b"one\ntwo\n")
+                os.close(write_end)
+                assert sandbox.exec(["cat"], stdin=source).stdout == b"one\ntwo\n"
+
+            with pytest.raises(OSError, match="the caller's input failed"):
+                sandbox.exec(["cat"], stdin=_FailingInput())  # type: ignore[arg-type]
+
+            # Leaving the stream early does not wait for input that never comes.
+            quiet_r, quiet_w = os.pipe()
+            with os.fdopen(quiet_r, "rb") as never:
+                began = time.monotonic()
+                for kind, chunk in sandbox.exec_stream(["sh", "-c", "echo go; cat"], stdin=never):
+                    assert (kind, chunk) == ("stdout", b"go\n")
+                    break
+                assert time.monotonic() - began < 10
+            os.close(quiet_w)
+    finally:
+        if started:
+            started.stop()
+
+
+def test_a_create_whose_http_client_went_away_leaves_no_sandbox(sb_root: SandboxBroker) -> None:
+    """The client never learns the id of a create it left: the service tears it down (audited
+    with status 130), as it does for a CLI client's Ctrl-C."""
+    started = Service(sb_root, _socket_dir(sb_root) / "broker.sock").start()
+    try:
+        body = json.dumps({"profile": sb_root.profile}).encode()
+        head = f"POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        registry = sb_root.state / "sandboxes"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(str(started.socket))
+            sock.sendall(head + body)
+            deadline = time.monotonic() + 30
+            while not [name for name in os.listdir(registry) if not name.startswith(".")]:
+                assert time.monotonic() < deadline, "no create began"
+                time.sleep(0.005)
+        deadline = time.monotonic() + 30
+        while ("create", 130) not in [
+            (line["verb"], line["status"]) for line in map(json.loads, _audit_lines(sb_root))
+        ]:
+            assert time.monotonic() < deadline, "the create was not audited as abandoned"
+            time.sleep(0.1)
+        assert Client(str(started.socket)).list() == []
+    finally:
+        started.stop()
+
+
+def _audit_lines(broker: SandboxBroker) -> list[str]:
+    log = broker.state / "audit.log"
+    return log.read_text().splitlines() if log.exists() else []

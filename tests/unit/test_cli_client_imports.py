@@ -11,7 +11,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 ALLOWED_OWN = {"sandboxer", "sandboxer.__main__", "sandboxer.cliclient", "sandboxer.dirs"}
-FORWARDING = {"sandboxer.host", "sandboxer.host.stdio", "sandboxer.errors"}
+FORWARDING = {"sandboxer.host", "sandboxer.host.stdio", "sandboxer.host.ready", "sandboxer.errors"}
 # What the service pays for once and the client must never: the command table and its parsers,
 # the HTTP server, YAML, the broker's core.
 FORBIDDEN = {"typer", "click", "aiohttp", "ruamel", "pydantic", "rich", "http", "asyncio", "subprocess", "dataclasses"}

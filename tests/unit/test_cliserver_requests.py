@@ -9,6 +9,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -77,6 +78,7 @@ BAD: list[tuple[object, int, str]] = [
     ({**GOOD, "files": [{"name": "x", "path": "relative", "errno": 0}]}, 1, "files: must be a list"),
     ({**GOOD, "files": [{"name": "x", "path": "/x", "errno": -1}]}, 0, "files: must be a list"),
     ({**GOOD, "files": [{"name": "x", "path": "/x", "errno": True}]}, 0, "files: must be a list"),
+    ({**GOOD, "files": [{"name": "x", "path": "/x", "errno": 2**40}]}, 0, "files: must be a list"),
     ({**GOOD, "files": [{"name": "x", "path": "/x", "errno": 0, "mode": 1}]}, 1, "files: must be a list"),
     ({**GOOD, "files": {"x": 0}}, 1, "files: must be a list"),
     ({**GOOD, "more": 1}, 0, "a CLI request is an object of"),
@@ -104,3 +106,28 @@ def test_a_request_without_the_nul_is_refused(pair: tuple[socket.socket, socket.
     with pytest.raises(UsageError, match="starts with NUL"):
         _receive(service, time.monotonic() + 5)
     assert _open_fds() == before
+
+
+def test_a_passed_descriptor_is_read_only_as_a_file_it_may_read(tmp_path: Path) -> None:
+    """What the service reads of a client's descriptor: a regular, owner-only file open for
+    reading; anything else is the one-line reason, never a crash."""
+    from sandboxer.host.fsutil import CallerFile, UnfitFile, read_caller_file
+
+    path = tmp_path / "b.json"
+    path.write_bytes(b"{}")
+    path.chmod(0o600)
+    for flags, reason in ((os.O_WRONLY, "cannot be read (Bad file descriptor)"), (os.O_PATH, "cannot be read")):
+        fd = os.open(path, flags)
+        try:
+            with pytest.raises(UnfitFile) as refused:
+                read_caller_file(CallerFile(str(path), fd=fd), 100)
+            assert refused.value.reason.startswith(reason)
+        finally:
+            os.close(fd)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert read_caller_file(CallerFile(str(path), fd=fd), 100) == b"{}"
+    finally:
+        os.close(fd)
+    with pytest.raises(UnfitFile, match="cannot be read"):
+        read_caller_file(CallerFile(str(path), errno=2**40), 100)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import signal
 import time
 from collections.abc import Callable
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from sandboxer.errors import ExecUsage
 from sandboxer.host import procs
+from sandboxer.host.ready import wait_ready
 from sandboxer.host.stdio import CALLER_GONE, CANCEL_POLL, TIMED_OUT, CallerStdio, Control, Program, Pumps, Watchdog
 
 if TYPE_CHECKING:
@@ -155,19 +155,19 @@ def _wait(
                 if cancelled is not None:
                     remaining = CANCEL_POLL if remaining is None else min(remaining, CANCEL_POLL)
                 try:
-                    readable, writable, _ = select.select(
-                        [pidfd, *pumps.readers(), *watched], pumps.writers(), [], remaining
-                    )
+                    readable, writable = wait_ready([pidfd, *pumps.readers(), *watched], pumps.writers(), remaining)
                 except InterruptedError:
                     continue
                 pumps.pump(readable, writable)
                 if pidfd in readable:
+                    watchdog.stop()  # the relay has ended: the command's pid may be reused soon
                     break
                 if control is not None and control.fd in readable:
                     for signum in control.signals():
                         forward(signum, None)
                 gone = caller_gone()
                 if gone or (deadline is not None and time.monotonic() >= deadline):
+                    watchdog.stop()
                     _kill(exec_group, started.command_pid)
                     os.waitpid(started.relay_pid, 0)
                     return CALLER_GONE if gone else TIMED_OUT

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import shutil
 import subprocess
 import time
@@ -24,6 +23,7 @@ from sandboxer.core.plan import Mount, MountKind, Plan
 from sandboxer.errors import BackendError, PolicyError, UsageError
 from sandboxer.host import procs
 from sandboxer.host.limits import LimitSetup
+from sandboxer.host.ready import wait_ready
 
 START_TIMEOUT = 20.0
 
@@ -138,7 +138,7 @@ def _read_info(fd: int, bwrap: subprocess.Popen[bytes], errors: int) -> dict[str
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise BackendError("bwrap did not start within its time limit")
-        ready, _, _ = select.select([fd], [], [], remaining)
+        ready, _ = wait_ready([fd], timeout=remaining)
         if not ready:
             continue
         chunk = os.read(fd, 65536)

@@ -11,10 +11,11 @@ the environment. The tests observe the Engine through the SDK, independently of 
 from __future__ import annotations
 
 import json
-import select
 import socket
 import struct
 import time
+
+from sandboxer.host.ready import wait_ready
 
 Socket = socket.socket
 
@@ -143,7 +144,7 @@ def read_until(attached: tuple[Socket, bytes], mark: bytes, *, timeout: float, l
             remaining = deadline - time.monotonic()
             if remaining <= 0 or len(out) > limit:
                 raise EngineError("the container's probe did not finish")
-            ready, _, _ = select.select([sock], [], [], remaining)
+            ready, _ = wait_ready([sock.fileno()], timeout=remaining)
             data = sock.recv(65536) if ready else b""
             if ready and not data:
                 raise EngineError("the container's output ended before its probe finished")

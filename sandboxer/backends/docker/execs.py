@@ -11,13 +11,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import socket
 import threading
 import time
 from collections.abc import Callable
 
 from sandboxer.backends.docker.engine import EngineError, frames, hijack, inspect_exec, request
+from sandboxer.host.ready import wait_ready
 from sandboxer.host.stdio import CANCEL_POLL, Watchdog
 
 Socket = socket.socket
@@ -179,7 +179,7 @@ def _pump_stdin(sock: Socket, stdin: int, stop: int) -> None:
     """Copy `stdin` into the exec until its end, or until `stop` is readable (the exec ended: a
     caller's terminal, which never ends, holds no thread of a service)."""
     with contextlib.suppress(OSError):
-        while select.select([stdin, stop], [], [])[0] and not select.select([stop], [], [], 0)[0]:
+        while wait_ready([stdin, stop])[0] and not wait_ready([stop], timeout=0)[0]:
             data = os.read(stdin, 65536)
             if not data:
                 break
@@ -266,7 +266,7 @@ def _stream(
             return False
         if cancelled is not None:
             remaining = CANCEL_POLL if remaining is None else min(remaining, CANCEL_POLL)
-        ready, _, _ = select.select([sock], [], [], remaining)
+        ready, _ = wait_ready([sock.fileno()], timeout=remaining)
         if not ready:
             continue
         data = sock.recv(65536)
