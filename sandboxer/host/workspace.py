@@ -57,7 +57,7 @@ def _git(args: list[str], *, home: str, cwd: str | None = None) -> subprocess.Co
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         process_group=0,  # its helpers (upload-pack, pack-objects, index-pack) share one group to kill
-        preexec_fn=_dies_with(os.getpid()),  # noqa: PLW1509 - the broker runs no threads while it clones
+        preexec_fn=_dies_with(os.getpid()),  # noqa: PLW1509 - one prctl through ctypes: takes no lock (docs/api.md)
     )
     try:
         out, err = child.communicate(timeout=GIT_TIMEOUT)
