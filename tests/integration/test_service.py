@@ -652,17 +652,24 @@ def test_an_exec_whose_client_goes_away_is_killed_with_all_it_started(sbx_root: 
         started.stop()
 
 
+@contextlib.contextmanager
+def _through(front: str, broker: SandboxBroker) -> Iterator[Broker | Client]:
+    """The embedded Broker ("embedded"), or a Client of a service started for the block ("client")."""
+    if front == "embedded":
+        yield Broker(config_dir=str(broker.config), state_dir=str(broker.state))
+        return
+    started = Service(broker, _socket_dir(broker) / "broker.sock").start()
+    try:
+        yield Client(str(started.socket))
+    finally:
+        started.stop()
+
+
 @pytest.mark.parametrize("front", ["embedded", "client"])
 def test_put_and_get_copy_files_and_directories_as_the_sandbox_user(
     sbx_root: SandboxBroker, front: str, tmp_path: Path
 ) -> None:
-    started = Service(sbx_root, _socket_dir(sbx_root) / "broker.sock").start() if front == "client" else None
-    try:
-        broker = (
-            Client(str(started.socket))
-            if started
-            else Broker(config_dir=str(sbx_root.config), state_dir=str(sbx_root.state))
-        )
+    with _through(front, sbx_root) as broker:
         tree = tmp_path / "tree"
         (tree / "sub").mkdir(parents=True)
         (tree / "a.txt").write_text("alpha\n")
@@ -706,34 +713,21 @@ def test_put_and_get_copy_files_and_directories_as_the_sandbox_user(
                 sandbox.get("/workspace/no-such", str(tmp_path / "none"))
             assert missing.value.message.startswith("get: /workspace/no-such: tar in the sandbox failed (tar:")
             assert not (tmp_path / "none").exists()
-    finally:
-        if started:
-            started.stop()
 
 
 @pytest.mark.parametrize("front", ["embedded", "client"])
 def test_leaving_an_exec_stream_early_kills_the_exec(sbx_root: SandboxBroker, front: str) -> None:
     """Embedded and through the service alike: a program that stops listening stops the command."""
-    started = Service(sbx_root, _socket_dir(sbx_root) / "broker.sock").start() if front == "client" else None
-    try:
-        broker = (
-            Client(str(started.socket))
-            if started
-            else Broker(config_dir=str(sbx_root.config), state_dir=str(sbx_root.state))
-        )
-        with broker.create(sbx_root.profile) as sandbox:
-            marker = f"{8000 + os.getpid() % 1000}.5"
-            stream = sandbox.exec_stream(["sh", "-c", f"sleep {marker} & yes flood"])
-            for kind, chunk in stream:
-                assert (kind, chunk[:6]) == ("stdout", b"flood\n")
-                break
-            deadline = time.monotonic() + 10
-            while _running_marker(sbx_root, sandbox.id, f"sleep {marker}"):
-                assert time.monotonic() < deadline, "the exec outlived the iteration that left it"
-                time.sleep(0.2)
-    finally:
-        if started:
-            started.stop()
+    with _through(front, sbx_root) as broker, broker.create(sbx_root.profile) as sandbox:
+        marker = f"{8000 + os.getpid() % 1000}.5"
+        stream = sandbox.exec_stream(["sh", "-c", f"sleep {marker} & yes flood"])
+        for kind, chunk in stream:
+            assert (kind, chunk[:6]) == ("stdout", b"flood\n")
+            break
+        deadline = time.monotonic() + 10
+        while _running_marker(sbx_root, sandbox.id, f"sleep {marker}"):
+            assert time.monotonic() < deadline, "the exec outlived the iteration that left it"
+            time.sleep(0.2)
 
 
 def test_the_systemd_units_verify(tmp_path: Path) -> None:
@@ -929,35 +923,25 @@ class _FailingInput(io.RawIOBase):
 
 @pytest.mark.parametrize("front", ["embedded", "client"])
 def test_a_file_as_stdin_streams_and_its_failures_reach_the_caller(sb_root: SandboxBroker, front: str) -> None:
-    started = Service(sb_root, _socket_dir(sb_root) / "broker.sock").start() if front == "client" else None
-    try:
-        broker = (
-            Client(str(started.socket))
-            if started
-            else Broker(config_dir=str(sb_root.config), state_dir=str(sb_root.state))
-        )
-        with broker.create(sb_root.profile) as sandbox:
-            read_end, write_end = os.pipe()
-            with os.fdopen(read_end, "rb") as source:
-                os.write(write_end, b"one\ntwo\n")
-                os.close(write_end)
-                assert sandbox.exec(["cat"], stdin=source).stdout == b"one\ntwo\n"
+    with _through(front, sb_root) as broker, broker.create(sb_root.profile) as sandbox:
+        read_end, write_end = os.pipe()
+        with os.fdopen(read_end, "rb") as source:
+            os.write(write_end, b"one\ntwo\n")
+            os.close(write_end)
+            assert sandbox.exec(["cat"], stdin=source).stdout == b"one\ntwo\n"
 
-            with pytest.raises(OSError, match="the caller's input failed"):
-                sandbox.exec(["cat"], stdin=_FailingInput())  # type: ignore[arg-type]
+        with pytest.raises(OSError, match="the caller's input failed"):
+            sandbox.exec(["cat"], stdin=_FailingInput())  # type: ignore[arg-type]
 
-            # Leaving the stream early does not wait for input that never comes.
-            quiet_r, quiet_w = os.pipe()
-            with os.fdopen(quiet_r, "rb") as never:
-                began = time.monotonic()
-                for kind, chunk in sandbox.exec_stream(["sh", "-c", "echo go; cat"], stdin=never):
-                    assert (kind, chunk) == ("stdout", b"go\n")
-                    break
-                assert time.monotonic() - began < 10
-            os.close(quiet_w)
-    finally:
-        if started:
-            started.stop()
+        # Leaving the stream early does not wait for input that never comes.
+        quiet_r, quiet_w = os.pipe()
+        with os.fdopen(quiet_r, "rb") as never:
+            began = time.monotonic()
+            for kind, chunk in sandbox.exec_stream(["sh", "-c", "echo go; cat"], stdin=never):
+                assert (kind, chunk) == ("stdout", b"go\n")
+                break
+            assert time.monotonic() - began < 10
+        os.close(quiet_w)
 
 
 def test_a_create_whose_http_client_went_away_leaves_no_sandbox(sb_root: SandboxBroker) -> None:
