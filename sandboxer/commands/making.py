@@ -22,7 +22,15 @@ if TYPE_CHECKING:
     from sandboxer.host.fsutil import CallerFile
 
 HOST_LINKS_CANDIDATES = (("/bin", "usr/bin"), ("/lib", "usr/lib"), ("/lib64", "usr/lib64"), ("/sbin", "usr/sbin"))
-HOST_ETC_CANDIDATES = ("/etc/ssl/certs", "/etc/ca-certificates", "/etc/ld.so.cache", "/etc/localtime")
+# Host /etc entries a sandbox sees read-only: TLS certificates, the loader cache, the time zone,
+# and Debian's alternatives (the links behind awk, cc, vi, editor, pager, which, ...).
+HOST_ETC_CANDIDATES = (
+    "/etc/ssl/certs",
+    "/etc/ca-certificates",
+    "/etc/ld.so.cache",
+    "/etc/localtime",
+    "/etc/alternatives",
+)
 
 
 def _host_layout() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:

@@ -36,7 +36,7 @@ STATE_ENV = {
     "TMPDIR": f"{STATE}/tmp",
 }
 GENERATED_ETC = {"passwd", "group", "hosts", "hostname", "nsswitch.conf", "resolv.conf"}
-HOST_ETC = ("/etc/ssl/certs", "/etc/ca-certificates", "/etc/ld.so.cache", "/etc/localtime")
+HOST_ETC = ("/etc/ssl/certs", "/etc/ca-certificates", "/etc/ld.so.cache", "/etc/localtime", "/etc/alternatives")
 PORT = 47123  # every sandbox has its own network namespace: a fixed port never clashes
 
 # A loopback server: answers every connection with a greeting; gives up after two idle minutes.
@@ -442,6 +442,25 @@ def test_callers_environment_never_reaches_inside_and_env_is_exactly_the_contrac
 # 10 ─ exit statuses
 
 
+def test_debian_alternatives_resolve_inside(sbx: SandboxBroker) -> None:
+    """The host's /etc/alternatives, read-only: the programs behind its links run."""
+    sandbox_id = sbx.create()
+    script = 'awk "BEGIN { print 6 * 7 }"; which sh; for p in cc vi editor pager; do command -v "$p"; done'
+    ran = sbx.sh(sandbox_id, script)
+    assert ran.status == 0, ran.stderr
+    assert ran.stdout.splitlines() == [
+        "42",
+        "/usr/bin/sh",
+        "/usr/bin/cc",
+        "/usr/bin/vi",
+        "/usr/bin/editor",
+        "/usr/bin/pager",
+    ]
+    compiler = sbx.exec(sandbox_id, "cc", "--version")
+    assert compiler.status == 0, compiler.stderr
+    assert sbx.sh(sandbox_id, "readlink /etc/alternatives/awk && ! touch /etc/alternatives/x 2>/dev/null").status == 0
+
+
 def test_exec_exit_statuses_follow_the_contract(sbx: SandboxBroker) -> None:
     sandbox_id = sbx.create()
     assert sbx.sh(sandbox_id, "exit 7").status == 7
@@ -455,6 +474,14 @@ def test_exec_exit_statuses_follow_the_contract(sbx: SandboxBroker) -> None:
     assert missing.stderr == "sandboxer: exec: no-such-program-5b2: not found\n"
     assert missing.stdout == ""
     assert sbx.exec(sandbox_id, "./true", options=("--cwd", "/usr/bin")).status == 0  # relative to --cwd
+
+    # A program whose path is there but leads nowhere is said to be a dangling link (still 127).
+    assert sbx.sh(sandbox_id, "ln -s /no/such/tool /workspace/tool").status == 0
+    dangling = sbx.exec(sandbox_id, "/workspace/tool")
+    assert (dangling.status, dangling.stderr) == (
+        127,
+        "sandboxer: exec: /workspace/tool: /workspace/tool is a dangling link (to /no/such/tool)\n",
+    )
 
     for path in ("/etc/passwd", "/etc"):
         not_executable = sbx.exec(sandbox_id, path)

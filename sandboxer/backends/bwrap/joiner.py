@@ -318,6 +318,16 @@ def _report(fd: int, text: str) -> None:
     os.write(fd, text.encode() + b"\n")
 
 
+def _dangling(program: str, env: dict[str, str]) -> str:
+    """Why a program execvp did not find is missing: a link on its path that leads nowhere (an
+    alternative the image lacks, say) is named as such, else "not found"."""
+    places = [program] if "/" in program else [f"{d or '.'}/{program}" for d in env.get("PATH", "").split(":")]
+    for place in places:
+        if os.path.islink(place) and not os.path.exists(place):
+            return f"{place} is a dangling link (to {os.readlink(place)})"
+    return "not found"
+
+
 def _relay(
     entry: Entry, namespaces: list[tuple[int, int]], cgroups: list[int], report: int, stdio: tuple[int, int, int]
 ) -> None:
@@ -404,5 +414,5 @@ def _command(entry: Entry, report: int, stdio: tuple[int, int, int]) -> None:
     except OSError as exc:
         status = 127 if exc.errno in (errno.ENOENT, errno.ENOTDIR) else 126
         what = "not found" if status == 127 else f"not executable ({exc.strerror})"
-        _report(report, f"exec {status} {program}: {what}")
+        _report(report, f"exec {status} {program}: {_dangling(program, entry.env) if status == 127 else what}")
         os._exit(status)

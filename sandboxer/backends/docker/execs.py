@@ -96,12 +96,16 @@ _ENTER = """cd -- "$0" 2>/dev/null || {
   else r="Permission denied"; fi
   printf 'sandboxer: exec: --cwd %s: not a directory inside the sandbox (%s)\\n' "$0" "$r" >&2; exit 125; }
 p=$1 search=$2 s=; shift 2
+l=
 case $p in
-*/*) [ -e "$p" ] && s=1; [ -f "$p" ] && [ -x "$p" ] && s=2 ;;
+*/*) [ -e "$p" ] && s=1; [ -f "$p" ] && [ -x "$p" ] && s=2; [ -L "$p" ] && [ ! -e "$p" ] && l=$p ;;
 *) set -f; IFS=:
-   for d in $search; do f=${d:-.}/$p; [ -e "$f" ] && s=${s:-1}; if [ -f "$f" ] && [ -x "$f" ]; then s=2; break; fi; done
+   for d in $search; do f=${d:-.}/$p; [ -e "$f" ] && s=${s:-1}; if [ -f "$f" ] && [ -x "$f" ]; then s=2; break; fi
+     [ -L "$f" ] && [ ! -e "$f" ] && l=${l:-$f}; done
    unset IFS; set +f ;;
 esac
+[ -z "$s" ] && [ -n "$l" ] && {
+  printf 'sandboxer: exec: %s: %s is a dangling link (to %s)\\n' "$p" "$l" "$(readlink -- "$l")" >&2; exit 127; }
 case $s in
 '') printf 'sandboxer: exec: %s: not found\\n' "$p" >&2; exit 127 ;;
 1) printf 'sandboxer: exec: %s: not executable (Permission denied)\\n' "$p" >&2; exit 126 ;;
