@@ -9,6 +9,7 @@ from sandboxer.errors import BackendError
 from sandboxer.host.registry import Registry, check_id
 
 if TYPE_CHECKING:
+    from sandboxer.core.plan import Mount
     from sandboxer.core.record import SandboxRecord
     from sandboxer.dirs import Dirs
     from sandboxer.host.observe import MountSeen, ProbeSeen
@@ -43,7 +44,7 @@ def _evidence(
 ) -> dict[str, Any]:
     """The evidence both backends report, in the contract's shape; the runtime is re-digested
     now (through the stat cache) and a changed runtime is one more difference."""
-    from sandboxer.core.plan import RUNTIME_TARGET
+    from sandboxer.core.plan import RUNTIME_TARGET, STATE_ROOT, TMP_TARGETS
     from sandboxer.core.runtime import digest_runtime
 
     if record.plan is None or record.limits is None:
@@ -93,6 +94,9 @@ def _evidence(
             # The workspace's own sized filesystem (root brokers): ENOSPC inside past this size.
             "workspace_mib": workspace_fs.mib if workspace_fs else None,
             "workspace_enforced": bool(workspace_fs and workspace_fs.enforced),
+            # The private tmpfs mounts' sizes as planned (the comparison checks the live ones).
+            "state_mib": _tmpfs_mib(record.plan.mounts, STATE_ROOT),
+            "tmp_mib": _tmpfs_mib(record.plan.mounts, TMP_TARGETS[0]),
         },
         "matches_plan": not problems,
         "differences": problems,
@@ -128,3 +132,11 @@ def _lease_evidence(record: SandboxRecord, mounts: list[MountSeen]) -> dict[str,
             for m in assignment.mounts
         ],
     }
+
+
+def _tmpfs_mib(mounts: tuple[Mount, ...], target: str) -> int | None:
+    """The planned size of the tmpfs at `target`, in MiB (None: no such tmpfs in this plan)."""
+    from sandboxer.core.plan import MIB, MountKind
+
+    sizes = [m.size_bytes for m in mounts if m.target == target and m.kind is MountKind.TMPFS]
+    return sizes[0] // MIB if sizes and sizes[0] is not None else None

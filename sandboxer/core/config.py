@@ -16,6 +16,8 @@ from typing import TypeVar
 from sandboxer.core.config_types import (
     DEFAULT_MEMORY_MIB,
     DEFAULT_PIDS,
+    DEFAULT_STATE_MIB,
+    DEFAULT_TMP_MIB,
     DEFAULT_WORKSPACE_MIB,
     EXTENSIONS,
     GRANTS_NAME,
@@ -48,6 +50,7 @@ _GIT_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")
 
 MEMORY_MIB_RANGE = (64, 1024 * 1024)
 WORKSPACE_MIB_RANGE = (16, 1024 * 1024)
+TMPFS_MIB_RANGE = (16, 64 * 1024)  # limits.state_mib, limits.tmp_mib: memory-backed, so at most 64 GiB
 PIDS_RANGE = (16, 65536)
 IDLE_SECONDS_RANGE = (1, 30 * 24 * 3600)  # lifetime.idle_seconds: a second to 30 days
 WARM_RANGE = (0, 8)  # containers started ahead for each Docker profile (docs/docker.md, "Warm containers")
@@ -225,7 +228,8 @@ def _parse_profile(doc: _Doc, root: YNode, digest: str) -> Profile:
 
     limits = Limits()
     if "limits" in top:
-        raw = doc.mapping(top["limits"], "limits", (), ("memory_mib", "pids", "workspace_mib", "best_effort"))
+        known = ("memory_mib", "pids", "workspace_mib", "state_mib", "tmp_mib", "best_effort")
+        raw = doc.mapping(top["limits"], "limits", (), known)
         limits = Limits(
             memory_mib=doc.integer(raw["memory_mib"], "limits.memory_mib", MEMORY_MIB_RANGE)
             if "memory_mib" in raw
@@ -234,6 +238,12 @@ def _parse_profile(doc: _Doc, root: YNode, digest: str) -> Profile:
             workspace_mib=doc.integer(raw["workspace_mib"], "limits.workspace_mib", WORKSPACE_MIB_RANGE)
             if "workspace_mib" in raw
             else DEFAULT_WORKSPACE_MIB,
+            state_mib=doc.integer(raw["state_mib"], "limits.state_mib", TMPFS_MIB_RANGE)
+            if "state_mib" in raw
+            else DEFAULT_STATE_MIB,
+            tmp_mib=doc.integer(raw["tmp_mib"], "limits.tmp_mib", TMPFS_MIB_RANGE)
+            if "tmp_mib" in raw
+            else DEFAULT_TMP_MIB,
             best_effort=doc.boolean(raw["best_effort"], "limits.best_effort") if "best_effort" in raw else False,
         )
     security = Security()

@@ -16,6 +16,8 @@ EXTENSIONS: tuple[ExtensionName, ...] = get_args(ExtensionName)
 DEFAULT_MEMORY_MIB = 2048
 DEFAULT_PIDS = 512
 DEFAULT_WORKSPACE_MIB = 4096
+DEFAULT_STATE_MIB = 256  # the private state tmpfs (HOME, XDG dirs, TMPDIR)
+DEFAULT_TMP_MIB = 256  # /tmp and /var/tmp, each a private tmpfs
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +54,8 @@ class Limits:
     memory_mib: int = DEFAULT_MEMORY_MIB
     pids: int = DEFAULT_PIDS
     workspace_mib: int = DEFAULT_WORKSPACE_MIB  # the workspace's own filesystem: ENOSPC past it
+    state_mib: int = DEFAULT_STATE_MIB  # the state tmpfs: ENOSPC past it
+    tmp_mib: int = DEFAULT_TMP_MIB  # /tmp and /var/tmp, each: ENOSPC past it
     best_effort: bool = False
 
 

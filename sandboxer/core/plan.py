@@ -19,7 +19,9 @@ SANDBOX_GID = 1000
 SANDBOX_USER = "sandbox"
 HOSTNAME = "sandbox"
 SAFE_PATH = f"{RUNTIME_TARGET}/bin:/usr/local/bin:/usr/bin:/bin"
-STATE_TMPFS_BYTES = 256 * 1024 * 1024
+# Inside the sandbox: each a private tmpfs of limits.tmp_mib, mode 1777, gone at teardown.
+TMP_TARGETS = ("/tmp", "/var/tmp")  # noqa: S108
+MIB = 1024 * 1024
 
 # Environment variable → directory below STATE_ROOT.
 STATE_DIRS: tuple[tuple[str, str], ...] = (
@@ -200,8 +202,12 @@ def build_plan(
         *(Mount(kind=MountKind.RO_BIND, target=path, source=path) for path in host_etc),
         Mount(kind=MountKind.RO_BIND, target=RUNTIME_TARGET, source=extension.runtime.path),
         _workspace(workspace_source, profile.limits.workspace_mib, in_memory=workspace_in_memory),
-        Mount(kind=MountKind.TMPFS, target=STATE_ROOT, mode=0o700, size_bytes=STATE_TMPFS_BYTES),
+        Mount(kind=MountKind.TMPFS, target=STATE_ROOT, mode=0o700, size_bytes=profile.limits.state_mib * MIB),
         *(Mount(kind=MountKind.DIR, target=f"{STATE_ROOT}/{sub}", mode=0o700) for _, sub in STATE_DIRS),
+        *(
+            Mount(kind=MountKind.TMPFS, target=t, mode=0o1777, size_bytes=profile.limits.tmp_mib * MIB)
+            for t in TMP_TARGETS
+        ),
         *grants.mounts,
     ]
     return Plan(

@@ -145,6 +145,22 @@ def test_private_state_stops_at_256_mib_in_all(sbx: SandboxBroker) -> None:
     assert answer(own.py(FILL, "$TMPDIR/fill", "200", "56")) == "ENOSPC True"
 
 
+def test_tmp_and_state_are_private_tmpfs_of_the_profiles_sizes(sbx: SandboxBroker) -> None:
+    """/tmp and /var/tmp: writable, 1777, each a tmpfs of limits.tmp_mib; the state tmpfs of
+    limits.state_mib; inspect says both, and a second sandbox sees nothing of the first's."""
+    own = limited_box(sbx, "escape-tmpfs", "  state_mib: 24\n  tmp_mib: 16\n")
+    inspected = sbx.run("inspect", own.sandbox_id, "--json")
+    assert inspected.status == 0, inspected.stderr
+    evidence = json.loads(inspected.stdout)
+    assert (evidence["limits"]["state_mib"], evidence["limits"]["tmp_mib"], evidence["matches_plan"]) == (24, 16, True)
+    assert answer(own.sh("stat -c '%a %F' /tmp /var/tmp")) == "1777 directory\n1777 directory"
+    assert answer(own.py(FILL, "/tmp/fill", "64", "16")) == "ENOSPC True"
+    assert answer(own.py(FILL, "/var/tmp/fill", "64", "16")) == "ENOSPC True"
+    assert answer(own.py(FILL, "$HOME/fill", "64", "24")) == "ENOSPC True"
+    other = own_box(sbx)
+    assert answer(other.sh("ls -A /tmp /var/tmp; echo end")) == "/tmp:\n\n/var/tmp:\nend"
+
+
 def test_workspace_stops_at_its_size(sbx: SandboxBroker) -> None:
     own = limited_box(sbx, "escape-workspace", "  workspace_mib: 32\n")
     inspected = sbx.run("inspect", own.sandbox_id, "--json")

@@ -66,6 +66,15 @@ def test_profile_limits_are_read() -> None:
     assert item.security.allow_ptrace is False
 
 
+def test_profile_tmpfs_sizes_are_read() -> None:
+    default = parse(PROFILE)
+    assert isinstance(default, Profile)
+    assert (default.limits.state_mib, default.limits.tmp_mib) == (256, 256)
+    item = parse(PROFILE + "limits:\n  state_mib: 64\n  tmp_mib: 1024\n")
+    assert isinstance(item, Profile)
+    assert (item.limits.state_mib, item.limits.tmp_mib) == (64, 1024)
+
+
 def test_profile_workspace_size_and_ptrace_switch_are_read() -> None:
     item = parse(PROFILE + "limits:\n  workspace_mib: 16\nsecurity:\n  allow_ptrace: true\n")
     assert isinstance(item, Profile)
@@ -204,6 +213,16 @@ BAD_FILES = [
         "workspace too small",
         PROFILE + "limits:\n  workspace_mib: 8\n",
         "f.yaml:12:18: limits.workspace_mib: must be between 16 and 1048576",
+    ),
+    (
+        "state too small",
+        PROFILE + "limits:\n  state_mib: 8\n",
+        "f.yaml:12:14: limits.state_mib: must be between 16 and 65536",
+    ),
+    (
+        "tmp too large",
+        PROFILE + "limits:\n  tmp_mib: 65537\n",
+        "f.yaml:12:12: limits.tmp_mib: must be between 16 and 65536",
     ),
     (
         "allow_ptrace string",

@@ -64,11 +64,11 @@ def volumes(plan: Plan) -> list[tuple[str, str]]:
 
 
 def tmpfs(plan: Plan) -> dict[str, str]:
-    """The state root as one sized tmpfs, 0700, owned by the sandbox user (pid 1 makes the state
-    dirs in it: `holder`)."""
+    """The plan's tmpfs mounts, each sized, owned by the sandbox user: the state root (0700; pid 1
+    makes the state dirs in it: `holder`), /tmp and /var/tmp (1777)."""
     mounts: dict[str, str] = {}
     for mount in plan.mounts:
-        if mount.kind is MountKind.TMPFS and mount.target.startswith(STATE_ROOT):
+        if mount.kind is MountKind.TMPFS:
             size = mount.size_bytes
             options = f"rw,nosuid,nodev,size={size},mode={mount.mode or 0o700:o},uid={plan.uid},gid={plan.gid}"
             mounts[mount.target] = options
