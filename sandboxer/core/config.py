@@ -58,6 +58,14 @@ WARM_RANGE = (0, 8)  # containers started ahead for each Docker profile (docs/do
 T = TypeVar("T")
 
 
+def _unknown(key: str, allowed: set[str]) -> str:
+    """The rule for a key the schema does not know, with the known key it is closest to, if any."""
+    import difflib
+
+    close = difflib.get_close_matches(key, sorted(allowed), n=1, cutoff=0.75)
+    return f"unknown key (did you mean {close[0]}?)" if close else "unknown key"
+
+
 class _Doc:
     """Typed, path-aware access to a parsed document; every fault names file, line and key."""
 
@@ -85,7 +93,7 @@ class _Doc:
         found: dict[str, YNode] = {}
         for key, key_mark, value in node.items:
             if key not in allowed:
-                raise self.fail(key_mark, _join(path, key), "unknown key")
+                raise self.fail(key_mark, _join(path, key), _unknown(key, allowed))
             found[key] = value
         for key in required:
             if key not in found:

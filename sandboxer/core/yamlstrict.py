@@ -133,6 +133,15 @@ def _convert(node: Node, file: str, path: str) -> YNode:
     raise ConfigError(file, mark.line, mark.column, path, "unsupported YAML node")
 
 
+def _tab_indented(text: str, last_line: int) -> tuple[int, int] | None:
+    """(line, column) of the first tab in the indentation of a line up to `last_line`, if any."""
+    for number, line in enumerate(text.splitlines()[:last_line], start=1):
+        indent = line[: len(line) - len(line.lstrip(" \t"))]
+        if "\t" in indent:
+            return number, indent.index("\t") + 1
+    return None
+
+
 def parse_yaml(data: bytes, file: str) -> YNode:
     """Parse one YAML document from `data`; `file` is only used in error messages."""
     from ruamel.yaml import YAML
@@ -149,6 +158,9 @@ def parse_yaml(data: bytes, file: str) -> YNode:
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, column = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
+        tab = _tab_indented(text, line)  # YAML indents with spaces: say so, not "cannot start any token"
+        if tab is not None:
+            raise ConfigError(file, *tab, "", "tab characters are not allowed for indentation") from None
         # The problem text names the syntax fault; the snippet that would quote the file is dropped.
         problem = _QUOTED.sub("'…'", (exc.problem or exc.context or "invalid YAML").strip())  # never quote the file
         raise ConfigError(file, line, column, "", f"invalid YAML: {problem}") from None

@@ -210,6 +210,21 @@ BAD_FILES = [
     ),
     ("unknown limit", PROFILE + "limits:\n  cpus: 2\n", "f.yaml:12:3: limits.cpus: unknown key"),
     (
+        "a misspelt limit",
+        PROFILE + "limits:\n  memory_mb: 512\n",
+        "f.yaml:12:3: limits.memory_mb: unknown key (did you mean memory_mib?)",
+    ),
+    (
+        "a misspelt top-level key",
+        PROFILE + "lifetme:\n  idle_seconds: 60\n",
+        "f.yaml:11:1: lifetme: unknown key (did you mean lifetime?)",
+    ),
+    (
+        "a tab in the indentation",
+        PROFILE + "limits:\n\tpids: 64\n",
+        "f.yaml:12:1: tab characters are not allowed for indentation",
+    ),
+    (
         "workspace too small",
         PROFILE + "limits:\n  workspace_mib: 8\n",
         "f.yaml:12:18: limits.workspace_mib: must be between 16 and 1048576",
