@@ -147,6 +147,7 @@ def clone_workspace(request: CreateRequest, plan: Plan) -> None:
         owner=(plan.host_uid, plan.host_gid) if os.geteuid() == 0 else None,
         branch=assignment.branch if assignment else None,
         ref_field="repository.revision" if assignment else "workspace.ref",
+        identity=(request.profile.workspace.git_user_name, request.profile.workspace.git_user_email),
     )
 
 

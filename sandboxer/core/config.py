@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from sandboxer.core.config_types import (
+    DEFAULT_GIT_USER,
     DEFAULT_MEMORY_MIB,
     DEFAULT_PIDS,
     DEFAULT_STATE_MIB,
@@ -47,6 +48,8 @@ IMAGE_REFERENCE = re.compile(
     rf"(?::[a-z0-9_][a-z0-9_.-]{{0,127}})?@sha256:[0-9a-f]{{64}}"
 )
 _GIT_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")
+GIT_USER_NAME = re.compile(r"[^\x00-\x1f\x7f<>]{1,100}")  # what git takes as a name: no control characters, no <>
+GIT_USER_EMAIL = re.compile(r"[^\s<>@]{1,64}@[^\s<>@]{1,189}")
 
 MEMORY_MIB_RANGE = (64, 1024 * 1024)
 WORKSPACE_MIB_RANGE = (16, 1024 * 1024)
@@ -205,6 +208,22 @@ def _parse_extension(doc: _Doc, root: YNode, digest: str) -> ExtensionConfig:
     return ExtensionConfig(extension=extension, runtime=pin, image=image, file_sha256=digest, warm=warm)
 
 
+def _git_user(doc: _Doc, node: YNode | None) -> tuple[str, str]:
+    """workspace.git.user: the commit identity the clone is given (a neutral one by default)."""
+    name, email = DEFAULT_GIT_USER
+    if node is None:
+        return name, email
+    git = doc.mapping(node, "workspace.git", (), ("user",))
+    if "user" not in git:
+        return name, email
+    user = doc.mapping(git["user"], "workspace.git.user", (), ("name", "email"))
+    if "name" in user:
+        name = doc.string(user["name"], "workspace.git.user.name", GIT_USER_NAME, "must be 1-100 printable characters")
+    if "email" in user:
+        email = doc.string(user["email"], "workspace.git.user.email", GIT_USER_EMAIL, "must be an address like a@b")
+    return name, email
+
+
 def _opaque_string(doc: _Doc, node: YNode, path: str) -> str:
     return doc.string(node, path)
 
@@ -223,7 +242,7 @@ def _parse_profile(doc: _Doc, root: YNode, digest: str) -> Profile:
         raise doc.fail(top["profile"].mark, "profile", f"{GRANTS_NAME} is reserved for grants.yaml")
     doc.own_name(top["profile"], "profile", name)
     extension = doc.extension_name(top["extension"], "extension")
-    workspace = doc.mapping(top["workspace"], "workspace", ("repository", "ref"))
+    workspace = doc.mapping(top["workspace"], "workspace", ("repository", "ref"), ("git",))
     network = doc.mapping(top["network"], "network", ("default", "egress"))
     setup = doc.mapping(top["setup"], "setup", ("secrets",))
 
@@ -267,6 +286,7 @@ def _parse_profile(doc: _Doc, root: YNode, digest: str) -> Profile:
             lifetime = Lifetime(idle_seconds=idle)
     repository = doc.absolute_path(workspace["repository"], "workspace.repository")
     ref = _git_ref(doc, workspace["ref"], "workspace.ref")
+    git_name, git_email = _git_user(doc, workspace.get("git"))
 
     # Both backends give a sandbox loopback only and deliver no secrets; a profile that asks for
     # more would be promised something nothing enforces, so it is refused, not ignored.
@@ -293,7 +313,7 @@ def _parse_profile(doc: _Doc, root: YNode, digest: str) -> Profile:
     return Profile(
         name=name,
         extension=extension,
-        workspace=Workspace(repository=repository, ref=ref),
+        workspace=Workspace(repository=repository, ref=ref, git_user_name=git_name, git_user_email=git_email),
         network_default="deny",
         egress=(),
         secrets=(),

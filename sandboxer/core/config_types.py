@@ -18,6 +18,7 @@ DEFAULT_PIDS = 512
 DEFAULT_WORKSPACE_MIB = 4096
 DEFAULT_STATE_MIB = 256  # the private state tmpfs (HOME, XDG dirs, TMPDIR)
 DEFAULT_TMP_MIB = 256  # /tmp and /var/tmp, each a private tmpfs
+DEFAULT_GIT_USER = ("Sandbox", "sandbox@localhost")  # a neutral commit identity: workspace.git.user
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,10 +42,13 @@ class ExtensionConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Workspace:
-    """The Git repository each sandbox clones, and the ref it checks out."""
+    """The Git repository each sandbox clones, the ref it checks out, and the commit identity the
+    clone is given (workspace.git.user)."""
 
     repository: str
     ref: str
+    git_user_name: str = DEFAULT_GIT_USER[0]
+    git_user_email: str = DEFAULT_GIT_USER[1]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,13 +149,19 @@ def meaning(item: OwnerFile) -> dict[str, Any]:
             "kind": "profile",
             "profile": item.name,
             "extension": item.extension,
-            "workspace": {"repository": item.workspace.repository, "ref": item.workspace.ref},
+            "workspace": {
+                "repository": item.workspace.repository,
+                "ref": item.workspace.ref,
+                "git": {"user": {"name": item.workspace.git_user_name, "email": item.workspace.git_user_email}},
+            },
             "network": {"default": item.network_default, "egress": list(item.egress)},
             "setup": {"secrets": list(item.secrets)},
             "limits": {
                 "memory_mib": item.limits.memory_mib,
                 "pids": item.limits.pids,
                 "workspace_mib": item.limits.workspace_mib,
+                "state_mib": item.limits.state_mib,
+                "tmp_mib": item.limits.tmp_mib,
                 "best_effort": item.limits.best_effort,
             },
             "security": {"allow_ptrace": item.security.allow_ptrace},
@@ -182,11 +192,16 @@ def from_meaning(document: dict[str, Any], file_sha256: str) -> OwnerFile:
         )
     if document["kind"] == "profile":
         limits = document["limits"]
+        workspace = document["workspace"]
+        git_user = workspace.get("git", {}).get("user", {})
         return Profile(
             name=str(document["profile"]),
             extension=_extension(document["extension"]),
             workspace=Workspace(
-                repository=str(document["workspace"]["repository"]), ref=str(document["workspace"]["ref"])
+                repository=str(workspace["repository"]),
+                ref=str(workspace["ref"]),
+                git_user_name=str(git_user.get("name", DEFAULT_GIT_USER[0])),
+                git_user_email=str(git_user.get("email", DEFAULT_GIT_USER[1])),
             ),
             network_default="deny",
             egress=(),
@@ -195,6 +210,8 @@ def from_meaning(document: dict[str, Any], file_sha256: str) -> OwnerFile:
                 memory_mib=int(limits["memory_mib"]),
                 pids=int(limits["pids"]),
                 workspace_mib=int(limits["workspace_mib"]),
+                state_mib=int(limits.get("state_mib", DEFAULT_STATE_MIB)),
+                tmp_mib=int(limits.get("tmp_mib", DEFAULT_TMP_MIB)),
                 best_effort=bool(limits["best_effort"]),
             ),
             file_sha256=file_sha256,

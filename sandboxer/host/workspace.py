@@ -102,8 +102,10 @@ def clone(
     owner: tuple[int, int] | None,
     branch: str | None = None,
     ref_field: str = "workspace.ref",
+    identity: tuple[str, str],
 ) -> None:
-    """Clone `repository` at `ref` into `destination`, owned by `owner` if given.
+    """Clone `repository` at `ref` into `destination`, owned by `owner` if given, with the commit
+    `identity` (name, email) in its own config: `git commit` works inside from the start.
 
     `destination` is new, or an empty directory that must stay the same directory (a warm
     container already has it bound at /workspace). `git_home` is git's HOME meanwhile, a new
@@ -126,6 +128,9 @@ def clone(
         # Before any sandbox code runs in it: no remote, no "clone: from <path>" reflog entry.
         if _git(["remote", "remove", "origin"], home=home, cwd=destination).returncode != 0:
             raise BackendError(f"{profile_file}: workspace.repository: the clone's remote cannot be removed")
+        for key, value in zip(("user.name", "user.email"), identity, strict=True):
+            if _git(["config", key, value], home=home, cwd=destination).returncode != 0:
+                raise BackendError(f"{profile_file}: workspace.git.user: the clone's {key} cannot be set")
         # The reflogs are files of their own (git's "files" ref store): a fresh clone's hold only
         # that entry, and the sandbox's git starts new ones.
         logs = os.path.join(destination, ".git", "logs")

@@ -118,3 +118,24 @@ def test_timeout_also_kills_a_process_that_left_the_session(sbx_root: SandboxBro
     assert survivors == [], [(p.pid, p.info) for p in survivors]
     after = sb.exec(sandbox_id, "/bin/sh", "-c", "echo usable")
     assert (after.status, after.stdout) == (0, "usable\n")
+
+
+COMMIT = (
+    "cd /workspace && echo work > agent.txt && git add agent.txt && git commit -q -m 'agent work' "
+    "&& git log -1 --format='%an <%ae>' && git remote && git status --porcelain"
+)
+
+
+def test_git_commit_works_in_a_fresh_sandbox_with_the_profiles_identity(sbx: SandboxBroker) -> None:
+    """A neutral identity by default, the profile's workspace.git.user when it names one; the
+    clone has no remote (no host path to name)."""
+    default = sbx.sh(sbx.create(), COMMIT)
+    assert (default.status, default.stdout) == (0, "Sandbox <sandbox@localhost>\n"), default.stderr
+    text = backend_profile_text(sbx, "agent", sbx.repo).replace(
+        "  ref: main\n", "  ref: main\n  git:\n    user:\n      name: Agent Smith\n      email: agent@example.test\n"
+    )
+    sbx.write_profile("agent", text)
+    assert sbx.run("ext", "approve", "agent").status == 0
+    for _ in range(2):  # the second create reads the profile from the parse cache
+        named = sbx.sh(sbx.create("agent"), COMMIT)
+        assert (named.status, named.stdout) == (0, "Agent Smith <agent@example.test>\n"), named.stderr

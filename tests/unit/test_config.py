@@ -220,6 +220,16 @@ BAD_FILES = [
         "f.yaml:11:1: lifetme: unknown key (did you mean lifetime?)",
     ),
     (
+        "a git email that is no address",
+        PROFILE.replace("  ref: main\n", "  ref: main\n  git:\n    user:\n      email: nobody\n"),
+        "f.yaml:8:14: workspace.git.user.email: must be an address like a@b",
+    ),
+    (
+        "a git name with a control character",
+        PROFILE.replace("  ref: main\n", '  ref: main\n  git:\n    user:\n      name: "a\\x07b"\n'),
+        "f.yaml:8:13: workspace.git.user.name: must be 1-100 printable characters",
+    ),
+    (
         "a tab in the indentation",
         PROFILE + "limits:\n\tpids: 64\n",
         "f.yaml:12:1: tab characters are not allowed for indentation",

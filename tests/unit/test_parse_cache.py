@@ -24,8 +24,18 @@ EXT = (
 )
 
 
+EVERY_KEY = profile_yaml(
+    "full",
+    extra=(
+        "limits:\n  memory_mib: 512\n  pids: 99\n  workspace_mib: 64\n  state_mib: 32\n  tmp_mib: 48\n"
+        "  best_effort: true\nsecurity:\n  allow_ptrace: true\nlifetime:\n  idle_seconds: 60\n"
+    ),
+).replace("  ref: main\n", "  ref: main\n  git:\n    user:\n      name: Ada L\n      email: ada@example.test\n")
+
+
 def test_meaning_round_trips_for_profiles_and_extensions() -> None:
-    for data in (PROFILE, EXT, EXT + b"  warm: 2\n"):
+    assert b"email: ada@example.test" in EVERY_KEY.encode()  # the sample's workspace took the git key
+    for data in (PROFILE, EVERY_KEY.encode(), EXT, EXT + b"  warm: 2\n"):
         item = parse_owner_file(data, "f.yaml")
         assert from_meaning(json.loads(json.dumps(meaning(item))), item.file_sha256) == item
 
