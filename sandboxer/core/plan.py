@@ -166,6 +166,8 @@ def base_env(*, sandbox_id: str, profile: str, user: str) -> tuple[tuple[str, st
         ("LOGNAME", user),
         ("SANDBOXER_SANDBOX_ID", sandbox_id),
         ("SANDBOXER_PROFILE", profile),
+        # Offline by policy, and it says so: a program can tell why the network is missing.
+        ("SANDBOXER_NETWORK", "loopback"),
     ]
     return tuple(env)
 

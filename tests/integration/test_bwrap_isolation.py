@@ -430,6 +430,7 @@ def test_callers_environment_never_reaches_inside_and_env_is_exactly_the_contrac
     assert env["PYTHONDONTWRITEBYTECODE"] == "1"
     assert env["SANDBOXER_SANDBOX_ID"] == sandbox_id
     assert env["SANDBOXER_PROFILE"] == sbx.profile
+    assert env["SANDBOXER_NETWORK"] == "loopback"
 
     consumer = run_raw(sbx, "exec", sandbox_id, "--consumer", "agent-1", "--", "env", extra_env=canary)
     assert consumer.returncode == 0, consumer.stderr

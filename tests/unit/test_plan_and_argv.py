@@ -115,6 +115,7 @@ def test_env_is_built_from_nothing_with_exactly_the_contract_names(monkeypatch: 
         "LOGNAME": "sandbox",
         "SANDBOXER_SANDBOX_ID": SANDBOX_ID,
         "SANDBOXER_PROFILE": "golden",
+        "SANDBOXER_NETWORK": "loopback",
     }
     path = dict(plan.env)["PATH"]
     assert path.split(":")[0] == "/opt/sandboxer/runtime/bin"
