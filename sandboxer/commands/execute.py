@@ -22,11 +22,12 @@ from sandboxer.backends import enter_for
 from sandboxer.core.record_exec import ExecView, ExecViewError
 from sandboxer.errors import ExecUsage
 from sandboxer.host import activity
+from sandboxer.host.stdio import TIMED_OUT, Program
 from sandboxer.invocation import current
 
 if TYPE_CHECKING:
     from sandboxer.dirs import Dirs
-    from sandboxer.host.stdio import CallerStdio, Program
+    from sandboxer.host.stdio import CallerStdio
 
 BROKER_FAILED = 125  # the exec status of every broker failure
 _HEX = frozenset("0123456789abcdef")
@@ -114,8 +115,26 @@ def execute(
     elif "consumer" in options:
         env["SANDBOXER_CONSUMER"] = options["consumer"]
     enter = enter_for(record.backend)
+    started = time.monotonic()
     with activity.in_use(os.path.join(dirs.state, "sandboxes", options["id"])):
-        return int(enter(record, options, command, env, timeout, program=program, state_dir=dirs.state))
+        status = int(enter(record, options, command, env, timeout, program=program, state_dir=dirs.state))
+    # Why it died, on the broker's line: 124 from a command of its own (GNU timeout's) ends before
+    # the deadline and is left alone.
+    if status == TIMED_OUT and timeout is not None and time.monotonic() - started >= timeout:
+        _tell(program, f"sandboxer: exec: timed out after {timeout:g} s\n")
+    return status
+
+
+def _tell(program: Program | CallerStdio | None, line: str) -> None:
+    """A line of the broker's on the exec's stderr, wherever that goes."""
+    data = line.encode()
+    try:
+        if isinstance(program, Program):
+            program.output("stderr", data)
+        else:
+            os.write(2 if program is None else program.fds[2], data)
+    except OSError:
+        pass  # the caller's stderr is gone: the status says it all the same
 
 
 def _provider_environment(

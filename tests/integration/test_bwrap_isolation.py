@@ -543,8 +543,10 @@ def test_timeout_exits_124_kills_the_whole_process_tree_and_leaves_the_sandbox_u
     started = time.monotonic()
     result = sbx.exec(sandbox_id, "/bin/sh", "-c", f"sleep {seconds} & sleep {seconds}", options=("--timeout", "1"))
     elapsed = time.monotonic() - started
-    assert result.status == 124, result.stderr
+    assert (result.status, result.stderr) == (124, "sandboxer: exec: timed out after 1 s\n")
     assert 0.9 <= elapsed < 5, elapsed
+    own = sbx.exec(sandbox_id, "/bin/sh", "-c", "exit 124", options=("--timeout", "30"))
+    assert (own.status, own.stderr) == (124, "")  # the command's own 124 is not a timeout
     survivors = sleepers()
     assert survivors == [], [(p.pid, p.info) for p in survivors]
     after = sbx.sh(sandbox_id, "echo still-usable")
