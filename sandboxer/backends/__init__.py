@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sandboxer.backends.protocol import Backend
     from sandboxer.core.plan import Backend as Name
+    from sandboxer.core.record_exec import ExecView
 
 Enter = Callable[..., int]
 
@@ -35,6 +36,19 @@ def backend_for(name: object) -> Backend:
             from sandboxer.errors import BackendError
 
             raise BackendError(f"no such backend: {str(name)[:32]!r}")
+
+
+def limit_groups(record: ExecView) -> list[str]:
+    """The cgroup directories that hold a sandbox's limits, whose counters say what the limits did
+    during an exec (sandboxer/host/limit_events.py): those a bwrap sandbox's record names, a
+    container's own (the Engine made them), none under the rlimit mechanism."""
+    if record.cgroups:
+        return list(record.cgroups)
+    if record.backend == "docker" and record.container_id:
+        from sandboxer.backends.docker.enter import container_groups
+
+        return container_groups(record.container_id)
+    return []
 
 
 def enter_for(name: object) -> Enter:

@@ -18,10 +18,11 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from sandboxer.backends import enter_for
+from sandboxer.backends import enter_for, limit_groups
 from sandboxer.core.record_exec import ExecView, ExecViewError
 from sandboxer.errors import ExecUsage
 from sandboxer.host import activity
+from sandboxer.host.limit_events import LimitWatch
 from sandboxer.host.stdio import TIMED_OUT, Program
 from sandboxer.invocation import current
 
@@ -115,11 +116,14 @@ def execute(
     elif "consumer" in options:
         env["SANDBOXER_CONSUMER"] = options["consumer"]
     enter = enter_for(record.backend)
+    limits = LimitWatch(record, limit_groups(record))
     started = time.monotonic()
     with activity.in_use(os.path.join(dirs.state, "sandboxes", options["id"])):
         status = int(enter(record, options, command, env, timeout, program=program, state_dir=dirs.state))
-    # Why it died, on the broker's line: 124 from a command of its own (GNU timeout's) ends before
-    # the deadline and is left alone.
+    # Why it died, on the broker's lines: a limit that acted meanwhile, and the timeout (124 from
+    # a command of its own, GNU timeout's, ends before the deadline and is left alone).
+    for line in limits.why(status):
+        _tell(program, f"sandboxer: exec: {line}\n")
     if status == TIMED_OUT and timeout is not None and time.monotonic() - started >= timeout:
         _tell(program, f"sandboxer: exec: timed out after {timeout:g} s\n")
     return status

@@ -90,6 +90,8 @@ class ExecView:
         "init_pid",
         "init_start",
         "limits_mechanism",
+        "memory_mib",
+        "pids",
         "procs_files",
         "rlimits",
         "state",
@@ -121,3 +123,5 @@ class ExecView:
         self.cgroups = _texts(limits, "groups")
         self.procs_files = _texts(limits, "procs_files")
         self.rlimits = tuple(_int_pairs(limits.get("rlimits", []), "rlimits"))
+        self.memory_mib = _number(limits, "memory_mib")
+        self.pids = _number(limits, "pids")

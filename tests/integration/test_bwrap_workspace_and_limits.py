@@ -55,12 +55,20 @@ def limited(sb: SandboxBroker, name: str, limits: str) -> str:
     return sb.create(name)
 
 
+def _mechanism(broker: SandboxBroker, sandbox_id: str) -> str:
+    inspected = broker.run("inspect", sandbox_id, "--json")
+    assert inspected.status == 0, inspected.stderr
+    return str(inspected.json()["limits"]["mechanism"])
+
+
 def test_pids_limit_stops_a_fork_flood(sbx: SandboxBroker) -> None:
     sb = sbx
     sandbox_id = limited(sb, "few-pids", "  pids: 24\n")
     flood = sb.sh(sandbox_id, "n=0; for i in $(seq 60); do sleep 3 & n=$((n+1)); done 2>/dev/null; wait; echo $n")
     assert flood.status != 0, flood  # the shell could not fork all 60 (it exits 2 on a failed fork)
     assert flood.stdout.strip() != "60"
+    if _mechanism(sb, sandbox_id) != "rlimit":  # a cgroup's pids.max refused, and the broker says so
+        assert flood.stderr.endswith("sandboxer: exec: the pids limit (24) refused a new process\n"), flood.stderr
     # With room to spare the same kind of work succeeds.
     roomy = limited(sb, "more-pids", "  pids: 512\n")
     fine = sb.sh(roomy, "for i in $(seq 30); do sleep 0.2 & done; wait; echo done")
@@ -75,6 +83,9 @@ def test_memory_limit_stops_a_large_allocation(sbx: SandboxBroker) -> None:
     refused = sb.exec(small, "python3", "-c", grab, "400")
     assert refused.status != 0
     assert "ok" not in refused.stdout
+    if _mechanism(sb, small) != "rlimit":  # a cgroup's limit kills, and the broker says so
+        assert refused.status == 137, refused
+        assert refused.stderr.endswith("sandboxer: exec: killed by the memory limit (128 MiB)\n"), refused.stderr
     fits = sb.exec(small, "python3", "-c", grab, "16")
     assert fits.status == 0, fits.stderr
     assert fits.stdout.strip() == "ok"

@@ -122,6 +122,20 @@ def _client_gone(control: Control) -> Callable[[], bool]:
     return gone
 
 
+def container_groups(container_id: str) -> list[str]:
+    """The container's memory and pids cgroup directories, where either of the Engine's cgroup
+    drivers puts them (cgroupfs: docker/ID; systemd: system.slice/docker-ID.scope), v1 or v2."""
+    root = "/sys/fs/cgroup"
+    places = (f"docker/{container_id}", f"system.slice/docker-{container_id}.scope")
+    found = []
+    for hierarchy in ("memory", "pids", ""):  # "": the unified hierarchy of a v2-only host
+        for place in places:
+            path = os.path.join(root, hierarchy, place) if hierarchy else os.path.join(root, place)
+            if os.path.isdir(path):
+                found.append(path)
+    return found
+
+
 def _docker_exec_group(exec_id: str) -> str | None:
     """Move a gated exec (stopped before its command runs) into a pids cgroup of its own below
     the container's, then let it go on: --timeout then finds every process it makes, even one

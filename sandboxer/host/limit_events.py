@@ -1,0 +1,69 @@
+"""What a sandbox's limits did while an exec ran, for the broker's line on why it died.
+
+The kernel counts, per cgroup, the processes the memory limit killed (`oom_kill` in cgroup v1's
+memory.oom_control, v2's memory.events) and the forks the pids limit refused (`max` in
+pids.events). They are read before and after an exec: a count that grew names the limit that
+stopped it. The counts are the sandbox's, so an exec running beside another that hit a limit is
+told about it too. Without cgroups (the rlimit mechanism) there is nothing to count: an
+allocation past RLIMIT_AS fails inside, where the program says so itself.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sandboxer.core.record_exec import ExecView
+
+_MEMORY_FILES = ("memory.oom_control", "memory.events")  # cgroup v1, v2: an "oom_kill N" line
+_PIDS_FILE = "pids.events"  # a "max N" line: forks refused at pids.max
+
+
+@dataclass(frozen=True, slots=True)
+class Counts:
+    oom_kills: int
+    pid_refusals: int
+
+
+class LimitWatch:
+    """The counts of one sandbox's cgroups, taken when an exec starts; why() after it ended."""
+
+    def __init__(self, view: ExecView, groups: list[str]) -> None:
+        self._view = view
+        self._groups = groups  # the sandbox's cgroup directories (sandboxer.backends.limit_groups)
+        self._before = _counts(self._groups)
+
+    def why(self, status: int) -> list[str]:
+        """The broker's lines for the limits that acted during the exec (none: none did)."""
+        after = _counts(self._groups)
+        lines = []
+        if after.oom_kills > self._before.oom_kills:
+            limit = f"the memory limit ({self._view.memory_mib} MiB)"
+            lines.append(f"killed by {limit}" if status == 128 + 9 else f"{limit} killed a process of the sandbox")
+        if after.pid_refusals > self._before.pid_refusals:
+            lines.append(f"the pids limit ({self._view.pids}) refused a new process")
+        return lines
+
+
+def _counts(groups: list[str]) -> Counts:
+    oom = refused = 0
+    for group in groups:
+        for name in _MEMORY_FILES:
+            oom += _field(os.path.join(group, name), "oom_kill")
+        refused += _field(os.path.join(group, _PIDS_FILE), "max")
+    return Counts(oom_kills=oom, pid_refusals=refused)
+
+
+def _field(path: str, key: str) -> int:
+    """The number after `key` on its line of a cgroup's flat-keyed file (0: no such file or line)."""
+    try:
+        with open(path) as stream:
+            for line in stream:
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
