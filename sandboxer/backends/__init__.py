@@ -51,6 +51,21 @@ def limit_groups(record: ExecView) -> list[str]:
     return []
 
 
+def root_pid(record: ExecView) -> int | None:
+    """A process whose /proc/PID/root is the sandbox's filesystem: a bwrap sandbox's holder, a
+    container's pid 1 (asked of the Engine); None when there is none to ask."""
+    if record.backend == "docker" and record.container_id:
+        from sandboxer.backends.docker.container import inspect
+        from sandboxer.errors import SandboxerError
+
+        try:
+            pid = (inspect(record.container_id).get("State") or {}).get("Pid")
+        except (OSError, SandboxerError):
+            return None
+        return pid if isinstance(pid, int) and pid > 0 else None
+    return record.holder_pid or None
+
+
 def enter_for(name: object) -> Enter:
     """How `sandboxer exec` runs a command in a sandbox of this backend: exec's own entry, which
     loads none of the backend's create-time code. It is called as

@@ -18,11 +18,11 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from sandboxer.backends import enter_for, limit_groups
+from sandboxer.backends import enter_for, limit_groups, root_pid
 from sandboxer.core.record_exec import ExecView, ExecViewError
 from sandboxer.errors import ExecUsage
 from sandboxer.host import activity
-from sandboxer.host.limit_events import LimitWatch
+from sandboxer.host.limit_events import LimitWatch, full_filesystems
 from sandboxer.host.stdio import TIMED_OUT, Program
 from sandboxer.invocation import current
 
@@ -122,7 +122,10 @@ def execute(
         status = int(enter(record, options, command, env, timeout, program=program, state_dir=dirs.state))
     # Why it died, on the broker's lines: a limit that acted meanwhile, and the timeout (124 from
     # a command of its own, GNU timeout's, ends before the deadline and is left alone).
-    for line in limits.why(status):
+    why = limits.why(status)
+    if status not in (0, TIMED_OUT):  # a write that failed for room may be why
+        why += full_filesystems(root_pid(record))
+    for line in why:
         _tell(program, f"sandboxer: exec: {line}\n")
     if status == TIMED_OUT and timeout is not None and time.monotonic() - started >= timeout:
         _tell(program, f"sandboxer: exec: timed out after {timeout:g} s\n")

@@ -1,5 +1,9 @@
 """What a sandbox's limits did while an exec ran, for the broker's line on why it died.
 
+Its sized filesystems are looked at too, after an exec that failed: one that is full (the state
+tmpfs, /tmp, /var/tmp, the workspace) is named with the profile key that sizes it, since a
+program's own "No space left on device" names neither.
+
 The kernel counts, per cgroup, the processes the memory limit killed (`oom_kill` in cgroup v1's
 memory.oom_control, v2's memory.events) and the forks the pids limit refused (`max` in
 pids.events). They are read before and after an exec: a count that grew names the limit that
@@ -67,3 +71,30 @@ def _field(path: str, key: str) -> int:
     except (OSError, ValueError):
         pass
     return 0
+
+
+# The sandbox's sized filesystems and the profile key that sizes each.
+SIZED = (
+    ("/run/sandboxer/state", "limits.state_mib"),
+    ("/tmp", "limits.tmp_mib"),  # noqa: S108 - inside the sandbox
+    ("/var/tmp", "limits.tmp_mib"),  # noqa: S108 - inside the sandbox
+    ("/workspace", "limits.workspace_mib"),
+)
+FULL_BYTES = 64 * 1024  # less free than this: full (a failed write leaves at most a partial block)
+
+
+def full_filesystems(root_pid: int | None) -> list[str]:
+    """The broker's lines for the sandbox's sized filesystems that are full now, seen through
+    `root_pid`'s root (its mount namespace)."""
+    if root_pid is None:
+        return []
+    lines = []
+    for target, key in SIZED:
+        try:
+            seen = os.statvfs(f"/proc/{root_pid}/root{target}")
+        except OSError:
+            continue
+        if seen.f_blocks and seen.f_bavail * seen.f_frsize < FULL_BYTES:
+            size = round(seen.f_blocks * seen.f_frsize / 2**20)
+            lines.append(f"{target} is full ({key}: {size} MiB)")
+    return lines

@@ -155,6 +155,11 @@ def test_tmp_and_state_are_private_tmpfs_of_the_profiles_sizes(sbx: SandboxBroke
     assert (evidence["limits"]["state_mib"], evidence["limits"]["tmp_mib"], evidence["matches_plan"]) == (24, 16, True)
     assert answer(own.sh("stat -c '%a %F' /tmp /var/tmp")) == "1777 directory\n1777 directory"
     assert answer(own.py(FILL, "/tmp/fill", "64", "16")) == "ENOSPC True"
+    if own.backend == "docker" or not own.broker.as_user:  # an unprivileged broker cannot look inside
+        failed = own.sh("printf 'more data' > /tmp/more")
+        assert failed.status != 0
+        said = [line for line in failed.stderr.splitlines() if line.startswith("sandboxer:")]
+        assert said == ["sandboxer: exec: /tmp is full (limits.tmp_mib: 16 MiB)"], failed.stderr
     assert answer(own.py(FILL, "/var/tmp/fill", "64", "16")) == "ENOSPC True"
     assert answer(own.py(FILL, "$HOME/fill", "64", "24")) == "ENOSPC True"
     other = own_box(sbx)
