@@ -120,6 +120,28 @@ def ext_list(ctx: typer.Context, json: JsonOption = False) -> None:
     _print(result, human, json)
 
 
+@runtime_app.command("pin")
+def runtime_pin(
+    ctx: typer.Context,
+    path: Annotated[str, typer.Argument(help="The runtime directory (canonical absolute path).")],
+    extension: Annotated[str, typer.Option("--extension", metavar="NAME", help="The extension config to pin it in.")],
+    json: JsonOption = False,
+) -> None:
+    """Write a runtime directory and its digest into an extension config, for the owner to review
+    and approve."""
+    from sandboxer.commands import owner
+
+    require_owner("runtime pin")
+    result = owner.runtime_pin(dirs_of(ctx), caller_path(path, "runtime pin"), extension)
+    human = (
+        f"{result['file']}: config.runtime is now {result['path']} at {result['sha256']}\n"
+        f"review it, then: sandboxer ext approve {result['extension']}"
+    )
+    if result["status"] == "approved":
+        human = f"{result['file']}: already pins {result['path']} at {result['sha256']} (approved)"
+    _print(result, human, json)
+
+
 @runtime_app.command("digest")
 def runtime_digest(
     ctx: typer.Context,

@@ -120,3 +120,39 @@ def runtime_digest(dirs: Dirs, path: str, *, full: bool) -> dict[str, Any]:
     """Tree digest v1 of a runtime directory, checked against the artifact rules."""
     result = digest_runtime(path, state_dir=dirs.state, full=full)
     return {"path": path, "format": "tree-digest-v1", "full": full, **dataclasses.asdict(result)}
+
+
+def runtime_pin(dirs: Dirs, path: str, extension: str) -> dict[str, Any]:
+    """Write the runtime directory `path` and its tree digest v1 into the extension config's
+    config.runtime, keeping the rest of the file as the owner wrote it (comments included). The
+    file's bytes change, so its approval no longer holds: the owner reviews the new file, then
+    approves it (ext approve) — nothing is approved here."""
+    import io
+
+    from ruamel.yaml import YAML
+
+    from sandboxer.core.config_types import EXTENSIONS
+    from sandboxer.errors import UsageError
+    from sandboxer.host.fsutil import atomic_write
+
+    if extension not in EXTENSIONS:
+        raise UsageError(f"--extension: must be one of {', '.join(EXTENSIONS)}")
+    absolute = os.path.abspath(path)
+    raw = read_owner_file(dirs.config, extension)
+    load_owner_file(raw)  # a file that is not valid now is the owner's to mend first
+    digest = digest_runtime(absolute, state_dir=dirs.state, full=True).sha256
+    yaml = YAML(typ="rt")
+    document = yaml.load(raw.data.decode())
+    runtime = document["config"]["runtime"]
+    data = raw.data
+    if (runtime["path"], runtime["sha256"]) != (absolute, digest):  # else the file stays as it is
+        runtime["path"], runtime["sha256"] = absolute, digest
+        text = io.StringIO()
+        yaml.dump(document, text)
+        data = text.getvalue().encode()
+        parse_owner_file(data, raw.path, expected_name=extension)  # still valid, to the same strict rules
+        info = os.lstat(raw.path)
+        atomic_write(raw.path, data, mode=info.st_mode & 0o777)
+        os.chown(raw.path, info.st_uid, info.st_gid)
+    status = Ledger(dirs.config).status(extension, hashlib.sha256(data).hexdigest())
+    return {"extension": extension, "file": raw.path, "path": absolute, "sha256": digest, "status": status.value}

@@ -234,3 +234,43 @@ def test_unknown_option_is_a_usage_error(broker: Broker) -> None:
     result = broker.run("ext", "list", "--bogus")
     assert result.status == 2
     assert result.stderr == "sandboxer: no such option: --bogus\n"
+
+
+def test_runtime_pin_writes_the_digest_for_the_owner_to_review_and_approve(broker: Broker, tmp_path: Path) -> None:
+    old = make_runtime(tmp_path / "old")
+    new = make_runtime(tmp_path / "new")
+    (new / "lib.py").write_text("changed = True\n")
+    old_digest = broker.run("runtime", "digest", str(old)).stdout.strip()
+    broker.write(
+        "extensions/ext.bwrap.yaml",
+        "# the team's runtime, rebuilt weekly\n" + ext_config(old, old_digest) + "# end\n",
+    )
+    assert broker.run("ext", "approve", "ext.bwrap").status == 0
+
+    pinned = broker.run("runtime", "pin", str(new), "--extension", "ext.bwrap", "--json")
+    assert pinned.status == 0, pinned.stderr
+    new_digest = broker.run("runtime", "digest", str(new)).stdout.strip()
+    assert pinned.json() == {
+        "extension": "ext.bwrap",
+        "file": str(broker.config / "extensions" / "ext.bwrap.yaml"),
+        "path": str(new),
+        "sha256": new_digest,
+        "status": "changed-since-approval",  # nothing is approved on the owner's behalf
+    }
+    text = (broker.config / "extensions" / "ext.bwrap.yaml").read_text()
+    assert text.startswith("# the team's runtime, rebuilt weekly\n")
+    assert text.endswith("# end\n")
+    assert f"path: {new}\n" in text
+    assert new_digest in text
+    assert old_digest not in text
+    assert broker.run("ext", "approve", "ext.bwrap").status == 0
+    again = broker.run("runtime", "pin", str(new), "--extension", "ext.bwrap")
+    assert (again.status, again.stdout.endswith("(approved)\n")) == (0, True)
+    assert statuses(broker) == {"ext.bwrap": "approved"}  # the same pin leaves the file alone
+
+    bad = broker.run("runtime", "pin", str(new), "--extension", "ext.nope")
+    assert (bad.status, bad.stderr) == (2, "sandboxer: --extension: must be one of ext.bwrap, ext.docker\n")
+    missing = broker.run("runtime", "pin", str(tmp_path / "absent"), "--extension", "ext.bwrap")
+    assert missing.status in (2, 3)
+    assert len(missing.stderr.splitlines()) == 1
+    assert statuses(broker) == {"ext.bwrap": "approved"}
