@@ -19,7 +19,7 @@ import contextlib
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from sandboxer.dirs import Dirs, resolve_dirs
 from sandboxer.errors import EntryError, ExecError, NotFoundError, ResidueError
@@ -118,6 +118,7 @@ class Sandbox(SandboxBase):
         timeout: float | None = None,
         consumer: str | None = None,
         executable: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> ExecResult:
         """Run `argv` in the sandbox and wait for it: its status and all of its output (collected
         in this thread: in-process there is no need for exec_stream's)."""
@@ -128,7 +129,7 @@ class Sandbox(SandboxBase):
             (out if stream == "stdout" else err).append(chunk)
 
         status = self._execute(
-            argv, sink, stdin=stdin, cwd=cwd, timeout=timeout, consumer=consumer, executable=executable
+            argv, sink, stdin=stdin, cwd=cwd, timeout=timeout, consumer=consumer, executable=executable, env=env
         )
         return ExecResult(status=status, stdout=b"".join(out), stderr=b"".join(err))
 
@@ -141,6 +142,7 @@ class Sandbox(SandboxBase):
         timeout: float | None = None,
         consumer: str | None = None,
         executable: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> ExecStream:
         """Run `argv` and yield its output as it comes: ("stdout" | "stderr", bytes) pairs; the
         exit status is the stream's `.status` once the iteration has ended."""
@@ -153,6 +155,7 @@ class Sandbox(SandboxBase):
                 timeout=timeout,
                 consumer=consumer,
                 executable=executable,
+                env=env,
                 cancelled=cancelled,
             )
         )
@@ -167,6 +170,7 @@ class Sandbox(SandboxBase):
         timeout: float | None,
         consumer: str | None,
         executable: str | None,
+        env: Mapping[str, str] | None = None,
         cancelled: Callable[[], bool] | None = None,
     ) -> int:
         """The CLI's exec with pipes for stdio: its broker failures (status 125) raise ExecError;
@@ -187,7 +191,8 @@ class Sandbox(SandboxBase):
             options["timeout"] = repr(float(timeout))
         with fed(stdin) as source:
             try:
-                return execute.execute(self.broker.dirs, options, list(argv), Program(source, sink, cancelled))
+                program = Program(source, sink, cancelled)
+                return execute.execute(self.broker.dirs, options, list(argv), program, exec_env=env)
             except ExecUsage as exc:
                 raise ExecError(str(exc)) from None
             except EntryError as exc:

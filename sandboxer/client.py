@@ -20,7 +20,7 @@ import json
 import os
 import socket as socketlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from sandboxer import errors
@@ -183,6 +183,7 @@ class ClientSandbox(SandboxBase):
         timeout: float | None = None,
         consumer: str | None = None,
         executable: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> ClientExecStream:
         """Run `argv` and yield its output as it arrives; `.status` once the iteration ended.
         Leaving the iteration early closes the connection, and the service kills the exec."""
@@ -190,6 +191,8 @@ class ClientSandbox(SandboxBase):
         for name, value in (("cwd", cwd), ("timeout", timeout), ("consumer", consumer), ("executable", executable)):
             if value is not None:
                 options[name] = value
+        if env:
+            options["env"] = dict(env)
         return ClientExecStream(self.client, self.id, json.dumps(options).encode() + b"\n", stdin)
 
     def inspect(self) -> Evidence:

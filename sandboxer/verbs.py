@@ -5,7 +5,7 @@ at the end of a `with` block, and put/get on top of its own exec."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import BinaryIO, Protocol, Self
 
@@ -95,9 +95,12 @@ class SandboxBase:
         timeout: float | None = None,
         consumer: str | None = None,
         executable: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> ExecResult:
         """Run `argv` in the sandbox and wait for it: its status and all of its output."""
-        stream = self.exec_stream(argv, stdin=stdin, cwd=cwd, timeout=timeout, consumer=consumer, executable=executable)
+        stream = self.exec_stream(
+            argv, stdin=stdin, cwd=cwd, timeout=timeout, consumer=consumer, executable=executable, env=env
+        )
         out: list[bytes] = []
         err: list[bytes] = []
         for name, chunk in stream:
@@ -113,6 +116,7 @@ class SandboxBase:
         timeout: float | None = None,
         consumer: str | None = None,
         executable: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> OutputStream:
         """Run `argv` and yield its output as it arrives; `.status` once the iteration ended."""
         raise NotImplementedError

@@ -136,6 +136,14 @@ def exec_(
             "--timeout", metavar="SECONDS", help="Seconds until the exec's whole session is killed (status 124)."
         ),
     ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--env",
+            metavar="NAME=VALUE",
+            help="Set NAME for the command (names in the profile's exec.caller_env only).",
+        ),
+    ] = None,
 ) -> None:
     """Run ARGV in a sandbox on this terminal's stdio; exit with its status.
 
@@ -157,10 +165,24 @@ def exec_(
         program = CallerStdio(invocation.stdio, control)
     try:
         require_own(sandbox_id, ExecUsage(f"exec: no such sandbox: {sandbox_id}"))
-        status = execute(dirs_of(ctx), options, ctx.meta[_COMMAND], program)
+        exec_env = _assignments(env or [])
+        status = execute(dirs_of(ctx), options, ctx.meta[_COMMAND], program, exec_env=exec_env)
     except Exception as exc:
         status = _exec_failure(exc, debug=debug_of(ctx))
     raise typer.Exit(status)
+
+
+def _assignments(pairs: list[str]) -> dict[str, str]:
+    """exec --env's NAME=VALUE pairs (each name once)."""
+    found: dict[str, str] = {}
+    for pair in pairs:
+        name, equals, value = pair.partition("=")
+        if not equals or not name:
+            raise ExecUsage("exec: --env must be NAME=VALUE")
+        if name in found:
+            raise ExecUsage(f"exec: --env {name[:64]}: given twice")
+        found[name] = value
+    return found
 
 
 def _exec_failure(exc: Exception, *, debug: bool) -> int:

@@ -98,14 +98,20 @@ def execute(
     program: Program | CallerStdio | None = None,
     *,
     caller_env: Mapping[str, str] | None = None,
+    exec_env: Mapping[str, str] | None = None,
 ) -> int:
     """Run `command` in the sandbox `options["id"]` with the exec options of the CLI (cwd,
     consumer, executable, timeout, as strings), on this process's stdio or `program`'s.
     `caller_env` is where a provider launch's inherited names come from (default: the
-    invocation's environment — this process's, or a CLI client's in the service)."""
+    invocation's environment — this process's, or a CLI client's in the service). `exec_env`:
+    the variables `exec --env` sets, each a name the profile's exec.caller_env lists."""
     timeout = _validate(options)
     record = _load(dirs.state, options["id"])
     env = record.env
+    if exec_env:
+        if "consumer" in options and "executable" in options:
+            raise ExecUsage("exec: --env: a provider launch's environment is exactly what its lease grants")
+        env = {**env, **_checked_env(record, exec_env)}
     for lease_id, moment in record.expiries:
         if moment <= time.time():
             raise ExecUsage(f"exec: lease {lease_id} has expired")
@@ -130,6 +136,21 @@ def execute(
     if status == TIMED_OUT and timeout is not None and time.monotonic() - started >= timeout:
         _tell(program, f"sandboxer: exec: timed out after {timeout:g} s\n")
     return status
+
+
+def _checked_env(record: ExecView, exec_env: Mapping[str, str]) -> dict[str, str]:
+    """The caller's variables, each a name the profile lets a caller set and the sandbox's own
+    environment does not already hold."""
+    for name, value in exec_env.items():
+        if name not in record.caller_env:
+            raise ExecUsage(
+                f"exec: --env {name[:64]}: not a name this sandbox's profile lets a caller set (exec.caller_env)"
+            )
+        if name in record.env:
+            raise ExecUsage(f"exec: --env {name}: set by the sandbox itself, not by a caller")
+        if "\0" in value:
+            raise ExecUsage(f"exec: --env {name}: a value cannot hold a NUL byte")
+    return dict(exec_env)
 
 
 def _tell(program: Program | CallerStdio | None, line: str) -> None:

@@ -49,6 +49,7 @@ IMAGE_REFERENCE = re.compile(
 )
 _GIT_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")
 GIT_USER_NAME = re.compile(r"[^\x00-\x1f\x7f<>]{1,100}")  # what git takes as a name: no control characters, no <>
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 GIT_USER_EMAIL = re.compile(r"[^\s<>@]{1,64}@[^\s<>@]{1,189}")
 
 MEMORY_MIB_RANGE = (64, 1024 * 1024)
@@ -208,6 +209,26 @@ def _parse_extension(doc: _Doc, root: YNode, digest: str) -> ExtensionConfig:
     return ExtensionConfig(extension=extension, runtime=pin, image=image, file_sha256=digest, warm=warm)
 
 
+def _caller_env(doc: _Doc, node: YNode | None) -> tuple[str, ...]:
+    """exec.caller_env: the names a caller may set with `exec --env` — never one the sandbox's own
+    environment sets (PATH, HOME, ..., SANDBOXER_*): that environment stays the owner's."""
+    from sandboxer.core.plan import PLAN_ENV_NAMES
+
+    if node is None:
+        return ()
+    section = doc.mapping(node, "exec", (), ("caller_env",))
+    if "caller_env" not in section:
+        return ()
+
+    def name(entry: YNode, path: str) -> str:
+        value = doc.string(entry, path, ENV_NAME, "must be an environment name: letters, digits, _; not a digit first")
+        if value in PLAN_ENV_NAMES or value.startswith("SANDBOXER_"):
+            raise doc.fail(entry.mark, path, f"{value} is set by the sandbox itself, not by a caller")
+        return value
+
+    return doc.sequence(section["caller_env"], "exec.caller_env", name)
+
+
 def _git_user(doc: _Doc, node: YNode | None) -> tuple[str, str]:
     """workspace.git.user: the commit identity the clone is given (a neutral one by default)."""
     name, email = DEFAULT_GIT_USER
@@ -230,7 +251,7 @@ def _opaque_string(doc: _Doc, node: YNode, path: str) -> str:
 
 def _parse_profile(doc: _Doc, root: YNode, digest: str) -> Profile:
     top = doc.mapping(
-        root, "", ("profile", "extension", "workspace", "network", "setup"), ("limits", "security", "lifetime")
+        root, "", ("profile", "extension", "workspace", "network", "setup"), ("limits", "security", "lifetime", "exec")
     )
     name = doc.string(
         top["profile"],
@@ -321,6 +342,7 @@ def _parse_profile(doc: _Doc, root: YNode, digest: str) -> Profile:
         file_sha256=digest,
         security=security,
         lifetime=lifetime,
+        caller_env=_caller_env(doc, top.get("exec")),
     )
 
 

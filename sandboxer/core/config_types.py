@@ -91,6 +91,7 @@ class Profile:
     file_sha256: str
     security: Security = Security()
     lifetime: Lifetime = Lifetime()
+    caller_env: tuple[str, ...] = ()  # exec.caller_env: names a caller may set with exec --env
 
 
 GRANTS_NAME = "grants"  # <config-dir>/grants.yaml, approved as `sandboxer ext approve grants`
@@ -166,6 +167,7 @@ def meaning(item: OwnerFile) -> dict[str, Any]:
             },
             "security": {"allow_ptrace": item.security.allow_ptrace},
             "lifetime": {"idle_seconds": item.lifetime.idle_seconds},
+            "exec": {"caller_env": list(item.caller_env)},
         }
     config: dict[str, Any] = {"runtime": {"path": item.runtime.path, "sha256": item.runtime.sha256}}
     if item.image is not None:
@@ -217,6 +219,7 @@ def from_meaning(document: dict[str, Any], file_sha256: str) -> OwnerFile:
             file_sha256=file_sha256,
             security=Security(allow_ptrace=bool(document["security"]["allow_ptrace"])),
             lifetime=_lifetime(document.get("lifetime", {})),
+            caller_env=tuple(str(name) for name in document.get("exec", {}).get("caller_env", [])),
         )
     config = document["config"]
     return ExtensionConfig(

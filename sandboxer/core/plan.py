@@ -104,6 +104,7 @@ class Plan:
     limits: Limits
     network: Literal["loopback"] = "loopback"
     allow_ptrace: bool = False  # the profile's security.allow_ptrace: the syscall policy's one switch
+    caller_env: tuple[str, ...] = ()  # the profile's exec.caller_env: names exec --env may set
 
     def mount_at(self, target: str) -> Mount:
         """The mount entry at `target`."""
@@ -172,6 +173,10 @@ def base_env(*, sandbox_id: str, profile: str, user: str) -> tuple[tuple[str, st
     return tuple(env)
 
 
+# The names the sandbox's own environment sets: never a caller's to set (exec.caller_env).
+PLAN_ENV_NAMES = frozenset(name for name, _ in base_env(sandbox_id="", profile="", user=""))
+
+
 def build_plan(
     *,
     sandbox_id: str,
@@ -229,4 +234,5 @@ def build_plan(
         env=_merged(base_env(sandbox_id=sandbox_id, profile=profile.name, user=user), grants.env),
         limits=profile.limits,
         allow_ptrace=profile.security.allow_ptrace,
+        caller_env=profile.caller_env,
     )

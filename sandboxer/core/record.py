@@ -48,6 +48,7 @@ class PlanShare:
     runtime_sha256: str
     allow_ptrace: bool
     mounts: tuple[Mount, ...]
+    caller_env: tuple[str, ...] = ()  # names exec --env may set (the profile's exec.caller_env)
 
     @classmethod
     def of(cls, plan: Plan) -> PlanShare:
@@ -61,6 +62,7 @@ class PlanShare:
             runtime_sha256=plan.runtime_sha256,
             allow_ptrace=plan.allow_ptrace,
             mounts=tuple(Mount(**{**_mount_fields(m), "content": kept_content(m.kind)}) for m in plan.mounts),
+            caller_env=plan.caller_env,
         )
 
 

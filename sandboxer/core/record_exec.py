@@ -77,6 +77,7 @@ class ExecView:
 
     __slots__ = (
         "backend",
+        "caller_env",
         "cgroups",
         "container_id",
         "env",
@@ -104,6 +105,7 @@ class ExecView:
         self.state = _text(data, "state")
         self.backend = _text(data, "backend")
         self.env = _environment(data.get("env") or [])
+        self.caller_env = frozenset(_texts(data, "caller_env"))
         manifest = data.get("manifest")
         self.has_manifest = isinstance(manifest, dict)
         self.expiries = _expiries(manifest.get("expiries", []) if isinstance(manifest, dict) else [])

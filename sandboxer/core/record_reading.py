@@ -72,7 +72,18 @@ _TOP_KEYS = {
     "expires_at", "idle_seconds", "warm_profile",
     "consumed", "workspace_fs", "manifest", "bootstrap", "limits", "seccomp", "image", "container_id", "warm",
 }  # fmt: skip
-_PLAN_KEYS = {"uid", "gid", "host_uid", "host_gid", "env", "runtime_path", "runtime_sha256", "allow_ptrace", "mounts"}
+_PLAN_KEYS = {
+    "uid",
+    "gid",
+    "host_uid",
+    "host_gid",
+    "env",
+    "runtime_path",
+    "runtime_sha256",
+    "allow_ptrace",
+    "mounts",
+    "caller_env",
+}
 _WARM_SEEN = {"pid", "started_at", "since"}
 _PROCESS_KEYS = ("bwrap_pid", "bwrap_start", "init_pid", "init_start", "holder_pid", "holder_start", "pid_namespace")
 
@@ -282,4 +293,5 @@ def _plan_share(top: _Reader) -> PlanShare:
         runtime_sha256=top.text("runtime_sha256"),
         allow_ptrace=top.flag("allow_ptrace"),
         mounts=tuple(mounts),
+        caller_env=top.texts("caller_env") if "caller_env" in top.data else (),
     )

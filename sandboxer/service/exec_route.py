@@ -24,7 +24,7 @@ from sandboxer.host.stdio import CANCEL_POLL
 from sandboxer.service import frames
 from sandboxer.service.http import checked, error_document, in_worker
 
-EXEC_FIELDS = {"argv", "cwd", "timeout", "consumer", "executable"}
+EXEC_FIELDS = {"argv", "cwd", "timeout", "consumer", "executable", "env"}
 MAX_OPTIONS = 1024 * 1024  # exec's first line, its options
 OUTPUT_FRAMES = 64  # exec output frames (up to 64 KiB each) queued for a slow client before the command waits
 
@@ -34,7 +34,7 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
     the answer is frames, streamed as the command writes (neither is ever held whole)."""
     head, rest = await _first_line(request)
     sandbox_id = request.match_info["id"]
-    argv, cli_options = _exec_options(head, sandbox_id)
+    argv, cli_options, exec_env = _exec_options(head, sandbox_id)
     await in_worker(
         request, request["access"].require_own, sandbox_id, ExecError(f"exec: no such sandbox: {sandbox_id}")
     )
@@ -69,7 +69,10 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
 
     def run() -> dict[str, Any]:
         try:
-            return {"status": _execute(request.app["dirs"], cli_options, argv, stdin_r, sink, cancelled=gone.is_set)}
+            status = _execute(
+                request.app["dirs"], cli_options, argv, stdin_r, sink, cancelled=gone.is_set, exec_env=exec_env
+            )
+            return {"status": status}
         except SandboxerError as exc:
             return {"error": error_document(exc)}
         finally:
@@ -115,8 +118,9 @@ async def _relay(
                 gone.set()
 
 
-def _exec_options(head: bytes, sandbox_id: str) -> tuple[list[str], dict[str, str]]:
-    """The command and the CLI's exec options from the body's first line."""
+def _exec_options(head: bytes, sandbox_id: str) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """The command, the CLI's exec options and the variables to set (exec --env) from the body's
+    first line."""
     try:
         options = checked(json.loads(head), EXEC_FIELDS, {"argv"})
     except ValueError:
@@ -130,7 +134,10 @@ def _exec_options(head: bytes, sandbox_id: str) -> tuple[list[str], dict[str, st
             cli_options[name] = str(options[name])
     if options.get("timeout") is not None:
         cli_options["timeout"] = repr(float(options["timeout"]))
-    return argv, cli_options
+    env = options.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise UsageError("env: must map names to strings")
+    return argv, cli_options, env
 
 
 async def _first_line(request: web.Request) -> tuple[bytes, bytes]:
@@ -200,6 +207,7 @@ def _execute(
     sink: Any,
     *,
     cancelled: Callable[[], bool],
+    exec_env: dict[str, str],
 ) -> int:
     """The CLI's exec with the program's stdio (as the embedded API runs it), killed once
     `cancelled` says the client went away."""
@@ -209,7 +217,8 @@ def _execute(
 
     try:
         # An HTTP client sends no environment: a provider launch inherits nothing through it.
-        return execute.execute(dirs, options, argv, Program(stdin, sink, cancelled), caller_env={})
+        program = Program(stdin, sink, cancelled)
+        return execute.execute(dirs, options, argv, program, caller_env={}, exec_env=exec_env)
     except ExecUsage as exc:
         raise ExecError(str(exc)) from None
     except EntryError as exc:

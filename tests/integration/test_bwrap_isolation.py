@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.integration.conftest import SandboxBroker
+from tests.integration.conftest import SandboxBroker, backend_profile_text
 from tests.samples import CONTRACT_ENV_NAMES
 
 PYTHON = "/opt/sandboxer/runtime/bin/python3"
@@ -677,3 +677,29 @@ def test_teardown_removes_processes_directory_mounts_and_cgroups_and_a_second_te
 
     again = sb.run("teardown", sandbox_id, "--json")
     assert again.status == 4, (again.status, again.stdout, again.stderr)
+
+
+def test_exec_env_sets_only_the_names_the_profile_lets_a_caller_set(sbx: SandboxBroker) -> None:
+    """exec --env NAME=VALUE for exec.caller_env's names; everything else is refused (125, one
+    line), and the sandbox's own environment is never the caller's to change."""
+    text = backend_profile_text(sbx, "with-env", sbx.repo, "exec:\n  caller_env: [TASK_ID, HINT]\n")
+    sbx.write_profile("with-env", text)
+    assert sbx.run("ext", "approve", "with-env").status == 0
+    sandbox_id = sbx.create("with-env")
+    ran = sbx.exec(
+        sandbox_id, "sh", "-c", 'echo "$TASK_ID/$HINT"', options=("--env", "TASK_ID=t-42", "--env", "HINT=a b=c")
+    )
+    assert (ran.status, ran.stdout) == (0, "t-42/a b=c\n"), ran.stderr
+    refusals = {
+        "NOT_LISTED=1": (
+            "sandboxer: exec: --env NOT_LISTED: not a name this sandbox's profile lets a caller set (exec.caller_env)\n"
+        ),
+        "novalue": "sandboxer: exec: --env must be NAME=VALUE\n",
+    }
+    for pair, line in refusals.items():
+        refused = sbx.exec(sandbox_id, "true", options=("--env", pair))
+        assert (refused.status, refused.stderr) == (125, line)
+    plain = sbx.create()  # a profile without exec.caller_env: no name at all
+    refused = sbx.exec(plain, "true", options=("--env", "TASK_ID=1"))
+    assert refused.status == 125
+    assert "exec.caller_env" in refused.stderr

@@ -973,3 +973,19 @@ def test_a_create_whose_http_client_went_away_leaves_no_sandbox(sb_root: Sandbox
 def _audit_lines(broker: SandboxBroker) -> list[str]:
     log = broker.state / "audit.log"
     return log.read_text().splitlines() if log.exists() else []
+
+
+@pytest.mark.parametrize("front", ["embedded", "client"])
+def test_exec_env_through_the_api(sb_root: SandboxBroker, front: str) -> None:
+    """exec(env=) as exec --env: the profile's exec.caller_env names only (ExecError, 125, else)."""
+    sb_root.write_profile(
+        "with-env", backend_profile_text(sb_root, "with-env", sb_root.repo, "exec:\n  caller_env: [TASK_ID]\n")
+    )
+    assert sb_root.run("ext", "approve", "with-env").status == 0
+    with _through(front, sb_root) as broker, broker.create("with-env") as sandbox:
+        ran = sandbox.exec(["sh", "-c", 'echo "$TASK_ID"'], env={"TASK_ID": "t-7"})
+        assert (ran.status, ran.stdout) == (0, b"t-7\n")
+        with pytest.raises(ExecError) as refused:
+            sandbox.exec(["true"], env={"PATH": "/tmp"})
+        assert refused.value.status == 125
+        assert "exec.caller_env" in refused.value.message

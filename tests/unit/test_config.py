@@ -66,6 +66,15 @@ def test_profile_limits_are_read() -> None:
     assert item.security.allow_ptrace is False
 
 
+def test_profile_caller_env_is_read() -> None:
+    item = parse(PROFILE + "exec:\n  caller_env: [TASK_ID, hint_2]\n")
+    assert isinstance(item, Profile)
+    assert item.caller_env == ("TASK_ID", "hint_2")
+    default = parse(PROFILE)
+    assert isinstance(default, Profile)
+    assert default.caller_env == ()
+
+
 def test_profile_tmpfs_sizes_are_read() -> None:
     default = parse(PROFILE)
     assert isinstance(default, Profile)
@@ -228,6 +237,16 @@ BAD_FILES = [
         "a git name with a control character",
         PROFILE.replace("  ref: main\n", '  ref: main\n  git:\n    user:\n      name: "a\\x07b"\n'),
         "f.yaml:8:13: workspace.git.user.name: must be 1-100 printable characters",
+    ),
+    (
+        "a caller_env name the sandbox sets itself",
+        PROFILE + "exec:\n  caller_env: [TASK, PATH]\n",
+        "f.yaml:12:22: exec.caller_env[1]: PATH is set by the sandbox itself, not by a caller",
+    ),
+    (
+        "a caller_env name that is no name",
+        PROFILE + "exec:\n  caller_env: [1ABC]\n",
+        "f.yaml:12:16: exec.caller_env[0]: must be an environment name: letters, digits, _; not a digit first",
     ),
     (
         "a tab in the indentation",
