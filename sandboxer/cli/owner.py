@@ -115,6 +115,9 @@ def ext_list(ctx: typer.Context, json: JsonOption = False) -> None:
     rows += [(e["name"], e["kind"], e["status"], "yes" if e["valid"] else "no") for e in result["entries"]]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     human = "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+    reasons = [f"{e['name']}: {e['problem']}" for e in result["entries"] if not e["valid"] and e["problem"]]
+    if reasons:  # why each is not valid, not only "no"
+        human += "\n\n" + "\n".join(reasons)
     if not result["entries"]:
         human = f"no extension configs or profiles in {result['config_dir']}"
     _print(result, human, json)

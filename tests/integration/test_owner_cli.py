@@ -31,8 +31,17 @@ def test_check_prints_normalized_meaning(broker: Broker) -> None:
     document = result.json()
     assert document["kind"] == "profile"
     assert document["network"] == {"default": "deny", "egress": []}
-    assert document["limits"] == {"memory_mib": 2048, "pids": 512, "workspace_mib": 4096, "best_effort": False}
+    assert document["limits"] == {
+        "memory_mib": 2048,
+        "pids": 512,
+        "workspace_mib": 4096,
+        "state_mib": 256,
+        "tmp_mib": 256,
+        "best_effort": False,
+    }
     assert document["security"] == {"allow_ptrace": False}
+    assert document["workspace"]["git"] == {"user": {"name": "Sandbox", "email": "sandbox@localhost"}}
+    assert document["exec"] == {"caller_env": []}
 
 
 def test_check_reports_bad_file_in_one_line_with_status_2(broker: Broker) -> None:
@@ -107,6 +116,16 @@ def test_deleted_file_with_lingering_approval_is_listed(broker: Broker) -> None:
             "status": "changed-since-approval",
         }
     ]
+
+
+def test_list_says_why_a_file_is_not_valid(broker: Broker) -> None:
+    broker.write("profiles/dev.yaml", profile_yaml("dev") + "limits:\n  memory_mb: 512\n")
+    listed = broker.run("ext", "list")
+    assert listed.status == 0, listed.stderr
+    table, reasons = listed.stdout.split("\n\n")
+    assert table.splitlines()[1].split() == ["dev", "profile", "unapproved", "no"]
+    assert reasons.strip().startswith("dev: ")
+    assert reasons.strip().endswith("limits.memory_mb: unknown key (did you mean memory_mib?)")
 
 
 def test_invalid_file_cannot_be_approved_and_ledger_is_untouched(broker: Broker) -> None:
