@@ -63,7 +63,12 @@ def root_pid(record: ExecView) -> int | None:
         except (OSError, SandboxerError):
             return None
         return pid if isinstance(pid, int) and pid > 0 else None
-    return record.holder_pid or None
+    from sandboxer.host import procs
+
+    holder = record.holder_pid
+    if not holder or procs.start_time(holder) != record.holder_start:
+        return None  # gone, and its pid may be another process's by now
+    return holder
 
 
 def enter_for(name: object) -> Enter:

@@ -148,8 +148,8 @@ def _checked_env(record: ExecView, exec_env: Mapping[str, str]) -> dict[str, str
             )
         if name in record.env:
             raise ExecUsage(f"exec: --env {name}: set by the sandbox itself, not by a caller")
-        if "\0" in value:
-            raise ExecUsage(f"exec: --env {name}: a value cannot hold a NUL byte")
+        if not isinstance(value, str) or "\0" in value:
+            raise ExecUsage(f"exec: --env {name}: a value must be a string without NUL bytes")
     return dict(exec_env)
 
 

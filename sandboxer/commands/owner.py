@@ -142,6 +142,8 @@ def runtime_pin(dirs: Dirs, path: str, extension: str) -> dict[str, Any]:
     load_owner_file(raw)  # a file that is not valid now is the owner's to mend first
     digest = digest_runtime(absolute, state_dir=dirs.state, full=True).sha256
     yaml = YAML(typ="rt")
+    yaml.preserve_quotes = True  # the rest of the file as the owner wrote it
+    yaml.width = 4096
     document = yaml.load(raw.data.decode())
     runtime = document["config"]["runtime"]
     data = raw.data
@@ -151,6 +153,8 @@ def runtime_pin(dirs: Dirs, path: str, extension: str) -> dict[str, Any]:
         yaml.dump(document, text)
         data = text.getvalue().encode()
         parse_owner_file(data, raw.path, expected_name=extension)  # still valid, to the same strict rules
+        if read_owner_file(dirs.config, extension).data != raw.data:
+            raise UsageError(f"{raw.path}: changed while the runtime was digested; run runtime pin again")
         info = os.lstat(raw.path)
         atomic_write(raw.path, data, mode=info.st_mode & 0o777)
         os.chown(raw.path, info.st_uid, info.st_gid)

@@ -251,6 +251,8 @@ class SandboxRecord:
             data.update(_plain(self.processes))
         if self.plan is not None:
             share = _plain(self.plan)
+            if not share["caller_env"]:
+                del share["caller_env"]  # as records before exec.caller_env were: older brokers read them
             share["mounts"] = [_mount_json(m) for m in self.plan.mounts]
             data.update(share)
         return data

@@ -315,7 +315,7 @@ def _keep_only(kept: set[int]) -> None:
 
 
 def _report(fd: int, text: str) -> None:
-    os.write(fd, text.encode() + b"\n")
+    os.write(fd, text.encode(errors="backslashreplace") + b"\n")  # a name may not be UTF-8
 
 
 def _dangling(program: str, env: dict[str, str]) -> str:
@@ -323,8 +323,11 @@ def _dangling(program: str, env: dict[str, str]) -> str:
     alternative the image lacks, say) is named as such, else "not found"."""
     places = [program] if "/" in program else [f"{d or '.'}/{program}" for d in env.get("PATH", "").split(":")]
     for place in places:
-        if os.path.islink(place) and not os.path.exists(place):
-            return f"{place} is a dangling link (to {os.readlink(place)})"
+        try:
+            if os.path.islink(place) and not os.path.exists(place):
+                return f"{place} is a dangling link (to {os.readlink(place)})"
+        except OSError:  # gone meanwhile: the sandbox's own processes may change it
+            continue
     return "not found"
 
 
