@@ -9,12 +9,20 @@ turns either back into plain dicts and lists).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 Stream = Literal["stdout", "stderr"]
+
+
+class OutputStream(Protocol):
+    """An exec's output as it arrives: ("stdout" | "stderr", bytes); `.status` once it ended."""
+
+    status: int | None
+
+    def __iter__(self) -> Iterator[tuple[Stream, bytes]]: ...
 
 
 def _frozen(value: Any) -> Any:

@@ -20,16 +20,12 @@ import shutil
 import tarfile
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 from sandboxer.errors import UsageError
-from sandboxer.results import ExecResult
-
-if TYPE_CHECKING:
-    from sandboxer.verbs import OutputStream
+from sandboxer.results import ExecResult, OutputStream
 
 Exec = Callable[..., ExecResult]  # a sandbox's exec(argv, *, stdin=...)
-ExecStream = Callable[..., "OutputStream"]  # a sandbox's exec_stream(argv)
+ExecStream = Callable[..., OutputStream]  # a sandbox's exec_stream(argv)
 MAX_STDERR = 4096  # of the sandbox's tar, kept for the error message
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import BinaryIO, Protocol, Self
+from typing import BinaryIO, Self
 
-from sandboxer.results import Created, ExecResult, Receipt, Stream
+from sandboxer.results import Created, ExecResult, OutputStream, Receipt
 
 # An exec's stdin: all of it, or a binary file read to its end as the command runs (a pipe, a
 # file, a socket: put's tar stream).
@@ -57,14 +57,6 @@ class InputChunks:
     def close(self) -> None:
         os.close(self._stop_r)
         os.close(self._stop_w)
-
-
-class OutputStream(Protocol):
-    """An exec's output as it arrives: ("stdout" | "stderr", bytes); `.status` once it ended."""
-
-    status: int | None
-
-    def __iter__(self) -> Iterator[tuple[Stream, bytes]]: ...
 
 
 class SandboxBase:
