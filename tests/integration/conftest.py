@@ -267,8 +267,10 @@ def docker_skip_reason() -> str | None:
         import docker
 
         client = docker.from_env(timeout=30)
-        client.ping()
-        client.close()
+        try:
+            client.ping()
+        finally:
+            client.close()
     except ImportError:
         return "the docker SDK is not installed (make check installs it with the dev extra)"
     except Exception as exc:  # any reason the daemon cannot be reached

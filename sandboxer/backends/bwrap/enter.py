@@ -76,15 +76,18 @@ def run(
         pumps = Pumps.for_program(program)
     else:
         pumps = Pumps.for_caller_stdio(caller.fds if caller is not None else (0, 1, 2))
+    forwarder = _SignalForwarder() if program is None else None
     try:
         try:
             started = joiner.start(entry, stdin=pumps.given[0], stdout=pumps.given[1], stderr=pumps.given[2])
         finally:
             pumps.given_away()
-        return _wait(
-            started, timeout, exec_group, pumps, forward_signals=program is None, cancelled=cancelled, control=control
-        )
+        if forwarder is not None:
+            forwarder.found(started.command_pid)
+        return _wait(started, timeout, exec_group, pumps, cancelled=cancelled, control=control)
     finally:
+        if forwarder is not None:
+            forwarder.restore()
         pumps.close()
         if exec_group is not None:
             with contextlib.suppress(OSError):
@@ -124,25 +127,53 @@ def _exec_group(record: ExecView) -> str | None:
     return group
 
 
+class _SignalForwarder:
+    """SIGINT, SIGTERM and SIGHUP to this process go to the command's session (an in-process
+    exec on the caller's own terminal or pipes).
+
+    Installed before the command starts: a signal that arrives while it starts waits for its pid
+    instead of ending this process and leaving the command running with the caller's stdout.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.command_pid: int | None = None
+        self.pending: list[int] = []
+        self.previous = {sig: signal.signal(sig, self.forward) for sig in self.SIGNALS}
+
+    def forward(self, signum: int, _frame: object = None) -> None:
+        if self.command_pid is None:
+            self.pending.append(signum)
+        else:
+            procs.signal_all(procs.in_session(self.command_pid) or [self.command_pid], signum)
+
+    def found(self, command_pid: int) -> None:
+        self.command_pid = command_pid
+        for signum in self.pending:
+            self.forward(signum)
+        self.pending.clear()
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
 def _wait(
     started: joiner.Started,
     timeout: float | None,
     exec_group: str | None,
     pumps: Pumps,
     *,
-    forward_signals: bool,
     cancelled: Callable[[], bool] | None = None,
     control: Control | None = None,
 ) -> int:
-    def forward(signum: int, _frame: object) -> None:
+    def forward(signum: int) -> None:
         procs.signal_all(procs.in_session(started.command_pid) or [started.command_pid], signum)
 
     def caller_gone() -> bool:
         return (cancelled is not None and cancelled()) or (control is not None and control.gone)
 
-    if forward_signals:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, forward)
     pidfd = os.pidfd_open(started.relay_pid)
     deadline = None if timeout is None else time.monotonic() + timeout
     watched = [control.fd] if control is not None else []
@@ -164,7 +195,7 @@ def _wait(
                     break
                 if control is not None and control.fd in readable:
                     for signum in control.signals():
-                        forward(signum, None)
+                        forward(signum)
                 gone = caller_gone()
                 if gone or (deadline is not None and time.monotonic() >= deadline):
                     watchdog.stop()
