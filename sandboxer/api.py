@@ -29,6 +29,7 @@ from sandboxer.results import (
     Dispatched,
     Evidence,
     ExecResult,
+    Exported,
     GcReport,
     OwnerEntry,
     Receipt,
@@ -199,6 +200,20 @@ class Sandbox(SandboxBase):
                 sink("stderr", f"sandboxer: exec: {exc.message}\n".encode())
                 return exc.status
 
+    def export(self, format: str, destination: str) -> Exported:
+        """Take the sandbox's work out to the new local `destination` (sandboxer.verbs)."""
+        from sandboxer.commands.export import check_format, discard_quarantine, finished, prepare
+        from sandboxer.commands.export_delivery import deliver_to_path
+
+        made = prepare(self.broker.dirs, self.id, check_format(format))
+        try:
+            deliver_to_path(made, destination)
+        except BaseException:
+            discard_quarantine(made)
+            raise
+        finished(self.broker.dirs, made)
+        return Exported.from_json(made.summary(destination))
+
     def inspect(self) -> Evidence:
         """The live sandbox observed against its plan (inspect --json)."""
         from sandboxer.commands.inspect import inspect
@@ -216,14 +231,15 @@ class Sandbox(SandboxBase):
         )
         return Dispatched.from_json(document)
 
-    def teardown(self) -> Receipt:
+    def teardown(self, *, discard: bool = False) -> Receipt:
         """Remove the sandbox. Once it is gone, later calls return the same receipt; residue
-        raises ResidueError (6), which carries the receipt as `.receipt`."""
+        raises ResidueError (6), which carries the receipt as `.receipt`. Work no export took out
+        raises UnexportedWorkError (2) unless `discard`."""
         if self._receipt is not None:
             return self._receipt
         from sandboxer.commands.teardown import teardown
 
-        receipt = Receipt.from_json(teardown(self.broker.dirs, self.id))
+        receipt = Receipt.from_json(teardown(self.broker.dirs, self.id, keep_work=not discard))
         if receipt.residue:
             error = ResidueError(f"teardown of {receipt.id} left residue: {'; '.join(receipt.residue)}")
             error.receipt = receipt

@@ -43,9 +43,14 @@ _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 # Commands that never go to a service: serve itself, and the checks of a file the caller names,
 # which read it with the caller's own rights (and need nothing of the broker's).
 FILE_CHECKS = {("ext", "check"), ("manifest", "check"), ("bootstrap", "check")}
-# Files a command reads that this process opens itself, with the caller's own rights, and passes
-# to the service (which opens no path on another account's say-so).
-CALLER_FILES = {"create": ("--bootstrap",)}
+# Files a command reads or writes that this process opens itself, with the caller's own rights,
+# and passes to the service (which opens no path on another account's say-so): a file to read,
+# a new file to write, a directory to write new files in (made when missing).
+READ, NEW_FILE, NEW_FILES_IN = "read", "new-file", "new-files-in"
+CALLER_FILES = {
+    "create": {"--bootstrap": READ},
+    "export": {"--bundle": NEW_FILE, "--tar": NEW_FILE, "--patch": NEW_FILES_IN},
+}
 
 
 def main() -> None:
@@ -188,7 +193,7 @@ def _forward(conn: socket.socket, argv: list[str], words: tuple[str, ...]) -> in
 
     from sandboxer.host.stdio import Pumps
 
-    files, opened = _open_files(words)
+    files, opened, made = _open_files(words)
     pumps = Pumps.for_client()
     header = json.dumps({"argv": argv, "cwd": _cwd(), "env": dict(os.environ), "files": files}).encode()
     try:
@@ -218,6 +223,8 @@ def _forward(conn: socket.socket, argv: list[str], words: tuple[str, ...]) -> in
         sys.stderr.write("sandboxer: the service went away before the command ended\n")
         return SERVICE_FAILED
     status = json.loads(answer)["status"]
+    if status != 0:
+        _remove_made(made)
     return status if isinstance(status, int) else SERVICE_FAILED
 
 
@@ -246,14 +253,16 @@ def _copy_until_answer(conn: socket.socket, pumps: Pumps) -> bytes:
     return answer
 
 
-def _open_files(words: tuple[str, ...]) -> tuple[list[dict[str, object]], list[int]]:
+def _open_files(words: tuple[str, ...]) -> tuple[list[dict[str, object]], list[int], list[tuple[str, os.stat_result]]]:
     """Open the files the command line names for the service (CALLER_FILES) as this process
     may: not following a symlink, not blocking on a FIFO. Each is listed by the name the command
     line gives it, with its absolute path and the errno of a failed open (0: its descriptor is
-    passed)."""
-    options = CALLER_FILES.get(words[0], ()) if words else ()
+    passed). Also returned: what this process made for the command to write in (removed again
+    when the command fails)."""
+    options = CALLER_FILES.get(words[0], {}) if words else {}
     files: list[dict[str, object]] = []
     opened: list[int] = []
+    made: list[tuple[str, os.stat_result]] = []
     i = 1
     while i < len(words) and words[i] != "--" and len(files) < MAX_FILES:
         name, is_option, value = words[i].partition("=")
@@ -264,11 +273,37 @@ def _open_files(words: tuple[str, ...]) -> tuple[list[dict[str, object]], list[i
             continue
         error = 0
         try:
-            opened.append(os.open(value, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC))
+            fd = _open_for(options[name], value, made)
+            opened.append(fd)
         except OSError as exc:
             error = exc.errno or errno.EIO
         files.append({"name": value, "path": os.path.normpath(os.path.join(_cwd(), value)), "errno": error})
-    return files, opened
+    return files, opened, made
+
+
+def _open_for(use: str, path: str, made: list[tuple[str, os.stat_result]]) -> int:
+    """A descriptor of `path` for `use` (READ, NEW_FILE, NEW_FILES_IN), opened as this process may."""
+    if use == READ:
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    if use == NEW_FILE:
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o666)
+        made.append((path, os.fstat(fd)))
+        return fd
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o777)
+        made.append((path, os.lstat(path)))
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def _remove_made(made: list[tuple[str, os.stat_result]]) -> None:
+    """Remove what this process made for a command that failed (each only while it is still the
+    file or directory made: never another one put in its place)."""
+    for path, seen in made:
+        with contextlib.suppress(OSError):
+            now = os.lstat(path)
+            if (now.st_dev, now.st_ino) == (seen.st_dev, seen.st_ino):
+                (os.rmdir if stat.S_ISDIR(now.st_mode) else os.unlink)(path)
 
 
 def _cwd() -> str:

@@ -29,6 +29,7 @@ from sandboxer.results import (
     Created,
     Dispatched,
     Evidence,
+    Exported,
     GcReport,
     OwnerEntry,
     Receipt,
@@ -206,11 +207,45 @@ class ClientSandbox(SandboxBase):
         timeout = max(self.client.timeout, wait_seconds + DISPATCH_MARGIN)  # it waits, then relays
         return Dispatched.from_json(self.client._request("POST", path, body, timeout=timeout))
 
-    def teardown(self) -> Receipt:
-        """Remove the sandbox; later calls return the same receipt (ResidueError, 6, on residue)."""
+    def teardown(self, *, discard: bool = False) -> Receipt:
+        """Remove the sandbox; later calls return the same receipt (ResidueError, 6, on residue;
+        UnexportedWorkError, 2, for work no export took out unless `discard`)."""
         if self._receipt is None:
-            self._receipt = Receipt.from_json(self.client._request("DELETE", f"/v1/sandboxes/{self.id}"))
+            path = f"/v1/sandboxes/{self.id}?discard={'true' if discard else 'false'}"
+            self._receipt = Receipt.from_json(self.client._request("DELETE", path))
         return self._receipt
+
+    def export(self, format: str, destination: str) -> Exported:
+        """Take the sandbox's work out to the new local `destination` (sandboxer.verbs): the
+        service verifies it and sends it; it is written here, with this process's rights."""
+        from sandboxer.commands.export_delivery import receive
+
+        connection = _UnixConnection(self.client.socket, None)  # as long as git inside takes
+        try:
+            try:
+                body = json.dumps({"format": format}).encode()
+                headers = {"Content-Type": "application/json"}
+                connection.request("POST", f"/v1/sandboxes/{self.id}/export", body=body, headers=headers)
+                response = connection.getresponse()
+            except OSError as exc:
+                raise errors.BackendError(f"the broker service does not answer ({exc})") from None
+            if response.status >= 400:
+                try:
+                    document = json.loads(response.read())
+                except ValueError:
+                    document = None
+                _raise_for(document, response.status)
+            try:
+                summary = json.loads(response.getheader("Sandboxer-Export") or "")
+            except ValueError:
+                raise errors.BackendError("the service's export came without its summary") from None
+            try:
+                receive(format, response, destination)
+            except (http.client.HTTPException, OSError) as exc:  # the service went away mid-way
+                raise errors.BackendError(f"export: the service's stream broke off ({exc!r})") from None
+        finally:
+            connection.close()
+        return Exported.from_json({**summary, "destination": destination})
 
 
 class ClientOwner:

@@ -3,7 +3,8 @@
     SandboxerError                 (1, never raised directly)
     ├── UsageError                 2  bad usage or invalid input
     │   ├── ConfigError            2  an owner YAML file breaks a rule (file:line:col: key.path: rule)
-    │   └── DocumentError          2  a manifest or bootstrap file breaks a rule (file: field: rule)
+    │   ├── DocumentError          2  a manifest or bootstrap file breaks a rule (file: field: rule)
+    │   └── UnexportedWorkError    2  teardown would lose work not exported (--discard loses it)
     ├── PolicyError                3  refused: unapproved, digest mismatch, forbidden setting
     ├── NotFoundError              4  no such sandbox
     ├── BackendError               5  bwrap or Docker failed, or the live state differs from the plan
@@ -69,6 +70,13 @@ class DocumentError(UsageError):
         self.file = file
         self.field = field
         self.rule = rule
+
+
+class UnexportedWorkError(UsageError):
+    """teardown refused: the sandbox holds commits or changes no export has taken out (its
+    message says which); `teardown --discard` removes them anyway."""
+
+    kind = "unexported-work"
 
 
 class PolicyError(SandboxerError):

@@ -149,6 +149,38 @@ class Receipt:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Exported:
+    """What an export took out (export --json): the new commits (a bundle, a patch series) or
+    the working tree (a tar), written at `destination`."""
+
+    id: str
+    format: str  # bundle, patch, tar
+    destination: str | None
+    files: tuple[str, ...]  # the patch series' file names; the one file otherwise
+    head: str  # the sandbox's HEAD commit
+    branch: str | None  # its branch (None: a detached HEAD)
+    base: str  # the commit create checked out
+    ref: str  # what that was made from (the profile's ref, a manifest's revision)
+    ahead: int | None  # commits on HEAD since `base` (None: `base` is gone from its history)
+    dirty: bool  # the working tree has changes not committed
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> Exported:
+        return cls(
+            id=document["id"],
+            format=document["format"],
+            destination=document.get("destination"),
+            files=tuple(document["files"]),
+            head=document["head"],
+            branch=document.get("branch"),
+            base=document["base"],
+            ref=document["ref"],
+            ahead=document.get("ahead"),
+            dirty=bool(document["dirty"]),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SandboxInfo:
     """One line of `list`."""
 

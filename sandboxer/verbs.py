@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import BinaryIO, Self
 
-from sandboxer.results import Created, ExecResult, OutputStream, Receipt
+from sandboxer.results import Created, ExecResult, Exported, OutputStream, Receipt
 
 # An exec's stdin: all of it, or a binary file read to its end as the command runs (a pipe, a
 # file, a socket: put's tar stream).
@@ -76,7 +76,7 @@ class SandboxBase:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        self.teardown()
+        self.teardown(discard=True)  # the block is the sandbox's scope: export inside it what is to stay
 
     def exec(
         self,
@@ -113,8 +113,17 @@ class SandboxBase:
         """Run `argv` and yield its output as it arrives; `.status` once the iteration ended."""
         raise NotImplementedError
 
-    def teardown(self) -> Receipt:
-        """Remove the sandbox; later calls return the same receipt."""
+    def teardown(self, *, discard: bool = False) -> Receipt:
+        """Remove the sandbox; later calls return the same receipt. Work no export took out
+        (new commits, changes not committed) refuses it (UnexportedWorkError, 2) unless
+        `discard`."""
+        raise NotImplementedError
+
+    def export(self, format: str, destination: str) -> Exported:
+        """Take the sandbox's work out to the new local `destination`: "bundle" (its new commits
+        as a Git bundle), "patch" (as a patch series, in a new or empty directory) or "tar" (its
+        working tree). Verified on the host before it is written; teardown then loses nothing
+        of it."""
         raise NotImplementedError
 
     def put(self, source: str, destination: str) -> None:

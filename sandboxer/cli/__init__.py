@@ -140,6 +140,10 @@ def serve(
     idle_exit: Annotated[
         float | None, typer.Option("--idle-exit", help="Exit after this many seconds without a request.", min=1)
     ] = None,
+    keep_exports: Annotated[
+        float,
+        typer.Option("--keep-exports", help="Seconds to keep what the reaper exports before a teardown.", min=0),
+    ] = 7 * 24 * 3600,
 ) -> None:
     """Run the broker as a service for the state dir: HTTP/JSON on a Unix socket (docs/service.md)."""
     from sandboxer.service.cliserver import CommandTable
@@ -148,7 +152,7 @@ def serve(
     if current().access is not None:
         raise UsageError("serve runs in its own process, never as a service's command")
     table = CommandTable(run=main, name=command_path)
-    run_service(dirs_of(ctx), socket_path=socket, idle_exit=idle_exit, commands=table)
+    run_service(dirs_of(ctx), socket_path=socket, idle_exit=idle_exit, commands=table, keep_exports=keep_exports)
 
 
 @functools.cache

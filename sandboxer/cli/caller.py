@@ -30,7 +30,8 @@ from sandboxer.cli.options import (
     require_own,
     require_owner,
 )
-from sandboxer.errors import EntryError, ExecUsage, NotFoundError
+from sandboxer.errors import EntryError, ExecUsage, NotFoundError, UsageError
+from sandboxer.invocation import current
 from sandboxer.output import flatten, print_result
 
 app = typer.Typer()
@@ -233,17 +234,91 @@ def list_(ctx: typer.Context, json: JsonOption = False) -> None:
 
 
 @app.command("teardown")
-def teardown(ctx: typer.Context, sandbox_id: IdArgument, json: JsonOption = False) -> None:
-    """Remove everything a sandbox owns; print the receipt."""
+def teardown(
+    ctx: typer.Context,
+    sandbox_id: IdArgument,
+    discard: Annotated[
+        bool, typer.Option("--discard", help="Remove it even with work no export took out (that work is lost).")
+    ] = False,
+    json: JsonOption = False,
+) -> None:
+    """Remove everything a sandbox owns; print the receipt. A sandbox with commits or changes no
+    export took out is refused (2) unless --discard."""
     from sandboxer.commands.teardown import receipt_or_raise
     from sandboxer.commands.teardown import teardown as teardown_sandbox
 
     require_own(sandbox_id, NotFoundError(f"no such sandbox: {sandbox_id}"))
-    receipt = teardown_sandbox(dirs_of(ctx), sandbox_id)
+    receipt = teardown_sandbox(dirs_of(ctx), sandbox_id, keep_work=not discard)
     lines = [f"removed {item}" for item in receipt["removed"]]
     lines += [f"RESIDUE {item}" for item in receipt["residue"]]
     print_result(receipt, "\n".join(lines) or f"{sandbox_id}: nothing to remove", json)
     receipt_or_raise(receipt)
+
+
+@app.command("export")
+def export(
+    ctx: typer.Context,
+    sandbox_id: IdArgument,
+    *,
+    bundle: Annotated[
+        str | None, typer.Option("--bundle", metavar="FILE", help="Its new commits as a Git bundle.")
+    ] = None,
+    patch: Annotated[
+        str | None,
+        typer.Option("--patch", metavar="DIR", help="Its new commits as a patch series (a new or empty DIR)."),
+    ] = None,
+    tar: Annotated[str | None, typer.Option("--tar", metavar="FILE", help="Its working tree as a tar.")] = None,
+    json: JsonOption = False,
+) -> None:
+    """Take a sandbox's work out: its new commits (--bundle, --patch) or its tree (--tar), made by
+    git inside the sandbox and verified on the host before it is written (a new file or
+    directory). teardown then loses nothing that was exported."""
+    from sandboxer.commands.export import finished, prepare
+
+    chosen = [(fmt, value) for fmt, value in (("bundle", bundle), ("patch", patch), ("tar", tar)) if value is not None]
+    if len(chosen) != 1:
+        raise UsageError("export: give exactly one of --bundle FILE, --patch DIR, --tar FILE")
+    fmt, destination = chosen[0]
+    if not destination:
+        raise UsageError(f"export: --{fmt}: must name a file or directory")
+    require_own(sandbox_id, NotFoundError(f"no such sandbox: {sandbox_id}"))
+    dirs = dirs_of(ctx)
+    made = prepare(dirs, sandbox_id, "bundle" if fmt == "bundle" else "patch" if fmt == "patch" else "tar")
+    try:
+        _deliver(made, f"--{fmt}", destination)
+    except BaseException:
+        from sandboxer.commands.export import discard_quarantine
+
+        discard_quarantine(made)
+        raise
+    finished(dirs, made)
+    summary = made.summary(destination)
+    what = f"{summary['ahead']} commit(s)" if fmt != "tar" else "the working tree"
+    print_result(summary, f"exported {what} of {sandbox_id} to {destination}", json)
+
+
+def _deliver(made: Any, option: str, destination: str) -> None:
+    """Write a verified export where the caller asked: to the descriptor its client opened with
+    its own rights, or (in-process, or for the service's own account) at the path itself."""
+    import os
+
+    from sandboxer.commands.export_delivery import deliver_to_directory, deliver_to_file, deliver_to_path
+
+    opened = current().files.get(destination)
+    if opened is None:
+        deliver_to_path(made, caller_path(destination, option))
+        return
+    if opened.fd is None:
+        raise UsageError(f"export: {destination}: cannot be created ({os.strerror(opened.errno)})")
+    if made.format != "patch":
+        deliver_to_file(made, opened.fd, destination)
+        return
+    rules = access()
+    peer = rules.peer if rules is not None else None
+    if peer is not None and peer.uid != os.geteuid() and os.fstat(opened.fd).st_uid != peer.uid:
+        raise UsageError(f"export: {destination}: must be a directory of the caller's own")
+    owner = (peer.uid, peer.gid) if peer is not None and os.geteuid() == 0 and peer.uid != 0 else None
+    deliver_to_directory(made, opened.fd, destination, owner=owner)
 
 
 @app.command("gc")

@@ -117,7 +117,7 @@ def _make(request: CreateRequest, registry: Registry, record: SandboxRecord) -> 
     else:
         bounded = workspace_volume.make(registry.path(record.id), size_mib=size)
         record = replace(record, workspace_fs=WorkspaceFs(mib=size, enforced=bounded, kind="ext4"))
-    clone_workspace(request, plan)
+    record = replace(record, work=clone_workspace(request, plan))
     if assignment is not None:
         record = replace(record, manifest=assignment.record(plan))
         registry.write(record)

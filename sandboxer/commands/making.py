@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from sandboxer.core.record import WorkRecord
 from sandboxer.errors import PolicyError
 from sandboxer.host import workspace
 from sandboxer.host.registry import Registry
@@ -135,12 +136,14 @@ def plan_for(
     )
 
 
-def clone_workspace(request: CreateRequest, plan: Plan) -> None:
-    """The workspace: the profile's repository (or the manifest's revision) cloned for this plan."""
+def clone_workspace(request: CreateRequest, plan: Plan) -> WorkRecord:
+    """The workspace: the profile's repository (or the manifest's revision) cloned for this plan;
+    the record's account of its history."""
     assignment = request.assignment
-    workspace.clone(
+    ref = assignment.revision if assignment else request.profile.workspace.ref
+    base = workspace.clone(
         repository=request.profile.workspace.repository,
-        ref=assignment.revision if assignment else request.profile.workspace.ref,
+        ref=ref,
         destination=str(plan.workspace_source),
         git_home=Registry(request.state_dir).path(plan.sandbox_id, workspace.GIT_HOME),  # gc finds what it leaves
         profile_file=assignment.file if assignment else request.profile_file,
@@ -149,6 +152,7 @@ def clone_workspace(request: CreateRequest, plan: Plan) -> None:
         ref_field="repository.revision" if assignment else "workspace.ref",
         identity=(request.profile.workspace.git_user_name, request.profile.workspace.git_user_email),
     )
+    return WorkRecord(base=base, ref=ref, repository=request.profile.workspace.repository)
 
 
 def deliver_requested(request: CreateRequest, plan: Plan, record: SandboxRecord) -> SandboxRecord:

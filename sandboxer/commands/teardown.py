@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from sandboxer.core.record import expiry_text
-from sandboxer.errors import BackendError, NotFoundError, ResidueError, SandboxerError
+from sandboxer.errors import BackendError, NotFoundError, ResidueError, SandboxerError, UnexportedWorkError
 from sandboxer.host.destroy import destroy
 from sandboxer.host.registry import Registry, check_id
 
@@ -18,10 +18,21 @@ if TYPE_CHECKING:
     from sandboxer.dirs import Dirs
 
 
-def teardown(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
-    """Tear a sandbox down and return the receipt; ResidueError (6) carries it if anything is left."""
+def teardown(dirs: Dirs, sandbox_id: str, *, keep_work: bool = False) -> dict[str, Any]:
+    """Tear a sandbox down and return the receipt; ResidueError (6) carries it if anything is left.
+    With `keep_work` (a caller's teardown without --discard), a sandbox whose work no export took
+    out is refused instead (UnexportedWorkError, 2, saying what would be lost)."""
     registry = Registry(dirs.state)
     check_id(sandbox_id)
+    if keep_work:
+        from sandboxer.commands.work import unexported
+
+        lost = unexported(dirs, sandbox_id)
+        if lost:
+            raise UnexportedWorkError(
+                f"teardown: sandbox {sandbox_id} holds work no export took out: {' and '.join(lost)}; "
+                "export it first (sandboxer export), or teardown --discard"
+            )
     lock = registry.lock(sandbox_id)
     if lock is None:
         raise BackendError(f"sandbox {sandbox_id}: its lock could not be taken")

@@ -61,6 +61,8 @@ def claim(request: CreateRequest, registry: Registry) -> tuple[int, SandboxRecor
 
 def finish(request: CreateRequest, registry: Registry, record: SandboxRecord, plan: Plan) -> SandboxRecord:
     """The rest of a create that took a warm sandbox: clone, inspect again, deliver."""
+    from dataclasses import replace
+
     from sandboxer.backends import backend_for
     from sandboxer.commands.making import clone_workspace, deliver_requested
 
@@ -68,7 +70,7 @@ def finish(request: CreateRequest, registry: Registry, record: SandboxRecord, pl
     # owner's): the warm sandbox's empty workspace is the host root's until the clone gives it
     # to the sandbox user. Nothing runs in the sandbox but its pid 1 meanwhile.
     os.chown(str(plan.workspace_source), 0, 0)
-    clone_workspace(request, plan)
+    record = replace(record, work=clone_workspace(request, plan))
     problems = backend_for(request.backend).taken_warm_problems(registry, record, plan)
     if problems:
         raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))

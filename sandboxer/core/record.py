@@ -129,6 +129,21 @@ class WarmStamp:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WorkRecord:
+    """The workspace's Git history as create made it, and what of the sandbox's work has been
+    exported since: `base`, the commit checked out (new commits are counted from it); `ref`,
+    what it was made from (the profile's ref, a manifest's revision); `repository`, the profile's
+    (a bundle's prerequisite commits are verified against it); `exported`, what each export
+    took out, oldest first: ("commits", head) for a bundle or a patch series, ("tree", tree id)
+    for a tar — teardown loses nothing that one of them covers (sandboxer.commands.work)."""
+
+    base: str
+    ref: str
+    repository: str
+    exported: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BootstrapRecord:
     """The runtime bootstrap delivered at create: where, and whether it has suspend control."""
 
@@ -197,6 +212,7 @@ class SandboxRecord:
     warm_profile: bool = False  # its teardown tops the profile's warm sandboxes up
     consumed: bool = False  # torn down after its assignment was used: materializations go too
     workspace_fs: WorkspaceFs | None = None
+    work: WorkRecord | None = None
     manifest: ManifestRecord | None = None
     bootstrap: BootstrapRecord | None = None
     limits: LimitsRecord | None = None
@@ -235,6 +251,7 @@ class SandboxRecord:
             data["consumed"] = True
         for name, part in (
             ("workspace_fs", self.workspace_fs),
+            ("work", self.work),
             ("manifest", self.manifest),
             ("bootstrap", self.bootstrap),
             ("limits", self.limits),

@@ -24,6 +24,7 @@ from sandboxer.core.record import (
     SeccompRecord,
     Spool,
     WarmStamp,
+    WorkRecord,
     WorkspaceFs,
     kept_content,
 )
@@ -55,6 +56,7 @@ def read_record(data: object) -> SandboxRecord:
         warm_profile=top.flag("warm_profile"),
         consumed=top.flag("consumed"),
         workspace_fs=top.part("workspace_fs", _workspace_fs),
+        work=top.part("work", _work),
         manifest=top.part("manifest", _manifest),
         bootstrap=top.part("bootstrap", _bootstrap),
         limits=top.part("limits", _limits),
@@ -70,7 +72,7 @@ def read_record(data: object) -> SandboxRecord:
 _TOP_KEYS = {
     "format", "id", "profile", "backend", "state", "created_at", "owner_pid", "owner_start", "caller_uid",
     "expires_at", "idle_seconds", "warm_profile",
-    "consumed", "workspace_fs", "manifest", "bootstrap", "limits", "seccomp", "image", "container_id", "warm",
+    "consumed", "workspace_fs", "work", "manifest", "bootstrap", "limits", "seccomp", "image", "container_id", "warm",
 }  # fmt: skip
 _PLAN_KEYS = {
     "uid",
@@ -168,6 +170,16 @@ def _workspace_fs(part: _Reader) -> WorkspaceFs:
     part.only({"mib", "enforced", "kind"})
     return WorkspaceFs(
         mib=part.number("mib"), enforced=bool(part.typed("enforced", bool)), kind=part.maybe_text("kind")
+    )
+
+
+def _work(part: _Reader) -> WorkRecord:
+    part.only({"base", "ref", "repository", "exported"})
+    return WorkRecord(
+        base=part.text("base"),
+        ref=part.text("ref"),
+        repository=part.text("repository"),
+        exported=part.pairs("exported", str, str),
     )
 
 

@@ -17,6 +17,13 @@ from dataclasses import dataclass
 from sandboxer.errors import PolicyError, UsageError
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """os.write until all of `data` is written (a pipe or a full disk may take it in parts)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def fsync_dir(path: str) -> None:
     """Make a rename or unlink inside `path` durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -25,7 +25,7 @@ from sandboxer.host.fstree import remove_tree
 if TYPE_CHECKING:
     import subprocess
 
-__all__ = ["GIT_HOME", "clone", "remove_tree", "seed", "stop_git"]
+__all__ = ["GIT_HOME", "clone", "is_commit_id", "remove_tree", "run_git", "seed", "stop_git"]
 
 GIT_HOME = "git-home"  # in the sandbox's directory: HOME of host-side git while it clones
 GIT_TIMEOUT = 300  # seconds
@@ -71,6 +71,12 @@ def _git(args: list[str], *, home: str, cwd: str | None = None) -> subprocess.Co
     return subprocess.CompletedProcess(argv, child.returncode, out, err)
 
 
+def run_git(args: list[str], *, home: str, cwd: str | None = None) -> subprocess.CompletedProcess[bytes]:
+    """Host-side git as the clone runs it: no system or global config, no hooks, HOME `home`
+    (a directory of the broker's own), killed with the broker. Never in a clone a sandbox used."""
+    return _git(args, home=home, cwd=cwd)
+
+
 def _dies_with(broker: int) -> Callable[[], None]:
     """What a host-side git runs between fork and exec: SIGKILL once `broker` dies.
 
@@ -103,9 +109,10 @@ def clone(
     branch: str | None = None,
     ref_field: str = "workspace.ref",
     identity: tuple[str, str],
-) -> None:
+) -> str:
     """Clone `repository` at `ref` into `destination`, owned by `owner` if given, with the commit
-    `identity` (name, email) in its own config: `git commit` works inside from the start.
+    `identity` (name, email) in its own config: `git commit` works inside from the start. The
+    commit it checked out is returned: what an export counts the sandbox's new commits from.
 
     `destination` is new, or an empty directory that must stay the same directory (a warm
     container already has it bound at /workspace). `git_home` is git's HOME meanwhile, a new
@@ -136,7 +143,17 @@ def clone(
         logs = os.path.join(destination, ".git", "logs")
         if os.path.lexists(logs):
             remove_tree(logs)
+        head = _git(["rev-parse", "--verify", "HEAD^{commit}"], home=home, cwd=destination)
+        base = head.stdout.decode(errors="replace").strip()
+        if head.returncode != 0 or not is_commit_id(base):
+            raise BackendError(f"{profile_file}: {ref_field}: the clone has no commit checked out")
     _finish(destination, owner)
+    return base
+
+
+def is_commit_id(text: str) -> bool:
+    """A full commit id as git prints it (SHA-1 or SHA-256, lowercase hex)."""
+    return len(text) in (40, 64) and all(c in "0123456789abcdef" for c in text)
 
 
 def seed(source: str, *, holder_pid: int, holder_start: int | None, profile_file: str, size_mib: int) -> None:

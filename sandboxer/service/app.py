@@ -106,6 +106,7 @@ def _add_routes(app: web.Application) -> None:
     app.router.add_delete("/v1/sandboxes/{id}", teardown, name="teardown")
     app.router.add_post("/v1/sandboxes/{id}/exec", exec_command, name="exec")
     app.router.add_post("/v1/sandboxes/{id}/dispatch", dispatch_tool, name="dispatch-tool")
+    app.router.add_post("/v1/sandboxes/{id}/export", export, name="export")
     app.router.add_post("/v1/gc", gc, name="gc")
     app.router.add_get("/v1/owner/entries", owner_entries, name="ext-list")
     app.router.add_post("/v1/owner/approve", owner_approve, name="ext-approve")
@@ -199,15 +200,52 @@ async def inspect(request: web.Request) -> web.Response:
 
 
 async def teardown(request: web.Request) -> web.Response:
+    """teardown; `?discard=true` removes work no export took out (else refused: 2)."""
     from sandboxer.commands.teardown import teardown as remove
     from sandboxer.errors import ResidueError
 
+    discard = request.query.get("discard", "false")
+    if discard not in ("true", "false"):
+        raise UsageError("discard: must be true or false")
     await in_worker(request, request["access"].require_own, request.match_info["id"], _unknown(request))
-    receipt = await in_worker(request, remove, request.app["dirs"], request.match_info["id"])
+    dirs, sandbox_id = request.app["dirs"], request.match_info["id"]
+    receipt = await in_worker(request, lambda: remove(dirs, sandbox_id, keep_work=discard == "false"))
     if receipt["residue"]:
         error = ResidueError(f"teardown of {receipt['id']} left residue: {'; '.join(receipt['residue'])}")
         return error_response(error, receipt=receipt)
     return web.json_response(receipt)
+
+
+async def export(request: web.Request) -> web.StreamResponse:
+    """export: the sandbox's work, verified by the service, as the response's body — a bundle's
+    or a tar's bytes, a patch series as a tar of its files; the summary (export --json) in the
+    `Sandboxer-Export` header. The record notes the export once all of the body was sent."""
+    import json
+
+    from sandboxer.commands.export import check_format, discard_quarantine, finished, prepare
+    from sandboxer.commands.export_delivery import stream_of
+
+    body = await json_body(request, {"format"}, {"format"})
+    _strings(body, "format")
+    fmt = check_format(body["format"])
+    dirs, sandbox_id = request.app["dirs"], request.match_info["id"]
+    await in_worker(request, request["access"].require_own, sandbox_id, _unknown(request))
+    made = await in_worker(request, prepare, dirs, sandbox_id, fmt)
+    try:
+        response = web.StreamResponse(
+            headers={"Content-Type": "application/octet-stream", "Sandboxer-Export": json.dumps(made.summary())}
+        )
+        await response.prepare(request)
+        chunks = stream_of(made)
+        while (chunk := await in_worker(request, next, chunks, None)) is not None:
+            await response.write(chunk)
+    except BaseException:
+        await in_worker(request, discard_quarantine, made)
+        raise
+    # Noted before the body's end goes out: a client that has it all may tear down at once.
+    await in_worker(request, finished, dirs, made)
+    await response.write_eof()
+    return response
 
 
 def _strings(body: dict[str, Any], *names: str) -> None:

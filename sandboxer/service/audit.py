@@ -28,7 +28,18 @@ class AuditLog:
         self.keep = keep
         self._lock = threading.Lock()
 
-    def record(self, *, uid: int, pid: int, verb: str, sandbox: str | None, outcome: str, status: int | None) -> None:
+    def record(
+        self,
+        *,
+        uid: int,
+        pid: int,
+        verb: str,
+        sandbox: str | None,
+        outcome: str,
+        status: int | None,
+        kept: str | None = None,
+    ) -> None:
+        """One line; `kept`: where the reaper kept a sandbox's work it exported before teardown."""
         entry: dict[str, Any] = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "uid": uid,
@@ -38,6 +49,8 @@ class AuditLog:
             "outcome": outcome,
             "status": status,
         }
+        if kept is not None:
+            entry["kept"] = kept
         line = json.dumps(entry, sort_keys=True).encode() + b"\n"
         with self._lock:
             self._rotate_if_full()

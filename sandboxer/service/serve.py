@@ -27,6 +27,7 @@ from sandboxer.errors import PolicyError, UsageError
 from sandboxer.host.registry import Registry, try_lock_file
 from sandboxer.invocation import install_thread_streams
 from sandboxer.service.cliserver import CommandTable, Serving
+from sandboxer.service.lifetimes import KEEP_EXPORTS
 
 LOCK_FILE = "service.lock"
 SHUTDOWN_GRACE = 5.0  # seconds open requests get to finish after SIGTERM; then they are cancelled
@@ -39,7 +40,14 @@ def default_socket(dirs: Dirs) -> str:
     return os.path.join(dirs.state, SOCKET_FILE)
 
 
-def serve(dirs: Dirs, *, socket_path: str | None, idle_exit: float | None, commands: CommandTable) -> int:
+def serve(
+    dirs: Dirs,
+    *,
+    socket_path: str | None,
+    idle_exit: float | None,
+    commands: CommandTable,
+    keep_exports: float = KEEP_EXPORTS,
+) -> int:
     """Run the service until SIGTERM/SIGINT (or `idle_exit` seconds without a request)."""
     path = socket_path or default_socket(dirs)
     registry = Registry(dirs.state)
@@ -52,7 +60,7 @@ def serve(dirs: Dirs, *, socket_path: str | None, idle_exit: float | None, comma
         inherited = _activated_listener()
         listener = inherited or _listen(path)
         try:
-            asyncio.run(_run(dirs, listener, idle_exit, lock, commands))
+            asyncio.run(_run(dirs, listener, idle_exit, lock, commands=commands, keep_exports=keep_exports))
         finally:
             listener.close()
             if inherited is None:  # a socket systemd made stays systemd's
@@ -122,13 +130,21 @@ def _answers(path: str) -> bool:
     return True
 
 
-async def _run(dirs: Dirs, listener: socket.socket, idle_exit: float | None, lock: int, commands: CommandTable) -> None:
+async def _run(
+    dirs: Dirs,
+    listener: socket.socket,
+    idle_exit: float | None,
+    lock: int,
+    *,
+    commands: CommandTable,
+    keep_exports: float,
+) -> None:
     from aiohttp import web
 
     from sandboxer.service.access import CallerSlots
     from sandboxer.service.app import Handler, make_app
     from sandboxer.service.connections import Activity, Connections
-    from sandboxer.service.lifetimes import REAP_EVERY, reap
+    from sandboxer.service.lifetimes import REAP_EVERY, Reaper
 
     # Commands run as long as they take (an exec as long as its command): they have a pool of
     # their own, so that however many run, admission, the other requests and the reaper go on.
@@ -136,6 +152,7 @@ async def _run(dirs: Dirs, listener: socket.socket, idle_exit: float | None, loc
     reaper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandboxer-reaper")
     slots = CallerSlots()
     app = make_app(dirs, workers=workers, slots=slots)
+    lifetimes = Reaper(dirs, app["audit"], keep_exports=keep_exports)
     activity = Activity()
 
     @web.middleware
@@ -164,7 +181,7 @@ async def _run(dirs: Dirs, listener: socket.socket, idle_exit: float | None, loc
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=REAP_EVERY)
-            await loop.run_in_executor(reaper, reap, dirs, app["audit"])
+            await loop.run_in_executor(reaper, lifetimes.reap)
             if idle_exit is not None and activity.idle_for() > idle_exit:
                 sys.stderr.write("sandboxer: idle, exiting\n")
                 break

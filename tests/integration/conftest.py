@@ -189,7 +189,7 @@ def _cleanup(broker: SandboxBroker) -> None:
     present = {p.name for p in registry.iterdir() if not p.name.startswith(".")} if registry.is_dir() else set()
     for sandbox_id in sorted(present | set(broker.created)):
         if broker.sandbox_dir(sandbox_id).exists():
-            broker.run("teardown", sandbox_id)
+            broker.run("teardown", "--discard", sandbox_id)
     if broker.as_user:
         broker.run("gc")
     else:  # root's through the API in this process: clean-up, not the thing under test

@@ -12,12 +12,16 @@ compared as the (status, line) pair the CLI would print for it.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import hashlib
 import json
+import os
 import subprocess
+import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
@@ -71,7 +75,9 @@ class Front(Protocol):
 
     def list(self) -> list[str]: ...
 
-    def teardown(self, sandbox_id: str) -> builtins.list[str]: ...
+    def teardown(self, sandbox_id: str, *, discard: bool = False) -> builtins.list[str]: ...
+
+    def export(self, sandbox_id: str, fmt: str, destination: str) -> dict[str, Any]: ...
 
 
 class Cli:
@@ -125,8 +131,13 @@ class Cli:
     def list(self) -> list[str]:
         return [entry["id"] for entry in json.loads(self.checked("list", "--json"))["sandboxes"]]
 
-    def teardown(self, sandbox_id: str) -> builtins.list[str]:
-        return list(json.loads(self.checked("teardown", sandbox_id, "--json"))["residue"])
+    def teardown(self, sandbox_id: str, *, discard: bool = False) -> builtins.list[str]:
+        options = ["--discard"] if discard else []
+        return list(json.loads(self.checked("teardown", sandbox_id, *options, "--json"))["residue"])
+
+    def export(self, sandbox_id: str, fmt: str, destination: str) -> dict[str, Any]:
+        document: dict[str, Any] = json.loads(self.checked("export", sandbox_id, f"--{fmt}", destination, "--json"))
+        return document
 
 
 class Api:
@@ -172,12 +183,18 @@ class Api:
         with refused():
             return [info.id for info in self.api.list()]
 
-    def teardown(self, sandbox_id: str) -> builtins.list[str]:
+    def teardown(self, sandbox_id: str, *, discard: bool = False) -> builtins.list[str]:
         # A second teardown names the id afresh: the handle would give its receipt again (docs/api.md).
         with refused():
             sandbox = self.sandbox(sandbox_id) if sandbox_id not in self.torn else self.api.sandbox(sandbox_id)
+            residue = list(sandbox.teardown(discard=discard).residue)
             self.torn.add(sandbox_id)
-            return list(sandbox.teardown().residue)
+            return residue
+
+    def export(self, sandbox_id: str, fmt: str, destination: str) -> dict[str, Any]:
+        with refused():
+            document: dict[str, Any] = thawed(dataclasses.asdict(self.sandbox(sandbox_id).export(fmt, destination)))
+        return document
 
 
 class refused:
@@ -491,3 +508,77 @@ def test_list_and_teardown_follow_the_sandboxs_life(case: Case) -> None:
         sandbox_id,
     )
     assert case.reference.list() == []
+
+
+def _commit_and_change(case: Case, sandbox: str) -> None:
+    """An agent's work: one commit on the profile's branch, and a change not committed."""
+    script = "echo new > new.txt && git add new.txt && git commit -qm 'Add new.txt' && echo more >> new.txt"
+    assert case.front.exec(sandbox, ["sh", "-c", script])[0] == 0
+
+
+def test_teardown_refuses_to_lose_work_until_it_is_exported(case: Case, sandbox: str, tmp_path: Path) -> None:
+    """A commit and a change not committed: teardown says what would be lost (2, the same line
+    on every front); a bundle takes out the commit (fetched into a fresh clone of the profile's
+    repository), a tar the tree; then teardown removes the sandbox."""
+    _commit_and_change(case, sandbox)
+    lost = refusal(lambda: case.front.teardown(sandbox))
+    assert lost[0] == 2
+    assert "1 new commit on main (made from main) and changes not committed" in lost[1]
+    same_as_cli(case, "unexported", lost, lambda cli: refusal(lambda: cli.teardown(sandbox)), sandbox)
+    assert case.broker.sandbox_dir(sandbox).is_dir()
+    bundle = tmp_path / "work.bundle"
+    summary = case.front.export(sandbox, "bundle", str(bundle))
+    assert (summary["format"], summary["ahead"], summary["dirty"], summary["branch"]) == ("bundle", 1, True, "main")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(case.broker.repo), str(clone)], check=True)
+    subprocess.run(["git", "-C", str(clone), "fetch", "-q", str(bundle), "HEAD:exported"], check=True)
+    log = subprocess.run(
+        ["git", "-C", str(clone), "log", "-1", "--format=%s|%an|%H", "exported"], capture_output=True, check=True
+    )
+    assert log.stdout.decode().strip() == f"Add new.txt|Sandbox|{summary['head']}"
+    still = refusal(lambda: case.front.teardown(sandbox))
+    assert still[0] == 2
+    assert "changes not committed" in still[1]
+    assert "commit" not in still[1].split(":", 2)[2].replace("not committed", "")
+    tree = tmp_path / "tree.tar"
+    case.front.export(sandbox, "tar", str(tree))
+    with tarfile.open(tree) as archive:
+        names = sorted(archive.getnames())
+        new = archive.extractfile("new.txt")
+        assert new is not None
+        assert new.read() == b"new\nmore\n"
+    assert ".git" not in {name.split("/")[0] for name in names}
+    assert case.front.teardown(sandbox) == []
+    assert not case.broker.sandbox_dir(sandbox).exists()
+
+
+def test_a_patch_series_of_the_new_commits(case: Case, sandbox: str, tmp_path: Path) -> None:
+    """Two commits as two patch files that git am applies to a fresh clone; export refuses when
+    there is nothing new (2) and leaves no file behind."""
+    script = 'for n in 1 2; do echo $n > f$n && git add f$n && git commit -qm "Step $n"; done'
+    assert case.front.exec(sandbox, ["sh", "-c", script])[0] == 0
+    patches = tmp_path / "patches"
+    summary = case.front.export(sandbox, "patch", str(patches))
+    assert summary["files"] == ["0001-Step-1.patch", "0002-Step-2.patch"]
+    assert sorted(os.listdir(patches)) == summary["files"]
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(case.broker.repo), str(clone)], check=True)
+    git = ["git", "-C", str(clone), "-c", "user.name=t", "-c", "user.email=t@localhost"]
+    subprocess.run([*git, "am", "-q", *(str(patches / name) for name in summary["files"])], check=True)
+    assert (clone / "f2").read_text() == "2\n"
+    assert case.front.teardown(sandbox) == []  # the commits were exported, the tree is clean
+
+    other = case.front.create(case.broker.profile)
+    case.broker.created.append(other)
+    empty = tmp_path / "none.bundle"
+    nothing = refusal(lambda: case.front.export(other, "bundle", str(empty)))
+    assert nothing[0] == 2
+    assert "has no commits since main" in nothing[1]
+    assert not empty.exists()
+    same_as_cli(case, "nothing", nothing, lambda cli: refusal(lambda: cli.export(other, "bundle", str(empty))), other)
+
+
+def test_teardown_discard_removes_work_nobody_exported(case: Case, sandbox: str) -> None:
+    _commit_and_change(case, sandbox)
+    assert case.front.teardown(sandbox, discard=True) == []
+    assert not case.broker.sandbox_dir(sandbox).exists()

@@ -20,7 +20,7 @@ from sandboxer.backends import NAMES
 from sandboxer.core import leases
 from sandboxer.core import manifest as mf
 from sandboxer.core.plan import MountKind
-from sandboxer.errors import BackendError, PolicyError
+from sandboxer.errors import BackendError, PolicyError, UnexportedWorkError
 from sandboxer.host.dispatch import dispatch
 from tests.conftest import make_repository, make_runtime
 from tests.manifest_samples import IMAGE_APP, REQUEST, RUN_ID, Run, build_run, fake_document, render
@@ -68,13 +68,28 @@ def test_create_teardown_walks_the_states_and_leaves_nothing(broker: Broker, fak
     clone = Path(broker.state_dir) / "sandboxes" / sandbox.id / "workspace"
     assert (clone / "README.md").read_text() == "workspace\n"
     assert [verb for verb, _ in fake.calls] == ["preflight", "admit", "start"]
-    receipt = sandbox.teardown()
+    receipt = sandbox.teardown(discard=True)  # the fake runs no command: no git to ask about work
     assert receipt.residue == ()
     assert "fake processes" in receipt.removed
     assert any(item.startswith("sandbox dir ") for item in receipt.removed)
     assert [verb for verb, _ in fake.calls][-2:] == ["stop", "release"]
     assert _left(broker) == []
     assert broker.list() == []
+
+
+def test_teardown_keeps_a_sandbox_whose_work_cannot_be_checked(broker: Broker, fake: FakeBackend) -> None:
+    """A running sandbox whose git cannot answer (the fake runs no command) is refused as work
+    that would be lost (2), and stays; once its processes are gone nothing can be exported from
+    it, so teardown goes ahead without --discard."""
+    sandbox = broker.create("p")
+    with pytest.raises(UnexportedWorkError, match="its work cannot be checked") as refused:
+        sandbox.teardown()
+    assert refused.value.status == 2
+    assert _left(broker) == [sandbox.id]
+    assert "stop" not in [verb for verb, _ in fake.calls]
+    fake.running.discard(sandbox.id)
+    assert sandbox.teardown().residue == ()
+    assert _left(broker) == []
 
 
 def test_a_failed_start_is_rolled_back(broker: Broker, fake: FakeBackend) -> None:
@@ -195,7 +210,7 @@ def test_service_images_are_admitted_as_the_backend_says(
         return
     if os.geteuid() != 0:
         pytest.skip("a request spool needs a root broker")
-    receipt = broker.create("p", manifest=str(run.assignment)).teardown()
+    receipt = broker.create("p", manifest=str(run.assignment)).teardown(discard=True)
     assert receipt.residue == ()
     assert len(spools) == 1
 
@@ -223,7 +238,7 @@ def test_spools_are_placed_made_found_and_removed_by_the_backend(
     assert ("spool_directory", name) in fake.calls
     assert not (root / "requests" / "r1.json").exists()
     # teardown removes it through the backend.
-    receipt = sandbox.teardown()
+    receipt = sandbox.teardown(discard=True)  # the fake runs no command: no git to ask about work
     assert ("remove_spool", f"fake:{name}") in fake.calls
     assert f"fake spool fake:{name}" in receipt.removed
     assert receipt.residue == ()

@@ -23,6 +23,7 @@ from sandboxer.core.record import (
     SeccompRecord,
     Spool,
     WarmStamp,
+    WorkRecord,
     WorkspaceFs,
     kept_content,
 )
@@ -88,6 +89,14 @@ records = st.builds(
     warm_profile=st.booleans(),
     consumed=st.booleans(),
     workspace_fs=st.none() | st.builds(WorkspaceFs, mib=number, enforced=st.booleans(), kind=maybe_text),
+    work=st.none()
+    | st.builds(
+        WorkRecord,
+        base=text,
+        ref=text,
+        repository=text,
+        exported=st.lists(st.tuples(st.sampled_from(["commits", "tree"]), text), max_size=3).map(tuple),
+    ),
     manifest=st.none() | manifests,
     bootstrap=st.none() | st.builds(BootstrapRecord, target=text, suspend_control=st.booleans()),
     limits=st.none()
