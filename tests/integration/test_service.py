@@ -35,9 +35,10 @@ CALLER_A, CALLER_B, CALLER_GROUP = "sbxsvca", "sbxsvcb", "sbxsvcgrp"
 class Service:
     """One `sandboxer serve` process for a broker's directories."""
 
-    def __init__(self, broker: SandboxBroker, socket_path: Path) -> None:
+    def __init__(self, broker: SandboxBroker, socket_path: Path, *options: str) -> None:
         self.broker = broker
         self.socket = socket_path
+        self.options = options  # more `serve` options
         self.log = broker.root / f"serve-{time.monotonic_ns()}.log"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -47,7 +48,7 @@ class Service:
         self.broker.through_service = False
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
-                self.broker.argv("serve", "--socket", str(self.socket)),
+                self.broker.argv("serve", "--socket", str(self.socket), *self.options),
                 stdout=log,
                 stderr=log,
                 env=self.broker.env(),
@@ -517,6 +518,44 @@ def test_a_sandbox_ends_with_its_ttl_and_a_callers_ttl_with_its_grant(
         assert entries[str(granted)] is not None  # a caller's sandbox always ends
         client.sandbox(str(granted)).teardown()
         lasting.teardown()
+    finally:
+        started.stop()
+
+
+def test_the_reaper_exports_work_before_it_tears_down(sbx_root: SandboxBroker) -> None:
+    """A sandbox that expires with a new commit and a change not committed: the service keeps a
+    bundle of the commit and a tar of the tree in <state>/exports/<id>/ (its audit line says
+    where) before the teardown, then removes them once `--keep-exports` has run out."""
+    started = Service(sbx_root, _socket_dir(sbx_root) / "broker.sock", "--keep-exports", "4").start()
+    try:
+        client = Client(str(started.socket))
+        sandbox = client.create(sbx_root.profile, ttl=3)
+        script = "echo kept > kept.txt && git add kept.txt && git commit -qm Keep && echo more >> kept.txt"
+        assert sandbox.exec(["sh", "-c", script]).status == 0
+        kept = sbx_root.state / "exports" / sandbox.id
+        deadline = time.monotonic() + 30
+        while sandbox.id in {item.id for item in client.list()}:
+            assert time.monotonic() < deadline, "the expired sandbox was not torn down"
+            time.sleep(0.2)
+        assert sorted(os.listdir(kept)) == ["summary.json", "tree.tar", "work.bundle"]
+        summary = json.loads((kept / "summary.json").read_text())
+        assert (summary["id"], summary["ahead"], summary["dirty"]) == (sandbox.id, 1, True)
+        assert summary["files"] == ["work.bundle", "tree.tar"]
+        clone = sbx_root.root / "clone"
+        subprocess.run(["git", "clone", "-q", str(sbx_root.repo), str(clone)], check=True)
+        subprocess.run(["git", "-C", str(clone), "fetch", "-q", str(kept / "work.bundle"), "HEAD:kept"], check=True)
+        expiries = [
+            line
+            for line in map(json.loads, (sbx_root.state / "audit.log").read_text().splitlines())
+            if line["verb"] == "expire"
+        ]
+        assert [(line["sandbox"], line["outcome"], line["kept"]) for line in expiries] == [
+            (sandbox.id, "ok", str(kept))
+        ]
+        deadline = time.monotonic() + 30
+        while kept.exists():
+            assert time.monotonic() < deadline, "the kept export outlived --keep-exports"
+            time.sleep(0.2)
     finally:
         started.stop()
 

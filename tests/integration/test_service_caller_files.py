@@ -148,3 +148,54 @@ def test_the_http_client_sends_the_bootstrap_it_read(
     assert str(root_file) in raised.value.message
     assert "owner-only" in raised.value.message
     assert _live(broker) == [sandbox_id]
+
+
+def test_a_callers_export_is_written_with_its_own_rights(
+    granted: tuple[SandboxBroker, pwd.struct_passwd, Service, Path],
+) -> None:
+    """The CLI client makes the export's file (or directory) itself, as its account may, and the
+    root service writes only into that: the files are the caller's; a directory the caller may
+    read but does not own, or a place it cannot write, is refused with nothing written there; a
+    failed export leaves nothing of what the client made."""
+    broker, a, started, home = granted
+    created = _cli_as(a, started.socket, "create", "--profile", broker.profile)
+    assert created.returncode == 0, created.stderr
+    sandbox_id = created.stdout.strip()
+    broker.created.append(sandbox_id)
+    script = "echo x > x && git add x && git commit -qm 'Add x'"
+    assert _cli_as(a, started.socket, "exec", sandbox_id, "--", "sh", "-c", script).returncode == 0
+    bundle = home / "work.bundle"
+    done = _cli_as(a, started.socket, "export", sandbox_id, "--bundle", str(bundle))
+    assert done.returncode == 0, done.stderr
+    assert bundle.stat().st_uid == a.pw_uid
+    assert bundle.read_bytes().startswith(b"# v2 git bundle\n")
+    patches = home / "patches"
+    done = _cli_as(a, started.socket, "export", sandbox_id, "--patch", str(patches))
+    assert done.returncode == 0, done.stderr
+    assert [(p.name, p.stat().st_uid) for p in patches.iterdir()] == [("0001-Add-x.patch", a.pw_uid)]
+
+    roots = broker.root / "roots-directory"
+    roots.mkdir(mode=0o755)
+    refused = _cli_as(a, started.socket, "export", sandbox_id, "--patch", str(roots))
+    assert (refused.returncode, refused.stderr) == (
+        2,
+        f"sandboxer: export: {roots}: must be a directory of the caller's own\n",
+    )
+    refused = _cli_as(a, started.socket, "export", sandbox_id, "--bundle", str(roots / "x.bundle"))
+    assert (refused.returncode, refused.stderr) == (
+        2,
+        f"sandboxer: export: {roots / 'x.bundle'}: cannot be created (Permission denied)\n",
+    )
+    assert list(roots.iterdir()) == []
+
+    other = _cli_as(a, started.socket, "create", "--profile", broker.profile).stdout.strip()
+    broker.created.append(other)
+    nothing = _cli_as(a, started.socket, "export", other, "--bundle", str(home / "none.bundle"))
+    assert (nothing.returncode, nothing.stderr) == (
+        2,
+        f"sandboxer: export: sandbox {other} has no commits since main\n",
+    )
+    assert not (home / "none.bundle").exists()
+    empty_dir = _cli_as(a, started.socket, "export", other, "--patch", str(home / "none"))
+    assert empty_dir.returncode == 2
+    assert not (home / "none").exists()
