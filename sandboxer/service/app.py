@@ -24,7 +24,17 @@ from sandboxer.host.registry import ID_PATTERN
 from sandboxer.service.access import CALLS_PER_CALLER, Access, CallerSlots, Refused, admit, visible
 from sandboxer.service.audit import AuditLog
 from sandboxer.service.exec_route import exec_command
-from sandboxer.service.http import error_document, error_response, in_thread, in_worker, json_body
+from sandboxer.service.http import (
+    AUDIT,
+    DIRS,
+    EXECS,
+    WORKERS,
+    error_document,
+    error_response,
+    in_thread,
+    in_worker,
+    json_body,
+)
 from sandboxer.service.peer import peer_of
 
 API_DOCUMENT = Path(__file__).with_name("openapi.json")
@@ -88,10 +98,10 @@ def make_app(dirs: Dirs, *, workers: Executor, slots: CallerSlots) -> web.Applic
 
     audit = AuditLog(dirs.state)
     app = web.Application(middlewares=[callers], client_max_size=MAX_BODY)
-    app["dirs"] = dirs
-    app["audit"] = audit
-    app["execs"] = set()  # each running exec's `gone`: set when the service stops (serve.py)
-    app["workers"] = workers
+    app[DIRS] = dirs
+    app[AUDIT] = audit
+    app[EXECS] = set()  # each running exec's `gone`: set when the service stops (serve.py)
+    app[WORKERS] = workers
     _add_routes(app)
     return app
 
@@ -128,7 +138,7 @@ async def list_sandboxes(request: web.Request) -> web.Response:
     from sandboxer.commands.teardown import list_sandboxes as listing
 
     access: Access = request["access"]
-    document = await in_worker(request, listing, request.app["dirs"])
+    document = await in_worker(request, listing, request.app[DIRS])
     return web.json_response(visible(document, await in_worker(request, access.own_ids)))
 
 
@@ -147,7 +157,7 @@ async def create(request: web.Request) -> web.Response:
     if manifest is not None and (not isinstance(manifest, str) or not manifest.startswith("/")):
         raise UsageError("manifest: must be an absolute path")
     bootstrap = None if body.get("bootstrap") is None else _sent_file(body["bootstrap"], "bootstrap")
-    dirs = request.app["dirs"]
+    dirs = request.app[DIRS]
     access: Access = request["access"]
     if manifest is not None:
         access.require_own_files("manifest", why=MANIFEST_PATHS)
@@ -196,7 +206,7 @@ async def inspect(request: web.Request) -> web.Response:
     from sandboxer.commands.inspect import inspect as observe
 
     await in_worker(request, request["access"].require_own, request.match_info["id"], _unknown(request))
-    return web.json_response(await in_worker(request, observe, request.app["dirs"], request.match_info["id"]))
+    return web.json_response(await in_worker(request, observe, request.app[DIRS], request.match_info["id"]))
 
 
 async def teardown(request: web.Request) -> web.Response:
@@ -208,7 +218,7 @@ async def teardown(request: web.Request) -> web.Response:
     if discard not in ("true", "false"):
         raise UsageError("discard: must be true or false")
     await in_worker(request, request["access"].require_own, request.match_info["id"], _unknown(request))
-    dirs, sandbox_id = request.app["dirs"], request.match_info["id"]
+    dirs, sandbox_id = request.app[DIRS], request.match_info["id"]
     receipt = await in_worker(request, lambda: remove(dirs, sandbox_id, keep_work=discard == "false"))
     if receipt["residue"]:
         error = ResidueError(f"teardown of {receipt['id']} left residue: {'; '.join(receipt['residue'])}")
@@ -228,7 +238,7 @@ async def export(request: web.Request) -> web.StreamResponse:
     body = await json_body(request, {"format"}, {"format"})
     _strings(body, "format")
     fmt = check_format(body["format"])
-    dirs, sandbox_id = request.app["dirs"], request.match_info["id"]
+    dirs, sandbox_id = request.app[DIRS], request.match_info["id"]
     await in_worker(request, request["access"].require_own, sandbox_id, _unknown(request))
     made = await in_worker(request, prepare, dirs, sandbox_id, fmt)
     try:
@@ -266,7 +276,7 @@ async def dispatch_tool(request: web.Request) -> web.Response:
         raise UsageError("wait_seconds: must be a whole number of seconds")
     sandbox_id = request.match_info["id"]
     await in_worker(request, request["access"].require_own, sandbox_id, _unknown(request))
-    state = request.app["dirs"].state
+    state = request.app[DIRS].state
     document = await in_worker(
         request,
         lambda: dispatch(state, sandbox_id, lease_id=body["lease"], request_id=body["request_id"], wait_seconds=wait),
@@ -279,7 +289,7 @@ async def owner_entries(request: web.Request) -> web.Response:
     from sandboxer.commands.owner import list_entries
 
     request["access"].require_owner("ext list")
-    return web.json_response(await in_worker(request, list_entries, request.app["dirs"]))
+    return web.json_response(await in_worker(request, list_entries, request.app[DIRS]))
 
 
 async def owner_approve(request: web.Request) -> web.Response:
@@ -289,7 +299,7 @@ async def owner_approve(request: web.Request) -> web.Response:
     request["access"].require_owner("ext approve")
     body = await json_body(request, {"name"}, {"name"})
     _strings(body, "name")
-    return web.json_response(await in_worker(request, approve, request.app["dirs"], body["name"]))
+    return web.json_response(await in_worker(request, approve, request.app[DIRS], body["name"]))
 
 
 async def owner_revoke(request: web.Request) -> web.Response:
@@ -299,7 +309,7 @@ async def owner_revoke(request: web.Request) -> web.Response:
     request["access"].require_owner("ext revoke")
     body = await json_body(request, {"name"}, {"name"})
     _strings(body, "name")
-    return web.json_response(await in_worker(request, revoke, request.app["dirs"], body["name"]))
+    return web.json_response(await in_worker(request, revoke, request.app[DIRS], body["name"]))
 
 
 async def runtime_digest(request: web.Request) -> web.Response:
@@ -317,11 +327,11 @@ async def runtime_digest(request: web.Request) -> web.Response:
         raise UsageError("path: must be an absolute path")
     if not isinstance(full, bool):
         raise UsageError("full: must be true or false")
-    return web.json_response(await in_worker(request, lambda: digest(request.app["dirs"], path, full=full)))
+    return web.json_response(await in_worker(request, lambda: digest(request.app[DIRS], path, full=full)))
 
 
 async def gc(request: web.Request) -> web.Response:
     from sandboxer.commands.teardown import gc as collect
 
     request["access"].require_owner("gc")
-    return web.json_response(await in_worker(request, collect, request.app["dirs"]))
+    return web.json_response(await in_worker(request, collect, request.app[DIRS]))

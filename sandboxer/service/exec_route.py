@@ -22,7 +22,7 @@ from sandboxer.dirs import Dirs
 from sandboxer.errors import ExecError, ExecUsage, SandboxerError, UsageError
 from sandboxer.host.stdio import CANCEL_POLL
 from sandboxer.service import frames
-from sandboxer.service.http import checked, error_document, in_worker
+from sandboxer.service.http import DIRS, EXECS, WORKERS, checked, error_document, in_worker
 
 EXEC_FIELDS = {"argv", "cwd", "timeout", "consumer", "executable", "env"}
 MAX_OPTIONS = 1024 * 1024  # exec's first line, its options
@@ -46,7 +46,7 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
     # service's memory.
     chunks: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=OUTPUT_FRAMES)
     gone = threading.Event()  # the client went away (or the service stops): the exec is killed
-    running: set[threading.Event] = request.app["execs"]
+    running: set[threading.Event] = request.app[EXECS]
     running.add(gone)
 
     def put(item: bytes | None) -> None:
@@ -70,7 +70,7 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
     def run() -> dict[str, Any]:
         try:
             status = _execute(
-                request.app["dirs"], cli_options, argv, stdin_r, sink, cancelled=gone.is_set, exec_env=exec_env
+                request.app[DIRS], cli_options, argv, stdin_r, sink, cancelled=gone.is_set, exec_env=exec_env
             )
             return {"status": status}
         except SandboxerError as exc:
@@ -79,7 +79,7 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
             os.close(stdin_r)  # input the command never read is refused from now on
             put(None)
 
-    done = loop.run_in_executor(request.app["workers"], run)  # as long as the command runs
+    done = loop.run_in_executor(request.app[WORKERS], run)  # as long as the command runs
     try:
         await _relay(request, response, chunks, gone)
     except BaseException:  # the request was cancelled: the exec ends too

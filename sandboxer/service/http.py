@@ -5,14 +5,24 @@ work off the event loop."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import Any
 
 from aiohttp import web
 
+from sandboxer.dirs import Dirs
 from sandboxer.errors import SandboxerError, UsageError
+from sandboxer.service.audit import AuditLog
 
 HTTP_STATUS = {2: 400, 3: 403, 4: 404, 5: 500, 6: 409, 75: 409, 125: 500}
+
+# What the application holds for its routes.
+DIRS = web.AppKey("dirs", Dirs)  # the config and state directories it answers for
+AUDIT = web.AppKey("audit", AuditLog)
+EXECS = web.AppKey("execs", set[threading.Event])  # each running exec's `gone`: set when the service stops
+WORKERS = web.AppKey("workers", Executor)  # the pool commands, execs and route work run in
 
 
 def error_document(error: SandboxerError) -> dict[str, Any]:
@@ -33,7 +43,7 @@ async def in_thread(function: Callable[..., Any], *args: Any) -> Any:
 async def in_worker(request: web.Request, function: Callable[..., Any], *args: Any) -> Any:
     """A route's command off the event loop, in the pool commands run in (as long as they take:
     a dispatch may wait minutes), so that admission and the reaper never wait behind them."""
-    return await asyncio.get_running_loop().run_in_executor(request.app["workers"], function, *args)
+    return await asyncio.get_running_loop().run_in_executor(request.app[WORKERS], function, *args)
 
 
 async def json_body(request: web.Request, allowed: set[str], required: set[str]) -> dict[str, Any]:

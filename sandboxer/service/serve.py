@@ -27,6 +27,7 @@ from sandboxer.errors import PolicyError, UsageError
 from sandboxer.host.registry import Registry, try_lock_file
 from sandboxer.invocation import install_thread_streams
 from sandboxer.service.cliserver import CommandTable, Serving
+from sandboxer.service.http import AUDIT, EXECS
 from sandboxer.service.lifetimes import KEEP_EXPORTS
 
 LOCK_FILE = "service.lock"
@@ -152,7 +153,7 @@ async def _run(
     reaper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandboxer-reaper")
     slots = CallerSlots()
     app = make_app(dirs, workers=workers, slots=slots)
-    lifetimes = Reaper(dirs, app["audit"], keep_exports=keep_exports)
+    lifetimes = Reaper(dirs, app[AUDIT], keep_exports=keep_exports)
     activity = Activity()
 
     @web.middleware
@@ -169,7 +170,7 @@ async def _run(
     loop.set_default_executor(ThreadPoolExecutor(max_workers=SHORT_WORKERS, thread_name_prefix="sandboxer"))
     runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=SHUTDOWN_GRACE)
     await runner.setup()
-    serving = Serving(dirs=dirs, audit=app["audit"], commands=commands)
+    serving = Serving(dirs=dirs, audit=app[AUDIT], commands=commands)
     connections = Connections(listener, runner.server, serving, activity=activity, slots=slots, workers=workers)
     acceptor = asyncio.create_task(connections.accept())
     stop = asyncio.Event()
@@ -190,7 +191,7 @@ async def _run(
                 break
     finally:
         acceptor.cancel()
-        for gone in list(app["execs"]):  # an exec runs as long as its command: it is cancelled
+        for gone in app[EXECS].copy():  # an exec runs as long as its command: it is cancelled
             gone.set()
         await connections.close()
         await runner.cleanup()
