@@ -8,11 +8,9 @@ are well formed but that no backend can honour raise `ForbiddenSettingError` (ex
 from __future__ import annotations
 
 import hashlib
-import posixpath
 import re
-from collections.abc import Callable
-from typing import TypeVar
 
+from sandboxer.core.config_doc import Doc
 from sandboxer.core.config_types import (
     DEFAULT_GIT_USER,
     DEFAULT_MEMORY_MIB,
@@ -23,7 +21,6 @@ from sandboxer.core.config_types import (
     EXTENSIONS,
     GRANTS_NAME,
     ExtensionConfig,
-    ExtensionName,
     Grant,
     GrantsFile,
     Lifetime,
@@ -34,8 +31,8 @@ from sandboxer.core.config_types import (
     Security,
     Workspace,
 )
-from sandboxer.core.yamlstrict import Mark, YMap, YNode, YScalar, YSeq, parse_yaml
-from sandboxer.errors import ConfigError, ForbiddenSettingError, UsageError
+from sandboxer.core.yamlstrict import YMap, YNode, parse_yaml
+from sandboxer.errors import UsageError
 
 PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -59,112 +56,8 @@ PIDS_RANGE = (16, 65536)
 IDLE_SECONDS_RANGE = (1, 30 * 24 * 3600)  # lifetime.idle_seconds: a second to 30 days
 WARM_RANGE = (0, 8)  # containers started ahead for each Docker profile (docs/docker.md, "Warm containers")
 
-T = TypeVar("T")
 
-
-def _unknown(key: str, allowed: set[str]) -> str:
-    """The rule for a key the schema does not know, with the known key it is closest to, if any."""
-    import difflib
-
-    close = difflib.get_close_matches(key, sorted(allowed), n=1, cutoff=0.75)
-    return f"unknown key (did you mean {close[0]}?)" if close else "unknown key"
-
-
-class _Doc:
-    """Typed, path-aware access to a parsed document; every fault names file, line and key."""
-
-    def __init__(self, file: str, expected_name: str | None) -> None:
-        self.file = file
-        self.expected_name = expected_name
-        self.forbidden: list[ForbiddenSettingError] = []
-
-    def fail(self, mark: Mark, path: str, rule: str) -> ConfigError:
-        return ConfigError(self.file, mark.line, mark.column, path, rule)
-
-    def forbid(self, mark: Mark, path: str, rule: str) -> None:
-        self.forbidden.append(ForbiddenSettingError(self.file, mark.line, mark.column, path, rule))
-
-    def mapping(
-        self,
-        node: YNode,
-        path: str,
-        required: tuple[str, ...],
-        optional: tuple[str, ...] = (),
-    ) -> dict[str, YNode]:
-        if not isinstance(node, YMap):
-            raise self.fail(node.mark, path or "(document)", "must be a mapping")
-        allowed = set(required) | set(optional)
-        found: dict[str, YNode] = {}
-        for key, key_mark, value in node.items:
-            if key not in allowed:
-                raise self.fail(key_mark, _join(path, key), _unknown(key, allowed))
-            found[key] = value
-        for key in required:
-            if key not in found:
-                raise self.fail(node.mark, _join(path, key), "missing required key")
-        return found
-
-    def string(
-        self,
-        node: YNode,
-        path: str,
-        pattern: re.Pattern[str] | None = None,
-        rule: str = "",
-    ) -> str:
-        if not isinstance(node, YScalar) or not isinstance(node.value, str):
-            raise self.fail(node.mark, path, "must be a string")
-        if pattern is not None and not pattern.fullmatch(node.value):
-            raise self.fail(node.mark, path, rule)
-        return node.value
-
-    def integer(self, node: YNode, path: str, bounds: tuple[int, int]) -> int:
-        if not isinstance(node, YScalar) or isinstance(node.value, bool) or not isinstance(node.value, int):
-            raise self.fail(node.mark, path, "must be an integer")
-        low, high = bounds
-        if not low <= node.value <= high:
-            raise self.fail(node.mark, path, f"must be between {low} and {high}")
-        return node.value
-
-    def boolean(self, node: YNode, path: str) -> bool:
-        if not isinstance(node, YScalar) or not isinstance(node.value, bool):
-            raise self.fail(node.mark, path, "must be true or false")
-        return node.value
-
-    def sequence(self, node: YNode, path: str, item: Callable[[YNode, str], T]) -> tuple[T, ...]:
-        if not isinstance(node, YSeq):
-            raise self.fail(node.mark, path, "must be a list")
-        return tuple(item(entry, f"{path}[{i}]") for i, entry in enumerate(node.items))
-
-    def absolute_path(self, node: YNode, path: str) -> str:
-        value = self.string(node, path)
-        if (
-            not value.startswith("/")
-            or value == "/"
-            or posixpath.normpath(value) != value
-            or any(ord(c) < 0x20 or c == "\x7f" for c in value)
-        ):
-            raise self.fail(
-                node.mark, path, "must be a normalized absolute path other than /, without control characters"
-            )
-        return value
-
-    def own_name(self, node: YNode, path: str, value: str) -> None:
-        if self.expected_name is not None and value != self.expected_name:
-            raise self.fail(node.mark, path, f"must equal the file's name ({self.expected_name})")
-
-    def extension_name(self, node: YNode, path: str) -> ExtensionName:
-        value = self.string(node, path)
-        for name in EXTENSIONS:
-            if value == name:
-                return name
-        raise self.fail(node.mark, path, f"must be one of {', '.join(EXTENSIONS)}")
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-def _git_ref(doc: _Doc, node: YNode, path: str) -> str:
+def _git_ref(doc: Doc, node: YNode, path: str) -> str:
     rule = "must be a Git branch, tag or commit name (letters, digits, . _ / -)"
     value = doc.string(node, path, _GIT_REF, rule)
     parts = value.split("/")
@@ -178,7 +71,7 @@ def _git_ref(doc: _Doc, node: YNode, path: str) -> str:
     return value
 
 
-def _parse_extension(doc: _Doc, root: YNode, digest: str) -> ExtensionConfig:
+def _parse_extension(doc: Doc, root: YNode, digest: str) -> ExtensionConfig:
     top = doc.mapping(root, "", ("extension", "config"))
     extension = doc.extension_name(top["extension"], "extension")
     doc.own_name(top["extension"], "extension", extension)
@@ -209,7 +102,7 @@ def _parse_extension(doc: _Doc, root: YNode, digest: str) -> ExtensionConfig:
     return ExtensionConfig(extension=extension, runtime=pin, image=image, file_sha256=digest, warm=warm)
 
 
-def _caller_env(doc: _Doc, node: YNode | None) -> tuple[str, ...]:
+def _caller_env(doc: Doc, node: YNode | None) -> tuple[str, ...]:
     """exec.caller_env: the names a caller may set with `exec --env` — never one the sandbox's own
     environment sets (PATH, HOME, ..., SANDBOXER_*): that environment stays the owner's."""
     from sandboxer.core.plan import PLAN_ENV_NAMES
@@ -229,7 +122,7 @@ def _caller_env(doc: _Doc, node: YNode | None) -> tuple[str, ...]:
     return doc.sequence(section["caller_env"], "exec.caller_env", name)
 
 
-def _git_user(doc: _Doc, node: YNode | None) -> tuple[str, str]:
+def _git_user(doc: Doc, node: YNode | None) -> tuple[str, str]:
     """workspace.git.user: the commit identity the clone is given (a neutral one by default)."""
     name, email = DEFAULT_GIT_USER
     if node is None:
@@ -245,11 +138,11 @@ def _git_user(doc: _Doc, node: YNode | None) -> tuple[str, str]:
     return name, email
 
 
-def _opaque_string(doc: _Doc, node: YNode, path: str) -> str:
+def _opaque_string(doc: Doc, node: YNode, path: str) -> str:
     return doc.string(node, path)
 
 
-def _parse_profile(doc: _Doc, root: YNode, digest: str) -> Profile:
+def _parse_profile(doc: Doc, root: YNode, digest: str) -> Profile:
     top = doc.mapping(
         root, "", ("profile", "extension", "workspace", "network", "setup"), ("limits", "security", "lifetime", "exec")
     )
@@ -353,7 +246,7 @@ def parse_owner_file(data: bytes, file: str, *, expected_name: str | None = None
     """
     root = parse_yaml(data, file)
     digest = hashlib.sha256(data).hexdigest()
-    doc = _Doc(file, expected_name)
+    doc = Doc(file, expected_name)
     if isinstance(root, YMap) and "profile" in set(root.keys()):
         return _parse_profile(doc, root, digest)
     if isinstance(root, YMap) and GRANTS_NAME in set(root.keys()):
@@ -366,7 +259,7 @@ MAX_SANDBOXES_RANGE = (1, 1000)
 MAX_TTL_RANGE = (60, 30 * 24 * 3600)
 
 
-def _parse_grants(doc: _Doc, root: YNode, digest: str) -> GrantsFile:
+def _parse_grants(doc: Doc, root: YNode, digest: str) -> GrantsFile:
     """grants.yaml: a list of entries, each naming users and/or groups, their profiles, limits."""
     if doc.expected_name is not None and doc.expected_name != GRANTS_NAME:
         raise doc.fail(root.mark, GRANTS_NAME, f"belongs in {GRANTS_NAME}.yaml, not a {doc.expected_name} file")
