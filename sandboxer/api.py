@@ -71,13 +71,23 @@ class Broker:
         return self.dirs.state
 
     def create(
-        self, profile: str, *, manifest: str | None = None, bootstrap: str | None = None, ttl: float | None = None
+        self,
+        profile: str,
+        *,
+        manifest: str | None = None,
+        bootstrap: str | None = None,
+        ttl: float | None = None,
+        ref: str | None = None,
+        branch: str | None = None,
     ) -> Sandbox:
         """A new sandbox from the approved `profile` (with a lease manifest and a runtime
-        bootstrap file, by path, if given). Nothing is left behind when it fails."""
+        bootstrap file, by path, if given; its workspace at `ref`, on a new `branch`, if given).
+        Nothing is left behind when it fails."""
         from sandboxer.commands.create import create
 
-        document = create(self.dirs, profile, manifest_path=manifest, bootstrap=bootstrap, ttl=ttl)
+        document = create(
+            self.dirs, profile, manifest_path=manifest, bootstrap=bootstrap, ttl=ttl, ref=ref, branch=branch
+        )
         return Sandbox(self, Created.from_json(document))
 
     def sandbox(self, sandbox_id: str) -> Sandbox:

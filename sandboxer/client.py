@@ -131,7 +131,14 @@ class Client:
         return result
 
     def create(
-        self, profile: str, *, manifest: str | None = None, bootstrap: str | None = None, ttl: float | None = None
+        self,
+        profile: str,
+        *,
+        manifest: str | None = None,
+        bootstrap: str | None = None,
+        ttl: float | None = None,
+        ref: str | None = None,
+        branch: str | None = None,
     ) -> ClientSandbox:
         """A new sandbox from the approved `profile`; the service tears it down after `ttl` seconds.
         `bootstrap`: a runtime bootstrap file, read here with this process's rights (owner-only,
@@ -140,6 +147,9 @@ class Client:
         body: dict[str, Any] = {"profile": profile}
         if ttl is not None:
             body["ttl"] = ttl
+        for name, value in (("ref", ref), ("branch", branch)):
+            if value is not None:
+                body[name] = value
         if manifest is not None:
             body["manifest"] = os.path.abspath(manifest)
         if bootstrap is not None:

@@ -51,6 +51,10 @@ def create(
     ttl: Annotated[
         float | None, typer.Option("--ttl", help="Seconds until a running service tears it down (docs/service.md).")
     ] = None,
+    ref: Annotated[
+        str | None, typer.Option("--ref", help="Check out this ref instead of the profile's (workspace.refs).")
+    ] = None,
+    branch: Annotated[str | None, typer.Option("--branch", help="On a new branch of this name.")] = None,
     json: JsonOption = False,
 ) -> None:
     """Create a sandbox from an approved profile and print its id."""
@@ -62,7 +66,14 @@ def create(
 
     def make(caller_uid: int | None, lifetime: float | None) -> dict[str, Any]:
         return create_sandbox(
-            dirs, profile, manifest_path=manifest, bootstrap=source, ttl=lifetime, caller_uid=caller_uid
+            dirs,
+            profile,
+            manifest_path=manifest,
+            bootstrap=source,
+            ttl=lifetime,
+            caller_uid=caller_uid,
+            ref=ref,
+            branch=branch,
         )
 
     rules = access()

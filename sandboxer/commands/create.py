@@ -30,17 +30,20 @@ def create(
     bootstrap: str | CallerFile | None = None,
     caller_uid: int | None = None,
     ttl: float | None = None,
+    ref: str | None = None,
+    branch: str | None = None,
 ) -> dict[str, Any]:
     """Create a sandbox from an approved profile (a lease manifest by path, a runtime bootstrap
     by path or as its caller read it);
     nothing is left behind if any step fails. `caller_uid`: the account a service creates it
     for, which alone (with the owners) may use it then. `ttl`: seconds until the service tears
-    it down (create --ttl)."""
+    it down (create --ttl). `ref`, `branch`: what the workspace checks out instead of the
+    profile's ref (one workspace.refs allows), on a new branch (create --ref, --branch)."""
     if ttl is not None and not MIN_TTL <= ttl <= MAX_TTL:
         raise UsageError(f"--ttl: must be between {MIN_TTL} and {MAX_TTL} seconds")
     from sandboxer.core.plan import WORKSPACE_TARGET
 
-    request = CreateRequest(dirs, profile_name, manifest_path, bootstrap)
+    request = CreateRequest(dirs, profile_name, manifest_path, bootstrap, ref=ref, branch=branch)
     registry = Registry(dirs.state)
     from sandboxer.commands import warm
 

@@ -88,10 +88,17 @@ def _admit(dirs: Dirs, profile_name: str) -> tuple[str, Profile, ExtensionConfig
 
 class CreateRequest:
     """Everything a create checks before anything is made: the approved profile and extension,
-    the lease manifest and the runtime bootstrap."""
+    the lease manifest, the runtime bootstrap, and what the workspace checks out."""
 
     def __init__(
-        self, dirs: Dirs, profile_name: str, manifest_path: str | None, bootstrap: str | CallerFile | None
+        self,
+        dirs: Dirs,
+        profile_name: str,
+        manifest_path: str | None,
+        bootstrap: str | CallerFile | None,
+        *,
+        ref: str | None = None,
+        branch: str | None = None,
     ) -> None:
         self.state_dir = dirs.state
         self.profile_file, self.profile, self.extension = _admit(dirs, profile_name)
@@ -101,6 +108,33 @@ class CreateRequest:
         self.delivery = _admit_bootstrap(bootstrap, self.assignment)
         image = self.assignment.image if self.assignment is not None else None
         self.image = image or str(self.extension.image)
+        self.checkout = _checkout(self, ref, branch)
+
+
+def _checkout(request: CreateRequest, ref: str | None, branch: str | None) -> workspace.Checkout:
+    """What the clone checks out: a manifest's revision and task branch; else the profile's ref,
+    or the caller's --ref where workspace.refs allows it, on the caller's --branch if given."""
+    from sandboxer.core.config import is_git_ref
+    from sandboxer.errors import UsageError
+
+    assignment = request.assignment
+    if assignment is not None:
+        if ref is not None or branch is not None:
+            raise UsageError("--ref, --branch: a lease manifest names the revision and the task branch itself")
+        return workspace.Checkout(
+            assignment.revision, assignment.branch, "repository.revision", "task_branch", missing=PolicyError
+        )
+    for option, value in (("--ref", ref), ("--branch", branch)):
+        if value is not None and not is_git_ref(value):
+            raise UsageError(f"{option}: must be a Git branch, tag or commit name (letters, digits, . _ / -)")
+    if ref is not None and not request.profile.workspace.allows(ref):
+        raise PolicyError(
+            f"--ref: profile {request.profile.name} does not allow {ref}",
+            hint="the owner lists the refs a caller may ask for in workspace.refs",
+        )
+    return workspace.Checkout(
+        ref or request.profile.workspace.ref, branch, "--ref" if ref else "workspace.ref", "--branch"
+    )
 
 
 def plan_for(
@@ -140,19 +174,17 @@ def clone_workspace(request: CreateRequest, plan: Plan) -> WorkRecord:
     """The workspace: the profile's repository (or the manifest's revision) cloned for this plan;
     the record's account of its history."""
     assignment = request.assignment
-    ref = assignment.revision if assignment else request.profile.workspace.ref
+    checkout = request.checkout
     base = workspace.clone(
         repository=request.profile.workspace.repository,
-        ref=ref,
+        checkout=checkout,
         destination=str(plan.workspace_source),
         git_home=Registry(request.state_dir).path(plan.sandbox_id, workspace.GIT_HOME),  # gc finds what it leaves
         profile_file=assignment.file if assignment else request.profile_file,
         owner=(plan.host_uid, plan.host_gid) if os.geteuid() == 0 else None,
-        branch=assignment.branch if assignment else None,
-        ref_field="repository.revision" if assignment else "workspace.ref",
         identity=(request.profile.workspace.git_user_name, request.profile.workspace.git_user_email),
     )
-    return WorkRecord(base=base, ref=ref, repository=request.profile.workspace.repository)
+    return WorkRecord(base=base, ref=checkout.ref, repository=request.profile.workspace.repository)
 
 
 def deliver_requested(request: CreateRequest, plan: Plan, record: SandboxRecord) -> SandboxRecord:

@@ -45,6 +45,7 @@ IMAGE_REFERENCE = re.compile(
     rf"(?::[a-z0-9_][a-z0-9_.-]{{0,127}})?@sha256:[0-9a-f]{{64}}"
 )
 _GIT_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")
+_GIT_REF_PATTERN = re.compile(r"[A-Za-z0-9*][A-Za-z0-9._/*-]{0,199}")
 GIT_USER_NAME = re.compile(r"[^\x00-\x1f\x7f<>]{1,100}")  # what git takes as a name: no control characters, no <>
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 GIT_USER_EMAIL = re.compile(r"[^\s<>@]{1,64}@[^\s<>@]{1,189}")
@@ -57,16 +58,24 @@ IDLE_SECONDS_RANGE = (1, 30 * 24 * 3600)  # lifetime.idle_seconds: a second to 3
 WARM_RANGE = (0, 8)  # containers started ahead for each Docker profile (docs/docker.md, "Warm containers")
 
 
-def _git_ref(doc: Doc, node: YNode, path: str) -> str:
-    rule = "must be a Git branch, tag or commit name (letters, digits, . _ / -)"
-    value = doc.string(node, path, _GIT_REF, rule)
+def is_git_ref(value: str, *, pattern: bool = False) -> bool:
+    """A branch, tag or commit name git takes (`pattern`: with `*` wildcards too)."""
     parts = value.split("/")
-    if (
+    return bool((_GIT_REF_PATTERN if pattern else _GIT_REF).fullmatch(value)) and not (
         ".." in value
         or "@{" in value
         or value.endswith((".lock", "/", "."))
         or any(not p or p.startswith(".") for p in parts)
-    ):
+    )
+
+
+def _git_ref(doc: Doc, node: YNode, path: str, *, pattern: bool = False) -> str:
+    """A branch, tag or commit name (`pattern`: one with `*` wildcards, for workspace.refs)."""
+    rule = "must be a Git branch, tag or commit name (letters, digits, . _ / -)"
+    if pattern:
+        rule = "must be a Git ref name or a pattern of one with * (letters, digits, . _ / - *)"
+    value = doc.string(node, path)
+    if not is_git_ref(value, pattern=pattern):
         raise doc.fail(node.mark, path, rule)
     return value
 
@@ -156,7 +165,7 @@ def _parse_profile(doc: Doc, root: YNode, digest: str) -> Profile:
         raise doc.fail(top["profile"].mark, "profile", f"{GRANTS_NAME} is reserved for grants.yaml")
     doc.own_name(top["profile"], "profile", name)
     extension = doc.extension_name(top["extension"], "extension")
-    workspace = doc.mapping(top["workspace"], "workspace", ("repository", "ref"), ("git",))
+    workspace = doc.mapping(top["workspace"], "workspace", ("repository", "ref"), ("git", "refs"))
     network = doc.mapping(top["network"], "network", ("default", "egress"))
     setup = doc.mapping(top["setup"], "setup", ("secrets",))
 
@@ -201,6 +210,11 @@ def _parse_profile(doc: Doc, root: YNode, digest: str) -> Profile:
     repository = doc.absolute_path(workspace["repository"], "workspace.repository")
     ref = _git_ref(doc, workspace["ref"], "workspace.ref")
     git_name, git_email = _git_user(doc, workspace.get("git"))
+    refs = (
+        doc.sequence(workspace["refs"], "workspace.refs", lambda n, p: _git_ref(doc, n, p, pattern=True))
+        if "refs" in workspace
+        else (ref,)
+    )
 
     # Both backends give a sandbox loopback only and deliver no secrets; a profile that asks for
     # more would be promised something nothing enforces, so it is refused, not ignored.
@@ -227,7 +241,9 @@ def _parse_profile(doc: Doc, root: YNode, digest: str) -> Profile:
     return Profile(
         name=name,
         extension=extension,
-        workspace=Workspace(repository=repository, ref=ref, git_user_name=git_name, git_user_email=git_email),
+        workspace=Workspace(
+            repository=repository, ref=ref, git_user_name=git_name, git_user_email=git_email, refs=refs
+        ),
         network_default="deny",
         egress=(),
         secrets=(),

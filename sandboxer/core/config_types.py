@@ -42,13 +42,23 @@ class ExtensionConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Workspace:
-    """The Git repository each sandbox clones, the ref it checks out, and the commit identity the
-    clone is given (workspace.git.user)."""
+    """The Git repository each sandbox clones, the ref it checks out, the refs a caller may ask
+    for instead (workspace.refs: names and `*` patterns; by default only `ref`), and the commit
+    identity the clone is given (workspace.git.user)."""
 
     repository: str
     ref: str
     git_user_name: str = DEFAULT_GIT_USER[0]
     git_user_email: str = DEFAULT_GIT_USER[1]
+    refs: tuple[str, ...] = ()
+
+    def allows(self, ref: str) -> bool:
+        """Whether `create --ref` may name `ref`: the profile's own, or one workspace.refs matches
+        (`*` matches any run of characters, `/` included)."""
+        import fnmatch
+
+        patterns = self.refs or (self.ref,)
+        return any(fnmatch.fnmatchcase(ref, pattern) for pattern in patterns)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -153,6 +163,7 @@ def meaning(item: OwnerFile) -> dict[str, Any]:
             "workspace": {
                 "repository": item.workspace.repository,
                 "ref": item.workspace.ref,
+                "refs": list(item.workspace.refs),
                 "git": {"user": {"name": item.workspace.git_user_name, "email": item.workspace.git_user_email}},
             },
             "network": {"default": item.network_default, "egress": list(item.egress)},
@@ -204,6 +215,7 @@ def from_meaning(document: dict[str, Any], file_sha256: str) -> OwnerFile:
                 ref=str(workspace["ref"]),
                 git_user_name=str(git_user.get("name", DEFAULT_GIT_USER[0])),
                 git_user_email=str(git_user.get("email", DEFAULT_GIT_USER[1])),
+                refs=tuple(str(r) for r in workspace.get("refs", ())),
             ),
             network_default="deny",
             egress=(),

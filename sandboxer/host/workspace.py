@@ -17,15 +17,16 @@ import errno
 import os
 import shutil
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sandboxer.errors import BackendError, PolicyError, UsageError
+from sandboxer.errors import BackendError, SandboxerError, UsageError
 from sandboxer.host.fstree import remove_tree
 
 if TYPE_CHECKING:
     import subprocess
 
-__all__ = ["GIT_HOME", "clone", "is_commit_id", "remove_tree", "run_git", "seed", "stop_git"]
+__all__ = ["GIT_HOME", "Checkout", "clone", "is_commit_id", "remove_tree", "run_git", "seed", "stop_git"]
 
 GIT_HOME = "git-home"  # in the sandbox's directory: HOME of host-side git while it clones
 GIT_TIMEOUT = 300  # seconds
@@ -98,16 +99,27 @@ def _dies_with(broker: int) -> Callable[[], None]:
     return arm
 
 
+@dataclass(frozen=True, slots=True)
+class Checkout:
+    """What a clone checks out: `ref`, on a new `branch` when one is given; the fields that name
+    them in messages, and what a ref the repository lacks is (a manifest's revision: a refusal of
+    the manifest, PolicyError; the profile's or a caller's --ref: UsageError)."""
+
+    ref: str
+    branch: str | None = None
+    ref_field: str = "workspace.ref"
+    branch_field: str = "task_branch"
+    missing: type[SandboxerError] = UsageError
+
+
 def clone(
     *,
     repository: str,
-    ref: str,
+    checkout: Checkout,
     destination: str,
     git_home: str,
     profile_file: str,
     owner: tuple[int, int] | None,
-    branch: str | None = None,
-    ref_field: str = "workspace.ref",
     identity: tuple[str, str],
 ) -> str:
     """Clone `repository` at `ref` into `destination`, owned by `owner` if given, with the commit
@@ -116,21 +128,19 @@ def clone(
 
     `destination` is new, or an empty directory that must stay the same directory (a warm
     container already has it bound at /workspace). `git_home` is git's HOME meanwhile, a new
-    directory inside the sandbox's own, removed again before this returns. With `branch` (a
-    manifest's task branch), that branch is created at `ref` and checked out; a `ref` the
-    repository lacks is then a refusal of the manifest (PolicyError, exit 3).
+    directory inside the sandbox's own, removed again before this returns. With a branch (a
+    manifest's task branch, a caller's --branch), that branch is created at the ref and checked
+    out.
     """
     bound = os.path.isdir(destination)
     with _home(git_home, repository) as home:
         _fetch(
             repository=repository,
-            ref=ref,
+            checkout=checkout,
             destination=destination,
             home=home,
             bound=bound,
             profile_file=profile_file,
-            branch=branch,
-            ref_field=ref_field,
         )
         # Before any sandbox code runs in it: no remote, no "clone: from <path>" reflog entry.
         if _git(["remote", "remove", "origin"], home=home, cwd=destination).returncode != 0:
@@ -146,7 +156,7 @@ def clone(
         head = _git(["rev-parse", "--verify", "HEAD^{commit}"], home=home, cwd=destination)
         base = head.stdout.decode(errors="replace").strip()
         if head.returncode != 0 or not is_commit_id(base):
-            raise BackendError(f"{profile_file}: {ref_field}: the clone has no commit checked out")
+            raise BackendError(f"{profile_file}: {checkout.ref_field}: the clone has no commit checked out")
     _finish(destination, owner)
     return base
 
@@ -206,18 +216,9 @@ def _home(path: str, repository: str) -> Iterator[str]:
         remove_tree(path)
 
 
-def _fetch(
-    *,
-    repository: str,
-    ref: str,
-    destination: str,
-    home: str,
-    bound: bool,
-    profile_file: str,
-    branch: str | None,
-    ref_field: str,
-) -> None:
-    """The clone itself, checked out at `ref` (on `branch` if given)."""
+def _fetch(*, repository: str, checkout: Checkout, destination: str, home: str, bound: bool, profile_file: str) -> None:
+    """The clone itself, checked out at the ref (on the branch if given)."""
+    ref, branch, ref_field = checkout.ref, checkout.branch, checkout.ref_field
     # The common case, a branch or tag, is one git process; a commit id takes a second step.
     clone_args = ["clone", "--quiet", "--no-local", "--template="]
     if branch is None:
@@ -229,13 +230,24 @@ def _fetch(
         raise UsageError(f"{profile_file}: workspace.repository: not a Git repository")
     if _git([*clone_args, "--no-checkout", "--", repository, destination], home=home).returncode != 0:
         raise BackendError(f"{profile_file}: workspace.repository: git clone failed")
-    found = _git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], home=home, cwd=destination)
-    if found.returncode != 0:
-        refusal = PolicyError if branch is not None else UsageError
-        raise refusal(f"{profile_file}: {ref_field}: not found in the repository")
-    checkout = ["checkout", "--quiet", "-b", branch, ref] if branch else ["checkout", "--quiet", "--detach", ref]
-    if _git(checkout, home=home, cwd=destination).returncode != 0:
-        what = "task_branch: cannot be created" if branch else f"{ref_field}: checkout failed"
+    # A commit id or a tag as it is; a branch of the repository is a remote-tracking one here.
+    commit = None
+    for name in (ref, f"refs/remotes/origin/{ref}"):
+        found = _git(["rev-parse", "--verify", "--quiet", f"{name}^{{commit}}"], home=home, cwd=destination)
+        if found.returncode == 0:
+            commit = found.stdout.decode().strip()
+            break
+    if commit is None:
+        raise checkout.missing(f"{profile_file}: {ref_field}: not found in the repository")
+    if branch is not None:
+        for taken in (f"refs/heads/{branch}", f"refs/remotes/origin/{branch}"):
+            if _git(["rev-parse", "--verify", "--quiet", taken], home=home, cwd=destination).returncode == 0:
+                raise checkout.missing(
+                    f"{profile_file}: {checkout.branch_field}: {branch} is a branch of the repository already"
+                )
+    switch = ["checkout", "--quiet", "-b", branch, commit] if branch else ["checkout", "--quiet", "--detach", commit]
+    if _git(switch, home=home, cwd=destination).returncode != 0:
+        what = f"{checkout.branch_field}: cannot be created" if branch else f"{ref_field}: checkout failed"
         raise BackendError(f"{profile_file}: {what}")
     # git checkout exits 0 when it could not write files (a full workspace filesystem leaves
     # them empty or cut short): the work tree must match what was checked out.

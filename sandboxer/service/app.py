@@ -39,7 +39,7 @@ from sandboxer.service.peer import peer_of
 
 API_DOCUMENT = Path(__file__).with_name("openapi.json")
 MAX_BODY = 16 * 1024 * 1024  # a request body larger than this is refused (413); exec's stdin is streamed
-CREATE_FIELDS = {"profile", "ttl", "manifest", "bootstrap"}
+CREATE_FIELDS = {"profile", "ttl", "manifest", "bootstrap", "ref", "branch"}
 DISPATCH_FIELDS = {"lease", "request_id", "wait_seconds"}
 DIGEST_FIELDS = {"path", "full"}
 
@@ -157,13 +157,24 @@ async def create(request: web.Request) -> web.Response:
     if manifest is not None and (not isinstance(manifest, str) or not manifest.startswith("/")):
         raise UsageError("manifest: must be an absolute path")
     bootstrap = None if body.get("bootstrap") is None else _sent_file(body["bootstrap"], "bootstrap")
+    _strings(body, "ref", "branch")
+    ref, branch = body.get("ref"), body.get("branch")
     dirs = request.app[DIRS]
     access: Access = request["access"]
     if manifest is not None:
         access.require_own_files("manifest", why=MANIFEST_PATHS)
 
     def made(uid: int | None, lifetime: float | None) -> dict[str, Any]:
-        return make(dirs, profile, manifest_path=manifest, bootstrap=bootstrap, caller_uid=uid, ttl=lifetime)
+        return make(
+            dirs,
+            profile,
+            manifest_path=manifest,
+            bootstrap=bootstrap,
+            caller_uid=uid,
+            ttl=lifetime,
+            ref=ref,
+            branch=branch,
+        )
 
     created = await in_worker(request, lambda: access.create(profile, ttl, made))
     request["sandbox_id"] = created["id"]
