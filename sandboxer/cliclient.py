@@ -7,7 +7,9 @@ signal this process gets (SIGINT, SIGTERM, SIGHUP) is passed on for an exec's co
 process dies, the service kills the exec. Protocol: sandboxer/service/cliserver.py.
 
 Where the command runs:
-- `SANDBOXER_NO_SERVICE=1`, or `serve` itself: in this process (sandboxer.cli).
+- `SANDBOXER_NO_SERVICE=1`, `serve` itself, the file checks: in this process (sandboxer.cli).
+- `cp`: in this process too, which reaches the service as a program does (sandboxer.Client)
+  and reads or writes the local files with the caller's own rights.
 - A service answers on `SANDBOXER_SOCKET`, else on the state dir's `broker.sock`: there.
 - None answers: an unprivileged user's client starts a private service for its state dir
   (`serve --idle-exit`, in a session of its own, logging to `<state>/service.log`) and uses it;
@@ -25,11 +27,10 @@ import json
 import os
 import socket
 import stat
-import struct
 import sys
 from typing import TYPE_CHECKING
 
-from sandboxer.dirs import resolve_dirs, service_socket
+from sandboxer.dirs import Untrusted, connect, resolve_dirs, service_socket
 
 if TYPE_CHECKING:
     from sandboxer.host.stdio import Pumps
@@ -39,10 +40,12 @@ START_SECONDS = 15.0  # how long a private service may take to answer
 SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 SERVICE_FAILED = 125  # the service went away before it answered a status
 MAX_FILES = 4  # files one command line may name for this process to open (the service's limit)
-_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 # Commands that never go to a service: serve itself, and the checks of a file the caller names,
 # which read it with the caller's own rights (and need nothing of the broker's).
 FILE_CHECKS = {("ext", "check"), ("manifest", "check"), ("bootstrap", "check")}
+# Commands that run in this process and reach the service as a program does (sandboxer.Client):
+# cp reads and writes the caller's local files with the caller's own rights.
+OWN_PROCESS = {"cp"}
 # Files a command reads or writes that this process opens itself, with the caller's own rights,
 # and passes to the service (which opens no path on another account's say-so): a file to read,
 # a new file to write, a directory to write new files in (made when missing).
@@ -62,7 +65,11 @@ def run(argv: list[str]) -> int:
     """Run one command line where it belongs (see the module's docstring)."""
     environ = os.environ
     words = _words(argv)
-    if environ.get("SANDBOXER_NO_SERVICE") == "1" or words[:1] == ("serve",) or words[:2] in FILE_CHECKS:
+    if (
+        environ.get("SANDBOXER_NO_SERVICE") == "1"
+        or words[:1] in (("serve",), *((name,) for name in OWN_PROCESS))
+        or words[:2] in FILE_CHECKS
+    ):
         return _in_process(argv)
     config_dir, state_dir = _global_dirs(argv)
     dirs = resolve_dirs(
@@ -70,7 +77,7 @@ def run(argv: list[str]) -> int:
     )
     path = service_socket(dirs, environ)
     try:
-        conn = _connect(path)
+        conn = connect(path)
     except Untrusted as exc:
         sys.stderr.write(f"sandboxer: {exc}; refused\n")
         return SERVICE_FAILED
@@ -129,27 +136,6 @@ def _global_dirs(argv: list[str]) -> tuple[str | None, str | None]:
     return found.get("--config-dir"), found.get("--state-dir")
 
 
-def _connect(path: str) -> socket.socket | None:
-    """A connection to the service at `path`, or None when none answers there. A service is
-    trusted with this process's environment and terminal only when the kernel says it runs as
-    root or as this account."""
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    try:
-        conn.connect(path)
-        _, uid, _ = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    except OSError:
-        conn.close()
-        return None
-    if uid not in (0, os.geteuid()):
-        conn.close()
-        raise Untrusted(f"the service on {path} runs as uid {uid}, neither root nor this account")
-    return conn
-
-
-class Untrusted(Exception):
-    """A socket answered by another account's process: nothing is sent to it."""
-
-
 def _start_private_service(config: str, state: str, path: str) -> socket.socket | None:
     """Start this user's service for its state dir and connect to it (None: it did not answer)."""
     import subprocess
@@ -176,7 +162,7 @@ def _start_private_service(config: str, state: str, path: str) -> socket.socket 
         os.close(log)
     deadline = time.monotonic() + START_SECONDS
     while time.monotonic() < deadline:
-        conn = _connect(path)
+        conn = connect(path)
         if conn is not None:
             return conn
         if service.poll() not in (None, 0, 3):  # 3: another client's service won the state dir

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import struct
 from collections.abc import Mapping
 
 
@@ -58,3 +60,27 @@ def service_socket(dirs: Dirs, environ: Mapping[str, str]) -> str:
     """Where the service of `dirs` answers: SANDBOXER_SOCKET, else `broker.sock` in the state dir
     (root's default: /run/sandboxer/broker.sock)."""
     return environ.get("SANDBOXER_SOCKET") or os.path.join(dirs.state, SOCKET_FILE)
+
+
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def connect(path: str) -> socket.socket | None:
+    """A connection to the service at `path`, or None when none answers there. A service is
+    trusted with this process's environment and terminal only when the kernel says it runs as
+    root or as this account."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        conn.connect(path)
+        _, uid, _ = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    except OSError:
+        conn.close()
+        return None
+    if uid not in (0, os.geteuid()):
+        conn.close()
+        raise Untrusted(f"the service on {path} runs as uid {uid}, neither root nor this account")
+    return conn
+
+
+class Untrusted(Exception):
+    """A socket answered by another account's process: nothing is sent to it."""

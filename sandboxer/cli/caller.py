@@ -332,6 +332,65 @@ def _deliver(made: Any, option: str, destination: str) -> None:
     deliver_to_directory(made, opened.fd, destination, owner=owner)
 
 
+@app.command("cp")
+def cp(
+    ctx: typer.Context,
+    source: Annotated[str, typer.Argument(metavar="SRC", help="A local path, or ID:/path inside a sandbox.")],
+    destination: Annotated[str, typer.Argument(metavar="DST", help="A local path, or ID:/path inside a sandbox.")],
+) -> None:
+    """Copy a file or directory into a sandbox (DST is ID:/path) or out of one (SRC is ID:/path,
+    DST a local path that does not exist yet): tar streams over the sandbox's exec, as the API's
+    put and get. Runs in the caller's own process, with its rights on the local files."""
+    inside = [(end, _sandbox_path(value)) for end, value in (("source", source), ("destination", destination))]
+    remote = [(end, found) for end, found in inside if found is not None]
+    if len(remote) != 1:
+        raise UsageError("cp: exactly one of SRC and DST must be ID:/path (a sandbox id, a colon, an absolute path)")
+    end, (sandbox_id, path) = remote[0]
+    if access() is not None:
+        raise UsageError("cp runs in the caller's own process, never as a service's command")
+    sandbox = _sandbox_of(dirs_of(ctx), sandbox_id)
+    if end == "destination":
+        sandbox.put(source, path)
+    else:
+        sandbox.get(path, destination)
+
+
+def _sandbox_path(value: str) -> tuple[str, str] | None:
+    """(id, path) of `ID:/path`, else None (a local path)."""
+    from sandboxer.host.registry import ID_PATTERN
+
+    sandbox_id, colon, path = value.partition(":")
+    if colon and ID_PATTERN.fullmatch(sandbox_id) and path.startswith("/"):
+        return sandbox_id, path
+    return None
+
+
+def _sandbox_of(dirs: Any, sandbox_id: str) -> Any:
+    """The sandbox through the service that answers for the state dir (as sandboxer.Client; only
+    a service of root or of this account), else through the embedded broker."""
+    import os
+
+    from sandboxer.dirs import Untrusted, connect, service_socket
+
+    if os.environ.get("SANDBOXER_NO_SERVICE") != "1":
+        path = service_socket(dirs, os.environ)
+        try:
+            probe = connect(path)
+        except Untrusted as exc:
+            raise UsageError(f"cp: {exc}; refused") from None
+        if probe is not None:
+            probe.close()
+            from sandboxer.client import Client
+
+            client = Client(path)
+            if sandbox_id not in {info.id for info in client.list()}:  # as Broker.sandbox says it
+                raise NotFoundError(f"no such sandbox: {sandbox_id}")
+            return client.sandbox(sandbox_id)
+    from sandboxer.api import Broker
+
+    return Broker(config_dir=dirs.config, state_dir=dirs.state).sandbox(sandbox_id)
+
+
 @app.command("gc")
 def gc(ctx: typer.Context, json: JsonOption = False) -> None:
     """Finish sandboxes whose broker died mid-way."""

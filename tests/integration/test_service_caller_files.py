@@ -199,3 +199,26 @@ def test_a_callers_export_is_written_with_its_own_rights(
     empty_dir = _cli_as(a, started.socket, "export", other, "--patch", str(home / "none"))
     assert empty_dir.returncode == 2
     assert not (home / "none").exists()
+
+
+def test_cp_reads_and_writes_local_files_as_the_caller(
+    granted: tuple[SandboxBroker, pwd.struct_passwd, Service, Path],
+) -> None:
+    """`cp` runs in the caller's own process: what it copies in is read, and what it copies out
+    written, with the caller's rights; a root-only file stays unread."""
+    broker, a, started, home = granted
+    sandbox_id = _cli_as(a, started.socket, "create", "--profile", broker.profile).stdout.strip()
+    broker.created.append(sandbox_id)
+    mine = _owned_by(a, home / "notes.txt", b"notes\n")
+    assert _cli_as(a, started.socket, "cp", str(mine), f"{sandbox_id}:/workspace/notes.txt").returncode == 0
+    out = home / "out.txt"
+    copied = _cli_as(a, started.socket, "cp", f"{sandbox_id}:/workspace/notes.txt", str(out))
+    assert copied.returncode == 0, copied.stderr
+    assert (out.read_bytes(), out.stat().st_uid) == (b"notes\n", a.pw_uid)
+    secret = broker.root / "root-only.txt"
+    secret.write_bytes(b"root's\n")
+    secret.chmod(0o600)
+    refused = _cli_as(a, started.socket, "cp", str(secret), f"{sandbox_id}:/workspace/secret.txt")
+    assert refused.returncode != 0
+    assert "Permission denied" in refused.stderr
+    assert _cli_as(a, started.socket, "exec", sandbox_id, "--", "test", "-e", "/workspace/secret.txt").returncode == 1
