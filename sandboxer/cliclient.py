@@ -28,6 +28,7 @@ import os
 import socket
 import stat
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from sandboxer.dirs import Untrusted, connect, resolve_dirs, service_socket
@@ -181,7 +182,13 @@ def _forward(conn: socket.socket, argv: list[str], words: tuple[str, ...]) -> in
 
     files, opened, made = _open_files(words)
     pumps = Pumps.for_client()
-    header = json.dumps({"argv": argv, "cwd": _cwd(), "env": dict(os.environ), "files": files}).encode()
+    request: dict[str, object] = {"argv": argv, "cwd": _cwd(), "env": dict(os.environ), "files": files}
+    terminal = _wants_terminal(words)
+    if terminal:
+        from sandboxer.host.terminal import caller_size
+
+        request["window"] = caller_size((0, 1, 2))
+    header = json.dumps(request).encode()
     try:
         socket.send_fds(conn, [b"\0" + header + b"\n"], [*pumps.given, *opened])
     except OSError as exc:
@@ -201,7 +208,8 @@ def _forward(conn: socket.socket, argv: list[str], words: tuple[str, ...]) -> in
     for name in SIGNALS:
         signal.signal(getattr(signal, name), pass_on)
     try:
-        answer = _copy_until_answer(conn, pumps)
+        with _terminal_passed_on(conn) if terminal else contextlib.nullcontext():
+            answer = _copy_until_answer(conn, pumps)
         pumps.finish()  # what the command wrote before it ended
     finally:
         pumps.close()
@@ -212,6 +220,37 @@ def _forward(conn: socket.socket, argv: list[str], words: tuple[str, ...]) -> in
     if status != 0:
         _remove_made(made)
     return status if isinstance(status, int) else SERVICE_FAILED
+
+
+def _wants_terminal(words: tuple[str, ...]) -> bool:
+    """Whether the command line is an `exec -t` (its options come before `--`)."""
+    if words[:1] != ("exec",):
+        return False
+    options = words[1 : words.index("--")] if "--" in words else words[1:]
+    return "-t" in options or "--tty" in options
+
+
+@contextlib.contextmanager
+def _terminal_passed_on(conn: socket.socket) -> Iterator[None]:
+    """exec -t: this process's terminal in raw mode while the command runs (its keys, Ctrl-C
+    included, go to the command's own terminal), and each change of its window size sent to the
+    service (sandboxer.host.terminal)."""
+    import signal
+
+    from sandboxer.host.terminal import caller_size, raw, winch_message
+
+    def resized(_signum: int, _frame: object) -> None:
+        size = caller_size((0, 1, 2))
+        if size is not None:
+            with contextlib.suppress(OSError):
+                conn.send(winch_message(size))
+
+    previous = signal.signal(signal.SIGWINCH, resized)
+    try:
+        with raw(0):
+            yield
+    finally:
+        signal.signal(signal.SIGWINCH, previous)
 
 
 def _copy_until_answer(conn: socket.socket, pumps: Pumps) -> bytes:

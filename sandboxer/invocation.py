@@ -38,6 +38,7 @@ class Invocation:
     access: Access | None = None  # the service's rules for its caller; None: in-process
     sandboxes: list[str] = field(default_factory=list)  # the sandbox the command named or made (audit)
     files: Mapping[str, CallerFile] = field(default_factory=dict)  # the client's opens, by the name given
+    window: tuple[int, int] | None = None  # the client's terminal's (rows, columns), for exec -t
 
 
 _local = threading.local()

@@ -156,6 +156,9 @@ def exec_(
             help="Set NAME for the command (names in the profile's exec.caller_env only).",
         ),
     ] = None,
+    tty: Annotated[
+        bool, typer.Option("-t", "--tty", help="Give the command a terminal of its own (an interactive shell).")
+    ] = False,
 ) -> None:
     """Run ARGV in a sandbox on this terminal's stdio; exit with its status.
 
@@ -170,10 +173,12 @@ def exec_(
     for name, value in (("cwd", cwd), ("consumer", consumer), ("executable", executable), ("timeout", timeout)):
         if value is not None:
             options[name] = value
+    if tty:
+        options["tty"] = "1"
     invocation = current()
     program = None  # this process's own stdio and signals
     if invocation.stdio is not None:
-        control = None if invocation.control is None else Control(invocation.control)
+        control = None if invocation.control is None else Control(invocation.control, invocation.window)
         program = CallerStdio(invocation.stdio, control)
     try:
         require_own(sandbox_id, ExecUsage(f"exec: no such sandbox: {sandbox_id}"))

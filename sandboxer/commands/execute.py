@@ -121,6 +121,10 @@ def execute(
         env = _provider_environment(dirs, options["id"], record, consumer, executable, caller_env=inherited)
     elif "consumer" in options:
         env["SANDBOXER_CONSUMER"] = options["consumer"]
+    if options.get("tty") == "1":  # exec -t: the terminal type the caller's is, among known ones
+        from sandboxer.host.terminal import term_of
+
+        env["TERM"] = term_of(current().environ if caller_env is None else caller_env)
     enter = enter_for(record.backend)
     limits = LimitWatch(record, limit_groups(record))
     started = time.monotonic()

@@ -4,6 +4,7 @@ them — shared by both engines' exec paths."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import stat
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from sandboxer.errors import ExecUsage
 from sandboxer.host.ready import wait_ready
+from sandboxer.host.terminal import WINCH_MESSAGE, WINCH_SIZE, open_terminal
 
 if TYPE_CHECKING:
     from sandboxer.results import Stream
@@ -86,18 +88,22 @@ class Watchdog:
 
 class Control:
     """A CLI client's connection to the service while its exec runs: each byte the client sends
-    is a signal number for the command (its Ctrl-C, its SIGTERM), and the connection's end means
-    the client went away — the exec is then killed with everything it started."""
+    is a signal number for the command (its Ctrl-C, its SIGTERM), or WINCH_MESSAGE and four
+    bytes, its terminal's new window size (`exec -t`); the connection's end means the client
+    went away — the exec is then killed with everything it started."""
 
-    __slots__ = ("fd", "gone")
+    __slots__ = ("_partial", "fd", "gone", "size")
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, size: tuple[int, int] | None = None) -> None:
         self.fd = fd
         self.gone = False
+        self.size = size  # the client's window size, as it last said
+        self._partial = b""  # a window size message not read whole yet
 
     def signals(self) -> list[int]:
         """The signals the client sent since the last call (without waiting; only SIGINT, SIGTERM
-        and SIGHUP, which an in-process exec forwards too); at the connection's end, `gone`."""
+        and SIGHUP, which an in-process exec forwards too); at the connection's end, `gone`.
+        A window size it sent meanwhile is `size` now."""
         if self.gone or not wait_ready([self.fd], timeout=0)[0]:
             return []
         try:
@@ -108,7 +114,21 @@ class Control:
             data = b""
         if not data:
             self.gone = True
-        return [signum for signum in data if signum in FORWARDED]
+        data, self._partial = self._partial + data, b""
+        found = []
+        while data:
+            if data[0] == WINCH_MESSAGE:
+                if len(data) < 1 + WINCH_SIZE.size:
+                    self._partial = data
+                    break
+                rows, columns = WINCH_SIZE.unpack(data[1 : 1 + WINCH_SIZE.size])
+                self.size = (rows, columns) if rows and columns else self.size
+                data = data[1 + WINCH_SIZE.size :]
+                continue
+            if data[0] in FORWARDED:
+                found.append(data[0])
+            data = data[1:]
+        return found
 
 
 class CallerStdio:
@@ -140,6 +160,7 @@ class Pumps:
         self.stdin_sink = -1  # our end of the command's stdin pipe
         self.pending = b""  # read from the caller's stdin, not yet in the pipe
         self.outputs: dict[int, Callable[[bytes], None]] = {}  # our read end -> where its bytes go
+        self.terminal: int | None = None  # exec -t: the master of the command's terminal
         self._theirs: list[int] = []  # the ends the command holds copies of, once started
 
     def _pipe_in(self) -> None:
@@ -202,6 +223,23 @@ class Pumps:
             pumps.given_away()
             pumps.close()
             raise
+        return pumps
+
+    @classmethod
+    def for_terminal(cls, source: int, out: int, size: tuple[int, int] | None) -> Pumps:
+        """`exec -t` (sandboxer.host.terminal): the command's 0-2 are the far end of a new
+        terminal of `size`; the caller's input `source` is copied into it, and what the command
+        writes to it to the caller's `out`."""
+        pumps = cls()
+        master, end = open_terminal(size)
+        pumps.terminal = master
+        pumps.given = [end, end, end]
+        pumps._theirs.append(end)
+        pumps.outputs[master] = _writer(out)
+        pumps.stdin_source = source
+        pumps.stdin_sink = os.dup(master)
+        os.set_inheritable(pumps.stdin_sink, False)
+        os.set_blocking(pumps.stdin_sink, False)
         return pumps
 
     @classmethod
@@ -303,6 +341,10 @@ def _copy(read_end: int, sink: Callable[[bytes], None]) -> bool:
         data = os.read(read_end, 65536)
     except BlockingIOError:
         return True
+    except OSError as exc:
+        if exc.errno != errno.EIO:
+            raise
+        return False  # a terminal's master once nothing holds its far end any more
     if not data:
         return False
     sink(data)

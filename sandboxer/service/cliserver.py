@@ -40,7 +40,8 @@ from sandboxer.service.peer import Peer
 MAGIC = b"\0"
 MAX_HEADER = 1024 * 1024  # argv, cwd and environment: more than any command line may hold
 HEADER_SECONDS = 10.0  # a client that sends less than its header in this time is dropped
-FIELDS = {"argv", "cwd", "env"}  # and "files", when the client opened any
+FIELDS = {"argv", "cwd", "env"}  # and "files", when the client opened any; "window" for exec -t
+OPTIONAL = {"files", "window"}
 FILE_FIELDS = {"name", "path", "errno"}
 MAX_FILES = 4  # files a command line names for the client to open (create --bootstrap: one)
 MAX_ERRNO = 4096  # errno values are small; Linux's are below 4096
@@ -135,8 +136,13 @@ def _receive(conn: socket.socket, deadline: float) -> tuple[dict[str, Any], list
 
 
 def _check(request: object, *, opened: int) -> None:
-    if not isinstance(request, dict) or set(request) - {"files"} != FIELDS:
-        raise UsageError(f"a CLI request is an object of {sorted(FIELDS)} and optionally files")
+    if not isinstance(request, dict) or set(request) - OPTIONAL != FIELDS:
+        raise UsageError(f"a CLI request is an object of {sorted(FIELDS)} and optionally {sorted(OPTIONAL)}")
+    window = request.setdefault("window", None)
+    if window is not None and not (
+        isinstance(window, list) and len(window) == 2 and all(type(n) is int and 0 < n < 65536 for n in window)
+    ):
+        raise UsageError("window: must be [rows, columns], each 1-65535")
     files = request.setdefault("files", [])
     if not isinstance(files, list) or not all(_file_entry(entry) for entry in files):
         raise UsageError(f"files: must be a list of objects of exactly {sorted(FILE_FIELDS)}")
@@ -215,6 +221,7 @@ def _run(conn: socket.socket, serving: Serving, access: Access, request: dict[st
                 control=conn.fileno(),
                 access=access,
                 files=_files(request, fds),
+                window=None if request["window"] is None else (request["window"][0], request["window"][1]),
             )
             with running(invocation, stdout, stderr):
                 status = serving.commands.run(list(request["argv"]))

@@ -1,7 +1,8 @@
 """The `sandboxer` command is a small client: every command of every caller pays for what it
 imports, so it loads the standard library only, little of it, and of sandboxer only the
 directories' module (and, to forward a command, the stdio pumps and the errors they raise) —
-the import budget the service exists for."""
+the import budget the service exists for. (The stdio pumps know the window size messages of
+exec -t: the terminal module, fcntl and termios, nothing more.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 ALLOWED_OWN = {"sandboxer", "sandboxer.__main__", "sandboxer.cliclient", "sandboxer.dirs"}
-FORWARDING = {"sandboxer.host", "sandboxer.host.stdio", "sandboxer.host.ready", "sandboxer.errors"}
+FORWARDING = {
+    "sandboxer.host",
+    "sandboxer.host.stdio",
+    "sandboxer.host.ready",
+    "sandboxer.host.terminal",
+    "sandboxer.errors",
+}
 # What the service pays for once and the client must never: the command table and its parsers,
 # the HTTP server, YAML, the broker's core.
 FORBIDDEN = {"typer", "click", "aiohttp", "ruamel", "pydantic", "rich", "http", "asyncio", "subprocess", "dataclasses"}

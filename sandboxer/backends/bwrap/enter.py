@@ -15,6 +15,7 @@ from sandboxer.errors import ExecUsage
 from sandboxer.host import procs
 from sandboxer.host.ready import wait_ready
 from sandboxer.host.stdio import CALLER_GONE, CANCEL_POLL, TIMED_OUT, CallerStdio, Control, Program, Pumps, Watchdog
+from sandboxer.host.terminal import caller_size, caller_terminal, set_size
 
 if TYPE_CHECKING:
     from sandboxer.backends.bwrap import joiner
@@ -72,19 +73,28 @@ def run(
             for f in entry.cgroup_procs
         )
         entry.cgroup_procs = procs_files
-    if isinstance(program, Program):
+    fds = caller.fds if caller is not None else (0, 1, 2)
+    if options.get("tty") == "1":
+        if isinstance(program, Program):
+            raise ExecUsage("exec: -t: a terminal is for a caller's own stdio, not a program's")
+        entry.tty = True
+        pumps = Pumps.for_terminal(fds[0], fds[1], control.size if control is not None else caller_size(fds))
+    elif isinstance(program, Program):
         pumps = Pumps.for_program(program)
     else:
-        pumps = Pumps.for_caller_stdio(caller.fds if caller is not None else (0, 1, 2))
+        pumps = Pumps.for_caller_stdio(fds)
     forwarder = _SignalForwarder() if program is None else None
     try:
-        try:
-            started = joiner.start(entry, stdin=pumps.given[0], stdout=pumps.given[1], stderr=pumps.given[2])
-        finally:
-            pumps.given_away()
-        if forwarder is not None:
-            forwarder.found(started.command_pid)
-        return _wait(started, timeout, exec_group, pumps, cancelled=cancelled, control=control)
+        terminal = pumps.terminal
+        resize = None if terminal is None or program is not None else lambda size: set_size(terminal, size)
+        with caller_terminal(resize, fds):
+            try:
+                started = joiner.start(entry, stdin=pumps.given[0], stdout=pumps.given[1], stderr=pumps.given[2])
+            finally:
+                pumps.given_away()
+            if forwarder is not None:
+                forwarder.found(started.command_pid)
+            return _wait(started, timeout, exec_group, pumps, cancelled=cancelled, control=control)
     finally:
         if forwarder is not None:
             forwarder.restore()
@@ -196,6 +206,8 @@ def _wait(
                 if control is not None and control.fd in readable:
                     for signum in control.signals():
                         forward(signum)
+                    if pumps.terminal is not None and control.size is not None:
+                        set_size(pumps.terminal, control.size)
                 gone = caller_gone()
                 if gone or (deadline is not None and time.monotonic() >= deadline):
                     watchdog.stop()

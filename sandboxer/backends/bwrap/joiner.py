@@ -28,6 +28,7 @@ import fcntl
 import os
 import resource
 import signal
+import termios
 from collections.abc import Sequence
 
 from sandboxer.errors import EntryError
@@ -177,6 +178,7 @@ class Entry:
         "keyring",
         "rlimits",
         "seccomp",
+        "tty",
     )
 
     def __init__(
@@ -194,6 +196,7 @@ class Entry:
         seccomp: bytes | None = None,
         keyring: str,
         holder_start: int | None = None,
+        tty: bool = False,
     ) -> None:
         self.holder_pid = holder_pid  # a process of the sandbox user: the namespaces commands run in
         self.host_uid = host_uid  # the sandbox user's uid as the host sees it (owner of the namespaces)
@@ -207,6 +210,7 @@ class Entry:
         self.seccomp = seccomp  # the sandbox's compiled syscall policy, installed just before execve
         self.holder_start = holder_start  # the holder's start time: a recycled pid is never joined
         self.keyring = keyring  # the sandbox's session keyring (keyring_name)
+        self.tty = tty  # stdin is a terminal of the exec's own: it becomes the controlling one
 
 
 class Started:
@@ -387,6 +391,8 @@ def _command(entry: Entry, report: int, stdio: tuple[int, int, int]) -> None:
         for target, fd in enumerate(stdio):
             if fd != target:
                 os.dup2(fd, target)
+        if entry.tty:  # exec -t: its own terminal (never the caller's) controls its new session
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         try:
             os.chdir(entry.cwd)
         except OSError as exc:

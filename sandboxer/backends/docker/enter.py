@@ -16,6 +16,7 @@ from sandboxer.backends.docker import engine, execs
 from sandboxer.errors import ExecUsage
 from sandboxer.host import procs
 from sandboxer.host.stdio import CALLER_GONE, TIMED_OUT, CallerStdio, Control, Program, feeder
+from sandboxer.host.terminal import caller_size, caller_terminal
 
 if TYPE_CHECKING:
     from sandboxer.core.record_exec import ExecView
@@ -35,9 +36,13 @@ def run(
     `program` None is this process's stdio."""
     user = _user(record, options["id"])
     caller = program if isinstance(program, CallerStdio) else None
+    tty = options.get("tty") == "1"
+    if tty and isinstance(program, Program):
+        raise ExecUsage("exec: -t: a terminal is for a caller's own stdio, not a program's")
     cancelled = program.cancelled if isinstance(program, Program) else None
+    resized: Callable[[tuple[int, int]], None] = lambda size: execs.resize(exec_id, size)  # noqa: E731
     if caller is not None and caller.control is not None:
-        cancelled = _client_gone(caller.control)
+        cancelled = _client_gone(caller.control, resized if tty else None)
     gated = timeout is not None or cancelled is not None  # its own cgroup, to kill all of it
     try:
         exec_id = execs.create_exec(
@@ -50,6 +55,7 @@ def run(
             # A provider's values travel in the exec's environment, never on a command line.
             values_apart="consumer" in options and "executable" in options,
             gate=gated,
+            tty=tty,
         )
     except (OSError, engine.EngineError) as exc:
         raise ExecUsage(f"exec: the Docker Engine failed ({exc})") from None
@@ -62,22 +68,34 @@ def run(
             signal.signal(sig, interrupted)
     groups: list[str] = []
 
+    fds = caller.fds if caller is not None else (0, 1, 2)
+    size = (
+        (caller.control.size if caller is not None and caller.control is not None else caller_size(fds))
+        if tty
+        else None
+    )
+
     def started() -> None:
-        group = _docker_exec_group(exec_id)
-        if group is not None:
-            groups.append(group)
+        if gated:
+            group = _docker_exec_group(exec_id)
+            if group is not None:
+                groups.append(group)
+        if size is not None:
+            resized(size)
 
     stdin, output = _streams(program)
     try:
-        finished = execs.run(
-            exec_id,
-            stdin=stdin,
-            output=output,
-            timeout=timeout,
-            started=started if gated else None,
-            cancelled=cancelled,
-            kill=lambda: _kill_docker_exec(exec_id, groups),
-        )
+        with caller_terminal(resized if tty and program is None else None, fds):
+            finished = execs.run(
+                exec_id,
+                stdin=stdin,
+                output=output,
+                timeout=timeout,
+                started=started if gated or size is not None else None,
+                cancelled=cancelled,
+                kill=lambda: _kill_docker_exec(exec_id, groups),
+                tty=tty,
+            )
         if not finished:
             _kill_docker_exec(exec_id, groups)
             return CALLER_GONE if cancelled is not None and cancelled() else TIMED_OUT
@@ -110,13 +128,17 @@ def _streams(program: Program | CallerStdio | None) -> tuple[int, Callable[[int,
     return fds[0], execs.to_fds(fds[1], fds[2])
 
 
-def _client_gone(control: Control) -> Callable[[], bool]:
+def _client_gone(control: Control, resize: Callable[[tuple[int, int]], None] | None) -> Callable[[], bool]:
     """`cancelled` for a CLI client's exec: its end cancels; a signal it passes on interrupts
-    the exec as this process's own would."""
+    the exec as this process's own would; a new window size it sends goes to `resize` (exec -t)."""
+    applied = [control.size]
 
     def gone() -> bool:
         for signum in control.signals():
             raise _Interrupted(signum)
+        if resize is not None and control.size is not None and control.size != applied[0]:
+            applied[0] = control.size
+            resize(control.size)
         return control.gone
 
     return gone

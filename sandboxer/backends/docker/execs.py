@@ -124,12 +124,14 @@ def create_exec(
     executable: str | None = None,
     values_apart: bool = False,
     gate: bool = False,
+    tty: bool = False,
 ) -> str:
     """Create an exec of `argv` (of `executable` with `argv` when given) under exactly `env`;
     returns its id. With `values_apart` (a provider launch) the command line names the variables
     and their values travel in the exec's own environment, which the Engine does not show. With
     `gate` the exec stops itself (SIGSTOP) before it runs the command, so that the broker can put
-    it in a cgroup of its own before anything forks; SIGCONT lets it go on."""
+    it in a cgroup of its own before anything forks; SIGCONT lets it go on. With `tty` the
+    Engine gives it a terminal of its own in the container (exec -t)."""
     pairs = [f"{k}={v}" for k, v in env.items()]
     extra: dict[str, object] = {}
     if executable is not None:
@@ -166,7 +168,7 @@ def create_exec(
         "AttachStdin": True,
         "AttachStdout": True,
         "AttachStderr": True,
-        "Tty": False,
+        "Tty": tty,
         "Cmd": command,
         "User": user,
         "WorkingDir": "/",
@@ -214,13 +216,14 @@ def run(
     started: Callable[[], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
     kill: Callable[[], None] | None = None,
+    tty: bool = False,
 ) -> bool:
     """Start the exec and stream until it ends; False if `timeout` expired first. What it
     writes goes to `output` (stream 1 or 2, bytes) as it arrives. `started` is called once the
     exec runs, before any of its output is read. `kill` kills what the exec started: when
     `output` blocks past the deadline (a caller that stopped reading), a watchdog calls it and
     closes the stream — the Engine, whose writes to it would block, lets the container be."""
-    sock, buffer = hijack(f"/exec/{exec_id}/start", json.dumps({"Detach": False, "Tty": False}).encode())
+    sock, buffer = hijack(f"/exec/{exec_id}/start", json.dumps({"Detach": False, "Tty": tty}).encode())
     stop_r, stop_w = os.pipe2(os.O_CLOEXEC)
     pump = threading.Thread(target=_pump_stdin, args=(sock, stdin, stop_r), daemon=True)
 
@@ -236,7 +239,7 @@ def run(
             started()
         pump.start()
         with watchdog:
-            return _stream(sock, buffer, output, timeout, cancelled) and not watchdog.fired
+            return _stream(sock, buffer, output, timeout, cancelled, raw=tty) and not watchdog.fired
     except (OSError, EngineError):
         if watchdog.fired:
             return False  # the watchdog closed the stream under it
@@ -258,11 +261,17 @@ def _stream(
     output: Callable[[int, bytes], None],
     timeout: float | None,
     cancelled: Callable[[], bool] | None,
+    *,
+    raw: bool = False,
 ) -> bool:
-    """Hand the exec's output on until its end (True) or its deadline or cancellation (False)."""
+    """Hand the exec's output on until its end (True) or its deadline or cancellation (False).
+    `raw`: a terminal's output, one stream (1) not framed."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        ready_frames, buffer = frames(buffer)
+        if raw:
+            ready_frames, buffer = ([(1, buffer)] if buffer else []), b""
+        else:
+            ready_frames, buffer = frames(buffer)
         for stream, payload in ready_frames:
             output(stream, payload)
         remaining = None if deadline is None else deadline - time.monotonic()
@@ -279,6 +288,12 @@ def _stream(
                 raise EngineError("the Engine closed the stream in the middle of a frame")
             return True
         buffer += data
+
+
+def resize(exec_id: str, size: tuple[int, int]) -> None:
+    """Give an exec's terminal (exec -t) the window size (rows, columns); ignored once it ended."""
+    with contextlib.suppress(OSError, EngineError):
+        request("POST", f"/exec/{exec_id}/resize?h={size[0]}&w={size[1]}")
 
 
 def capture(container: str, argv: list[str], *, env: dict[str, str], user: str, cwd: str = "/") -> bytes:
