@@ -2,7 +2,7 @@
 
     from sandboxer import Broker
 
-    broker = Broker(config_dir="/etc/sandboxer", state_dir="/run/sandboxer")
+    broker = Broker(config_dir="/etc/sandboxer", state_dir="/var/lib/sandboxer")
     with broker.create("bwrap-local") as sb:
         result = sb.exec(["python3", "-c", "print(1)"], timeout=30)
         assert result.status == 0 and result.stdout == b"1\\n"
@@ -49,7 +49,7 @@ class Broker:
     """The broker for one config directory and one state directory.
 
     Unset directories resolve as the CLI resolves them: SANDBOXER_CONFIG / SANDBOXER_STATE, then
-    the defaults for the calling user (/etc/sandboxer and /run/sandboxer for root).
+    the defaults for the calling user (/etc/sandboxer and /var/lib/sandboxer for root).
     """
 
     def __init__(self, *, config_dir: str | None = None, state_dir: str | None = None) -> None:

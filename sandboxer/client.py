@@ -47,7 +47,8 @@ DISPATCH_MARGIN = 60.0  # seconds a dispatch may take past its wait: the relay t
 
 
 def default_socket() -> str:
-    """SANDBOXER_SOCKET, else the socket in the caller's state dir (root's: /run/sandboxer)."""
+    """SANDBOXER_SOCKET, else the socket of the caller's state dir's service (root's:
+    /run/sandboxer/broker.sock)."""
     from sandboxer.dirs import resolve_dirs, service_socket
 
     dirs = resolve_dirs(

@@ -7,6 +7,10 @@ import socket
 import struct
 from collections.abc import Mapping
 
+ROOT_CONFIG = "/etc/sandboxer"
+ROOT_STATE = "/var/lib/sandboxer"  # root's state: on disk, as workspaces can be large
+ROOT_SOCKET = "/run/sandboxer/broker.sock"  # its service's socket
+
 
 class Dirs:
     """The config directory (owner YAML, approvals) and the state directory (live sandboxes, caches).
@@ -27,21 +31,22 @@ def resolve_dirs(
 ) -> Dirs:
     """Options win over SANDBOXER_CONFIG / SANDBOXER_STATE, which win over the defaults.
 
-    Root uses /etc/sandboxer and /run/sandboxer; any other user gets directories of their own
-    under their XDG config and runtime (or state) directories, so no two users share a broker.
+    Root uses /etc/sandboxer and /var/lib/sandboxer (on disk: workspaces can be large); any
+    other user gets directories of their own under their XDG config and runtime (or state)
+    directories, so no two users share a broker.
     """
     config = config_dir or environ.get("SANDBOXER_CONFIG") or ""
     state = state_dir or environ.get("SANDBOXER_STATE") or ""
     if not config:
         if euid == 0:
-            config = "/etc/sandboxer"
+            config = ROOT_CONFIG
         else:
             config = os.path.join(
                 _absolute(environ.get("XDG_CONFIG_HOME")) or os.path.join(home, ".config"), "sandboxer"
             )
     if not state:
         if euid == 0:
-            state = "/run/sandboxer"
+            state = ROOT_STATE
         else:
             base = _absolute(environ.get("XDG_RUNTIME_DIR")) or os.path.join(home, ".local", "state")
             state = os.path.join(base, "sandboxer")
@@ -56,10 +61,15 @@ def _absolute(value: str | None) -> str | None:
 SOCKET_FILE = "broker.sock"
 
 
+def default_socket(dirs: Dirs) -> str:
+    """Where the service of `dirs` listens unless told otherwise: `broker.sock` in the state dir;
+    for root's default state dir, in /run (the runtime directory, as services keep sockets)."""
+    return ROOT_SOCKET if dirs.state == ROOT_STATE else os.path.join(dirs.state, SOCKET_FILE)
+
+
 def service_socket(dirs: Dirs, environ: Mapping[str, str]) -> str:
-    """Where the service of `dirs` answers: SANDBOXER_SOCKET, else `broker.sock` in the state dir
-    (root's default: /run/sandboxer/broker.sock)."""
-    return environ.get("SANDBOXER_SOCKET") or os.path.join(dirs.state, SOCKET_FILE)
+    """Where the service of `dirs` answers: SANDBOXER_SOCKET, else default_socket."""
+    return environ.get("SANDBOXER_SOCKET") or default_socket(dirs)
 
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid

@@ -22,7 +22,7 @@ import stat
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from sandboxer.dirs import SOCKET_FILE, Dirs
+from sandboxer.dirs import Dirs, default_socket
 from sandboxer.errors import PolicyError, UsageError
 from sandboxer.host.registry import Registry, try_lock_file
 from sandboxer.invocation import install_thread_streams
@@ -34,11 +34,6 @@ LOCK_FILE = "service.lock"
 SHUTDOWN_GRACE = 5.0  # seconds open requests get to finish after SIGTERM; then they are cancelled
 WORKERS = 256  # commands the service runs at once: CLI commands and execs, each as long as it runs
 SHORT_WORKERS = 64  # the other requests' blocking steps (admission, create, inspect, ...) at once
-
-
-def default_socket(dirs: Dirs) -> str:
-    """The service of a state dir listens in it (root's default: /run/sandboxer/broker.sock)."""
-    return os.path.join(dirs.state, SOCKET_FILE)
 
 
 def serve(

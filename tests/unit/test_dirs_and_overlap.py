@@ -7,13 +7,18 @@ from pathlib import Path
 import pytest
 
 from sandboxer.core.runtime import check_overlap
-from sandboxer.dirs import resolve_dirs
+from sandboxer.dirs import resolve_dirs, service_socket
 from sandboxer.errors import PolicyError
 
 
 def test_root_defaults() -> None:
+    """Root's state is on disk (workspaces can be large); its service's socket is in /run."""
     dirs = resolve_dirs(config_dir=None, state_dir=None, environ={}, euid=0, home="/root")
-    assert (dirs.config, dirs.state) == ("/etc/sandboxer", "/run/sandboxer")
+    assert (dirs.config, dirs.state) == ("/etc/sandboxer", "/var/lib/sandboxer")
+    assert service_socket(dirs, {}) == "/run/sandboxer/broker.sock"
+    assert service_socket(dirs, {"SANDBOXER_SOCKET": "/tmp/s.sock"}) == "/tmp/s.sock"
+    other = resolve_dirs(config_dir=None, state_dir="/srv/state", environ={}, euid=0, home="/root")
+    assert service_socket(other, {}) == "/srv/state/broker.sock"
 
 
 def test_user_defaults_follow_xdg() -> None:
