@@ -9,7 +9,8 @@ process dies, the service kills the exec. Protocol: sandboxer/service/cliserver.
 Where the command runs:
 - `SANDBOXER_NO_SERVICE=1`, `serve` itself, the file checks: in this process (sandboxer.cli).
 - `cp`: in this process too, which reaches the service as a program does (sandboxer.Client)
-  and reads or writes the local files with the caller's own rights.
+  and reads or writes the local files with the caller's own rights; `doctor` (this host, for
+  this account).
 - A service answers on `SANDBOXER_SOCKET`, else on the state dir's `broker.sock`: there.
 - None answers: an unprivileged user's client starts a private service for its state dir
   (`serve --idle-exit`, in a session of its own, logging to `<state>/service.log`) and uses it;
@@ -44,9 +45,10 @@ MAX_FILES = 4  # files one command line may name for this process to open (the s
 # Commands that never go to a service: serve itself, and the checks of a file the caller names,
 # which read it with the caller's own rights (and need nothing of the broker's).
 FILE_CHECKS = {("ext", "check"), ("manifest", "check"), ("bootstrap", "check")}
-# Commands that run in this process and reach the service as a program does (sandboxer.Client):
-# cp reads and writes the caller's local files with the caller's own rights.
-OWN_PROCESS = {"cp"}
+# Commands that run in this process: cp reaches the service as a program does (sandboxer.Client)
+# and reads and writes the caller's local files with the caller's own rights; doctor checks the
+# host for this account.
+OWN_PROCESS = {"cp", "doctor"}
 # Files a command reads or writes that this process opens itself, with the caller's own rights,
 # and passes to the service (which opens no path on another account's say-so): a file to read,
 # a new file to write, a directory to write new files in (made when missing).

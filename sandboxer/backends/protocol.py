@@ -5,7 +5,7 @@ sandboxer.backends.backend_for picks one."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from sandboxer.core.config_types import ExtensionConfig
@@ -30,8 +30,27 @@ class Observed:
     sections: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One line of `sandboxer doctor`: "ok", "warn" (a part only some setups need, or a risk) or
+    "fail" (no sandbox can be made until it is fixed), and what to do when it is not ok."""
+
+    name: str
+    status: Literal["ok", "warn", "fail"]
+    detail: str
+    fix: str | None = None
+
+    def line(self) -> str:
+        text = f"{self.status:<4} {self.name}: {self.detail}"
+        return text if self.fix is None else f"{text} — {self.fix}"
+
+
 class Backend(Protocol):
     """What the core needs of an engine."""
+
+    def health(self) -> list[Check]:
+        """What `doctor` checks of this backend on this host (it changes nothing)."""
+        ...
 
     def preflight(self, extension: ExtensionConfig) -> None:
         """Refuse (BackendError) before anything is checked further or made: the engine cannot

@@ -1,5 +1,5 @@
 """The owner's commands: ext (check, approve, revoke, list), runtime digest, manifest check and
-bootstrap check. (`serve` is the root's: the service runs this whole table.)"""
+bootstrap check; doctor. (`serve` is the root's: the service runs this whole table.)"""
 
 from __future__ import annotations
 
@@ -158,3 +158,16 @@ def runtime_digest(
     require_owner("runtime digest")
     result = owner.runtime_digest(dirs_of(ctx), caller_path(path, "runtime digest"), full=full)
     _print(result, result["sha256"], json)
+
+
+@app.command("doctor")
+def doctor(ctx: typer.Context, json: JsonOption = False) -> None:
+    """Check this host for sandboxes — bwrap, user namespaces, Landlock, cgroups, git, the config
+    and state dirs, disk space, Docker — one line each, with what to do. Exit 5 when any fails."""
+    from sandboxer.commands.doctor import doctor as check_host
+
+    result = check_host(dirs_of(ctx))
+    lines = result.pop("lines")
+    _print(result, "\n".join(lines), json)
+    if not result["ok"]:
+        raise typer.Exit(5)

@@ -90,6 +90,13 @@ def _v2_parent() -> str | None:
     return None
 
 
+def mechanism() -> str | None:
+    """What would hold a new sandbox's limits here: "cgroup-v1", "cgroup-v2", or None (rlimits)."""
+    if _v1_usable():
+        return "cgroup-v1"
+    return "cgroup-v2" if _v2_parent() is not None else None
+
+
 def _write(path: str, value: str) -> None:
     with open(path, "w") as stream:
         stream.write(value)

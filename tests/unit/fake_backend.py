@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sandboxer.backends.protocol import Backend, Observed
+from sandboxer.backends.protocol import Backend, Check, Observed
 from sandboxer.core.config_types import ExtensionConfig
 from sandboxer.core.plan import Plan
 from sandboxer.core.record import LimitsRecord, PlanShare, SandboxRecord
@@ -32,6 +32,9 @@ class FakeBackend:
     images: bool = False  # whether it admits a manifest's service images
     spool_base: Path = Path("/nonexistent/fake-spools")  # where make_spool_root makes a spool's directory
     orphans: list[dict[str, Any]] = field(default_factory=list)  # receipts gc gets once, then no more
+
+    def health(self) -> list[Check]:
+        return [Check("fake", "ok", "always")]
 
     def preflight(self, extension: ExtensionConfig) -> None:
         self.calls.append(("preflight", extension.extension))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from sandboxer.backends.protocol import Check
 from sandboxer.errors import BackendError
 from sandboxer.host import procs
 
@@ -29,6 +30,30 @@ NO_WARM = "ext.bwrap keeps no warm sandboxes"
 
 class BwrapBackend:
     """One bubblewrap namespace per sandbox, for a root or an unprivileged broker."""
+
+    def health(self) -> list[Check]:
+        """bwrap is installed where the broker looks for it (never on PATH) and makes namespaces."""
+        import shutil
+        import subprocess
+
+        from sandboxer.backends.bwrap.namespace import BWRAP_PATH
+
+        path = shutil.which("bwrap", path=BWRAP_PATH)
+        if path is None:
+            return [Check("bwrap", "fail", f"not installed (looked in {BWRAP_PATH})", "apt-get install bubblewrap")]
+        try:
+            done = subprocess.run(
+                [path, "--unshare-all", "--ro-bind", "/", "/", "--", "/bin/true"],
+                capture_output=True,
+                timeout=30,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return [Check("bwrap", "fail", f"{path} cannot run ({exc})", "apt-get install --reinstall bubblewrap")]
+        if done.returncode != 0:
+            said = (done.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
+            return [Check("bwrap", "fail", f"{path} cannot make namespaces ({said[:200]})", "see user namespaces")]
+        return [Check("bwrap", "ok", f"{path} makes namespaces")]
 
     def preflight(self, extension: ExtensionConfig) -> None:
         from sandboxer.backends.bwrap import namespace as bwrap

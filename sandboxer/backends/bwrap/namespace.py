@@ -90,9 +90,12 @@ def check_reachable(path: str, *, uid: int, gid: int, what: str) -> None:
             )
 
 
+BWRAP_PATH = "/usr/bin:/bin:/usr/local/bin"  # where bwrap is looked for: never a caller's PATH
+
+
 def find_bwrap() -> str:
     """The bwrap executable, or a backend error with the install hint."""
-    path = shutil.which("bwrap", path="/usr/bin:/bin:/usr/local/bin")
+    path = shutil.which("bwrap", path=BWRAP_PATH)
     if path is None:
         raise BackendError("bwrap is not installed", hint="apt-get install -y bubblewrap")
     return path

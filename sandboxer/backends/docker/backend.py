@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+from sandboxer.backends.protocol import Check
 from sandboxer.errors import BackendError
 from sandboxer.host.registry import Registry
 
@@ -121,6 +122,15 @@ def _parse_docker_probe(data: bytes) -> tuple[ProbeSeen, list[str], list[MountSe
 
 class DockerBackend:
     """One container per sandbox, under the daemon's user-namespace remapping (docs/docker.md)."""
+
+    def health(self) -> list[Check]:
+        """Whether the Engine answers: only ext.docker profiles need it, so it is a warning."""
+        from sandboxer.backends.docker import engine
+
+        if not engine.ping():
+            why = "no Docker Engine answers (only ext.docker profiles need one)"
+            return [Check("docker", "warn", why, "start it: systemctl start docker (or scripts/start-dockerd)")]
+        return [Check("docker", "ok", "the Engine answers")]
 
     def preflight(self, extension: ExtensionConfig) -> None:
         import os
