@@ -52,6 +52,11 @@ class Backend(Protocol):
         """What `doctor` checks of this backend on this host (it changes nothing)."""
         ...
 
+    def check_extension(self, extension: ExtensionConfig, file: str) -> None:
+        """At approval: refuse (UsageError naming `file` and the key) a config this backend
+        could not start a sandbox from on this host."""
+        ...
+
     def preflight(self, extension: ExtensionConfig) -> None:
         """Refuse (BackendError) before anything is checked further or made: the engine cannot
         be used by this broker at all."""

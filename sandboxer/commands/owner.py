@@ -9,7 +9,7 @@ from typing import Any
 
 from sandboxer.core.approvals import Ledger, Status
 from sandboxer.core.config import parse_owner_file, validate_name
-from sandboxer.core.config_types import ExtensionConfig, OwnerFile, meaning
+from sandboxer.core.config_types import ExtensionConfig, OwnerFile, Profile, meaning
 from sandboxer.core.configdir import load_owner_file, present_names, read_file, read_owner_file
 from sandboxer.core.runtime import digest_runtime, verify_pin
 from sandboxer.dirs import Dirs
@@ -34,13 +34,24 @@ def check(path: str) -> dict[str, Any]:
 def approve(dirs: Dirs, name: str) -> dict[str, Any]:
     """Approve the exact current bytes of an owner file, after checking it is valid.
 
-    An extension config is approved only while its runtime matches its pin, so an owner learns
-    at approval time, not at the first create, that the pin is wrong.
+    What a create would trip on is checked now, so that an owner learns it at approval, not at
+    the first create: an extension config's runtime matches its pin (3 otherwise) and its
+    backend can honour it (a Docker image present in the Engine: 2); a profile's repository is
+    a Git repository with its ref and the refs it lists (2).
     """
     raw = read_owner_file(dirs.config, name)
     item = load_owner_file(raw)
     if isinstance(item, ExtensionConfig):
         verify_pin(item.runtime, state_dir=dirs.state, others={"config dir": dirs.config, "state dir": dirs.state})
+        from sandboxer.backends import backend_for
+        from sandboxer.commands.making import backend_name
+
+        backend_for(backend_name(item)).check_extension(item, raw.path)
+    elif isinstance(item, Profile):
+        from sandboxer.host.workspace import check_repository
+
+        workspace = item.workspace
+        check_repository(workspace.repository, (workspace.ref, *workspace.refs), raw.path)
     approval = Ledger(dirs.config).approve(name, item.file_sha256)
     return {"name": name, "file": raw.path, "status": Status.APPROVED.value, "sha256": approval.sha256}
 

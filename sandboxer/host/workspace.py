@@ -26,7 +26,17 @@ from sandboxer.host.fstree import remove_tree
 if TYPE_CHECKING:
     import subprocess
 
-__all__ = ["GIT_HOME", "Checkout", "clone", "is_commit_id", "remove_tree", "run_git", "seed", "stop_git"]
+__all__ = [
+    "GIT_HOME",
+    "Checkout",
+    "check_repository",
+    "clone",
+    "is_commit_id",
+    "remove_tree",
+    "run_git",
+    "seed",
+    "stop_git",
+]
 
 GIT_HOME = "git-home"  # in the sandbox's directory: HOME of host-side git while it clones
 GIT_TIMEOUT = 300  # seconds
@@ -159,6 +169,29 @@ def clone(
             raise BackendError(f"{profile_file}: {checkout.ref_field}: the clone has no commit checked out")
     _finish(destination, owner)
     return base
+
+
+def check_repository(repository: str, refs: tuple[str, ...], profile_file: str) -> None:
+    """What a clone would trip on, checked when a profile is approved: `repository` is a Git
+    repository (a work tree's top or a bare one) that has each of `refs` (the first is
+    workspace.ref; patterns with * are not checked). UsageError (2) naming the key otherwise.
+    Host-side git as for a clone: no config, no hooks, a HOME of its own."""
+    import tempfile
+
+    parent = tempfile.mkdtemp(prefix="sandboxer-check-")
+    try:
+        with _home(os.path.join(parent, "home"), repository) as home:
+            if not _is_repository_root(repository, home):
+                raise UsageError(f"{profile_file}: workspace.repository: not a Git repository")
+            for index, ref in enumerate(refs):
+                if "*" in ref:
+                    continue
+                found = _git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], home=home, cwd=repository)
+                if found.returncode != 0:
+                    field = "workspace.ref" if index == 0 else f"workspace.refs[{index - 1}]"
+                    raise UsageError(f"{profile_file}: {field}: {ref} is not in the repository")
+    finally:
+        os.rmdir(parent)
 
 
 def is_commit_id(text: str) -> bool:

@@ -36,6 +36,9 @@ class FakeBackend:
     def health(self) -> list[Check]:
         return [Check("fake", "ok", "always")]
 
+    def check_extension(self, extension: ExtensionConfig, file: str) -> None:
+        return None
+
     def preflight(self, extension: ExtensionConfig) -> None:
         self.calls.append(("preflight", extension.extension))
 

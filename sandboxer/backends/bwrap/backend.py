@@ -55,6 +55,9 @@ class BwrapBackend:
             return [Check("bwrap", "fail", f"{path} cannot make namespaces ({said[:200]})", "see user namespaces")]
         return [Check("bwrap", "ok", f"{path} makes namespaces")]
 
+    def check_extension(self, extension: ExtensionConfig, file: str) -> None:
+        """Nothing beyond the runtime pin, which approval checks for every backend."""
+
     def preflight(self, extension: ExtensionConfig) -> None:
         from sandboxer.backends.bwrap import namespace as bwrap
 

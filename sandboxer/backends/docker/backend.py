@@ -7,7 +7,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from sandboxer.backends.protocol import Check
-from sandboxer.errors import BackendError
+from sandboxer.errors import BackendError, UsageError
 from sandboxer.host.registry import Registry
 
 # teardown, list and gc ask only is_running, stop and release: the plan and the config (YAML)
@@ -131,6 +131,27 @@ class DockerBackend:
             why = "no Docker Engine answers (only ext.docker profiles need one)"
             return [Check("docker", "warn", why, "start it: systemctl start docker (or scripts/start-dockerd)")]
         return [Check("docker", "ok", "the Engine answers")]
+
+    def check_extension(self, extension: ExtensionConfig, file: str) -> None:
+        """config.image is present in the Engine (images are never pulled)."""
+        from urllib.parse import quote
+
+        from sandboxer.backends.docker import engine
+
+        image = str(extension.image)
+        try:
+            status, _ = engine.request("GET", f"/images/{quote(image, safe='/:@')}/json")
+        except (OSError, engine.EngineError):
+            raise BackendError(
+                f"{file}: config.image: cannot be checked: no Docker Engine answers", hint="start it, then approve"
+            ) from None
+        if status == 404:
+            raise UsageError(
+                f"{file}: config.image: not present in the Docker Engine (images are never pulled)",
+                hint="scripts/build-base-image, or docker load",
+            )
+        if status != 200:
+            raise BackendError(f"{file}: config.image: the Engine answered HTTP {status}")
 
     def preflight(self, extension: ExtensionConfig) -> None:
         import os
