@@ -31,7 +31,7 @@ from sandboxer.core.config_types import (
     Security,
     Workspace,
 )
-from sandboxer.core.yamlstrict import YMap, YNode, parse_yaml
+from sandboxer.core.yamlstrict import YMap, YNode, YScalar, parse_yaml
 from sandboxer.errors import UsageError
 
 PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
@@ -48,6 +48,7 @@ _GIT_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,199}")
 _GIT_REF_PATTERN = re.compile(r"[A-Za-z0-9*][A-Za-z0-9._/*-]{0,199}")
 GIT_USER_NAME = re.compile(r"[^\x00-\x1f\x7f<>]{1,100}")  # what git takes as a name: no control characters, no <>
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+ENV_VALUE = re.compile(r"[^\x00-\x1f\x7f]{0,4096}")
 GIT_USER_EMAIL = re.compile(r"[^\s<>@]{1,64}@[^\s<>@]{1,189}")
 
 MEMORY_MIB_RANGE = (64, 1024 * 1024)
@@ -111,16 +112,15 @@ def _parse_extension(doc: Doc, root: YNode, digest: str) -> ExtensionConfig:
     return ExtensionConfig(extension=extension, runtime=pin, image=image, file_sha256=digest, warm=warm)
 
 
-def _caller_env(doc: Doc, node: YNode | None) -> tuple[str, ...]:
-    """exec.caller_env: the names a caller may set with `exec --env` — never one the sandbox's own
-    environment sets (PATH, HOME, ..., SANDBOXER_*): that environment stays the owner's."""
+def _exec_section(doc: Doc, node: YNode | None) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """exec.caller_env: the names a caller may set with `exec --env`; exec.env: variables the
+    owner sets in every exec (hints such as PIP_NO_INDEX). Neither may name a variable the
+    sandbox's own environment sets (PATH, HOME, ..., SANDBOXER_*): that stays the broker's."""
     from sandboxer.core.plan import PLAN_ENV_NAMES
 
     if node is None:
-        return ()
-    section = doc.mapping(node, "exec", (), ("caller_env",))
-    if "caller_env" not in section:
-        return ()
+        return (), ()
+    section = doc.mapping(node, "exec", (), ("caller_env", "env"))
 
     def name(entry: YNode, path: str) -> str:
         value = doc.string(entry, path, ENV_NAME, "must be an environment name: letters, digits, _; not a digit first")
@@ -128,7 +128,25 @@ def _caller_env(doc: Doc, node: YNode | None) -> tuple[str, ...]:
             raise doc.fail(entry.mark, path, f"{value} is set by the sandbox itself, not by a caller")
         return value
 
-    return doc.sequence(section["caller_env"], "exec.caller_env", name)
+    caller_env = doc.sequence(section["caller_env"], "exec.caller_env", name) if "caller_env" in section else ()
+    return caller_env, (_exec_env(doc, section["env"], PLAN_ENV_NAMES) if "env" in section else ())
+
+
+def _exec_env(doc: Doc, node: YNode, reserved: frozenset[str]) -> tuple[tuple[str, str], ...]:
+    if not isinstance(node, YMap):
+        raise doc.fail(node.mark, "exec.env", "must be a mapping of names to values")
+    found: list[tuple[str, str]] = []
+    for key, key_mark, value in node.items:
+        path = f"exec.env.{key}"
+        if not ENV_NAME.fullmatch(key):
+            raise doc.fail(key_mark, path, "must be an environment name: letters, digits, _; not a digit first")
+        if key in reserved or key.startswith("SANDBOXER_"):
+            raise doc.fail(key_mark, path, f"{key} is set by the sandbox itself")
+        if not isinstance(value, YScalar) or not isinstance(value.value, str):
+            raise doc.fail(value.mark, path, "must be a string (quote numbers)")
+        text = doc.string(value, path, ENV_VALUE, "must be at most 4096 printable characters")
+        found.append((key, text))
+    return tuple(found)
 
 
 def _git_user(doc: Doc, node: YNode | None) -> tuple[str, str]:
@@ -210,6 +228,7 @@ def _parse_profile(doc: Doc, root: YNode, digest: str) -> Profile:
     repository = doc.absolute_path(workspace["repository"], "workspace.repository")
     ref = _git_ref(doc, workspace["ref"], "workspace.ref")
     git_name, git_email = _git_user(doc, workspace.get("git"))
+    caller_env, exec_env = _exec_section(doc, top.get("exec"))
     refs = (
         doc.sequence(workspace["refs"], "workspace.refs", lambda n, p: _git_ref(doc, n, p, pattern=True))
         if "refs" in workspace
@@ -251,7 +270,8 @@ def _parse_profile(doc: Doc, root: YNode, digest: str) -> Profile:
         file_sha256=digest,
         security=security,
         lifetime=lifetime,
-        caller_env=_caller_env(doc, top.get("exec")),
+        caller_env=caller_env,
+        exec_env=exec_env,
     )
 
 

@@ -102,6 +102,7 @@ class Profile:
     security: Security = Security()
     lifetime: Lifetime = Lifetime()
     caller_env: tuple[str, ...] = ()  # exec.caller_env: names a caller may set with exec --env
+    exec_env: tuple[tuple[str, str], ...] = ()  # exec.env: variables the owner sets in every exec
 
 
 GRANTS_NAME = "grants"  # <config-dir>/grants.yaml, approved as `sandboxer ext approve grants`
@@ -178,7 +179,7 @@ def meaning(item: OwnerFile) -> dict[str, Any]:
             },
             "security": {"allow_ptrace": item.security.allow_ptrace},
             "lifetime": {"idle_seconds": item.lifetime.idle_seconds},
-            "exec": {"caller_env": list(item.caller_env)},
+            "exec": {"caller_env": list(item.caller_env), "env": dict(item.exec_env)},
         }
     config: dict[str, Any] = {"runtime": {"path": item.runtime.path, "sha256": item.runtime.sha256}}
     if item.image is not None:
@@ -232,6 +233,7 @@ def from_meaning(document: dict[str, Any], file_sha256: str) -> OwnerFile:
             security=Security(allow_ptrace=bool(document["security"]["allow_ptrace"])),
             lifetime=_lifetime(document.get("lifetime", {})),
             caller_env=tuple(str(name) for name in document.get("exec", {}).get("caller_env", [])),
+            exec_env=tuple((str(k), str(v)) for k, v in document.get("exec", {}).get("env", {}).items()),
         )
     config = document["config"]
     return ExtensionConfig(

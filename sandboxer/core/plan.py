@@ -231,7 +231,11 @@ def build_plan(
         user=user,
         hostname=HOSTNAME,
         mounts=tuple(mounts),
-        env=_merged(base_env(sandbox_id=sandbox_id, profile=profile.name, user=user), grants.env),
+        # The owner's exec.env on the environment built from nothing (it never names one of its
+        # variables), then a manifest's project variables.
+        env=_merged(
+            _merged(base_env(sandbox_id=sandbox_id, profile=profile.name, user=user), profile.exec_env), grants.env
+        ),
         limits=profile.limits,
         allow_ptrace=profile.security.allow_ptrace,
         caller_env=profile.caller_env,
