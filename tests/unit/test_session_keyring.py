@@ -6,7 +6,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from sandboxer.backends.bwrap import joiner
+from sandboxer.backends.bwrap import privileges
 
 _libc = ctypes.CDLL(None, use_errno=True)
 KEYCTL_GET_KEYRING_ID = 0
@@ -20,7 +20,7 @@ def _session_keyring_in_child(name: str | None) -> int:
     if pid == 0:
         try:
             if name is not None:
-                joiner.new_session_keyring(name)
+                privileges.new_session_keyring(name)
             serial = _libc.syscall(250, KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, 0)
             os.write(write_end, str(serial).encode())
         finally:
@@ -33,7 +33,7 @@ def _session_keyring_in_child(name: str | None) -> int:
 
 
 def test_every_process_of_a_sandbox_shares_one_keyring_that_is_not_the_callers() -> None:
-    name = joiner.keyring_name(os.urandom(12).hex())
+    name = privileges.keyring_name(os.urandom(12).hex())
     caller = _session_keyring_in_child(None)
     # A holder keeps the sandbox's keyring alive, as bwrap and the holder do for a sandbox.
     ready_r, ready_w = os.pipe()
@@ -42,7 +42,7 @@ def test_every_process_of_a_sandbox_shares_one_keyring_that_is_not_the_callers()
     if holder == 0:
         try:
             os.close(stop_w)
-            joiner.new_session_keyring(name)
+            privileges.new_session_keyring(name)
             os.write(ready_w, str(_libc.syscall(250, KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, 0)).encode())
             os.close(ready_w)
             os.read(stop_r, 1)
@@ -53,7 +53,7 @@ def test_every_process_of_a_sandbox_shares_one_keyring_that_is_not_the_callers()
         with os.fdopen(ready_r, "rb") as stream:
             held = int(stream.read())
         joined = [_session_keyring_in_child(name) for _ in range(3)]
-        other = _session_keyring_in_child(joiner.keyring_name(os.urandom(12).hex()))
+        other = _session_keyring_in_child(privileges.keyring_name(os.urandom(12).hex()))
     finally:
         os.close(stop_w)
         os.waitpid(holder, 0)

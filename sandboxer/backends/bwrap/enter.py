@@ -43,7 +43,7 @@ def run(
 ) -> int:
     """exec by joining the sandbox's namespaces (joiner); `program` None is this process's stdio."""
     holder_pid, holder_start = _check_running(record, options["id"])
-    from sandboxer.backends.bwrap import joiner  # ctypes and the namespace code
+    from sandboxer.backends.bwrap import joiner, privileges  # ctypes and the namespace code
 
     if record.limits_mechanism is None or record.host_uid is None or record.host_gid is None:
         raise ExecUsage(f"exec: sandbox {options['id']}: its record has no limits or host ids")
@@ -59,7 +59,7 @@ def run(
         rlimits=record.rlimits,
         seccomp=_seccomp_program(state_dir, options["id"]),
         holder_start=holder_start,
-        keyring=joiner.keyring_name(options["id"]),
+        keyring=privileges.keyring_name(options["id"]),
     )
     caller = program if isinstance(program, CallerStdio) else None
     cancelled = program.cancelled if isinstance(program, Program) else None

@@ -13,7 +13,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-from sandboxer.backends.bwrap import joiner
+from sandboxer.backends.bwrap import joiner, privileges
 from sandboxer.core.plan import Plan
 from sandboxer.core.record import Processes
 from sandboxer.errors import BackendError, EntryError
@@ -105,7 +105,7 @@ def _broker_entry(
         rlimits=rlimits,
         seccomp=seccomp,
         holder_start=live.holder_start,
-        keyring=joiner.keyring_name(plan.sandbox_id),
+        keyring=privileges.keyring_name(plan.sandbox_id),
     )
 
 

@@ -16,7 +16,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 
-from sandboxer.backends.bwrap import joiner, stop
+from sandboxer.backends.bwrap import privileges, stop
 from sandboxer.backends.bwrap.argv import HOLDER_SOURCE, HOLDER_TARGET, BwrapFds, needs_fd, render
 from sandboxer.backends.bwrap.live import SECCOMP_FILE, Live, host_ids
 from sandboxer.core.plan import Mount, MountKind, Plan
@@ -211,7 +211,7 @@ def start(plan: Plan, *, seccomp_program: bytes, limit_setup: LimitSetup) -> Liv
     """
     stop.reap()
     program = find_bwrap()
-    keyring = joiner.keyring_name(plan.sandbox_id)
+    keyring = privileges.keyring_name(plan.sandbox_id)
     uid, gid = host_ids(plan)
     as_root = os.geteuid() == 0
     info_r, info_w = os.pipe2(os.O_CLOEXEC)
@@ -241,7 +241,7 @@ def start(plan: Plan, *, seccomp_program: bytes, limit_setup: LimitSetup) -> Liv
                 extra_groups=[] if as_root else None,
                 # Between fork and exec, so bwrap is confined before it runs. Safe here: the
                 # broker that starts bwrap has one thread (a threaded one must spawn differently).
-                preexec_fn=lambda: joiner.confine(groups, limit_setup.rlimits, keyring),  # noqa: PLW1509
+                preexec_fn=lambda: privileges.confine(groups, limit_setup.rlimits, keyring),  # noqa: PLW1509
             )
             stop.STARTED[process.pid] = process
         os.close(info_w)

@@ -12,7 +12,7 @@ import os
 import socket
 from typing import Any
 
-from sandboxer.backends.bwrap import joiner
+from sandboxer.backends.bwrap import privileges
 from sandboxer.errors import BackendError
 
 
@@ -45,7 +45,7 @@ def observe_network(holder_pid: int) -> dict[str, Any]:
     """Interfaces and routes (all tables) of the network namespace `holder_pid` lives in."""
     try:
         net_fd = os.open(f"/proc/{holder_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        user_fd = joiner.owning_user_namespace(net_fd)
+        user_fd = privileges.owning_user_namespace(net_fd)
     except OSError as exc:
         raise BackendError(f"cannot open the sandbox's network namespace ({exc.strerror})") from None
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
@@ -55,8 +55,8 @@ def observe_network(holder_pid: int) -> dict[str, Any]:
         try:
             os.close(read_end)
             if os.geteuid() != 0:
-                joiner.setns(user_fd, joiner.CLONE_NEWUSER)
-            joiner.setns(net_fd, joiner.CLONE_NEWNET)
+                privileges.setns(user_fd, privileges.CLONE_NEWUSER)
+            privileges.setns(net_fd, privileges.CLONE_NEWNET)
             os.write(write_end, json.dumps(_collect()).encode())
         except BaseException:
             status = 1

@@ -23,7 +23,7 @@ from sandboxer.host.stdio import CANCEL_POLL, Watchdog
 Socket = socket.socket
 
 
-# Every exec is a Landlock domain of its own, as on bwrap (joiner.own_landlock_domain): the kernel
+# Every exec is a Landlock domain of its own, as on bwrap (privileges.own_landlock_domain): the kernel
 # then refuses it ptrace access — ptrace, /proc/PID/mem, environ, fd — to every process outside
 # its own tree (the container's pid 1, other execs, a provider launch), whatever uid they share.
 # The container's no-new-privileges lets an unprivileged process make one. 444 and 446 are
