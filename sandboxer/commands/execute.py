@@ -112,6 +112,7 @@ def execute(
         if "consumer" in options and "executable" in options:
             raise ExecUsage("exec: --env: a provider launch's environment is exactly what its lease grants")
         env = {**env, **_checked_env(record, exec_env)}
+        options = {**options, "caller_env": "1"}  # values a backend keeps off command lines
     for lease_id, moment in record.expiries:
         if moment <= time.time():
             raise ExecUsage(f"exec: lease {lease_id} has expired")

@@ -690,6 +690,27 @@ def test_exec_env_sets_only_the_names_the_profile_lets_a_caller_set(sbx: Sandbox
         sandbox_id, "sh", "-c", 'echo "$TASK_ID/$HINT"', options=("--env", "TASK_ID=t-42", "--env", "HINT=a b=c")
     )
     assert (ran.status, ran.stdout) == (0, "t-42/a b=c\n"), ran.stderr
+    if sbx.backend == "docker":  # a caller's values travel in the exec's environment, never its command line
+        import docker
+
+        running = subprocess.Popen(
+            sbx.argv("exec", sandbox_id, "--env", "TASK_ID=canary-5b1d", "--", "sleep", "30"), env=sbx.env()
+        )
+        record = json.loads((sbx.sandbox_dir(sandbox_id) / "record.json").read_text())
+        engine = docker.from_env()
+        try:
+            shown: list[str] = []
+            deadline = time.monotonic() + 20
+            while not shown and time.monotonic() < deadline:
+                time.sleep(0.2)
+                execs = engine.api.inspect_container(record["container_id"])["ExecIDs"] or []
+                shown = [" ".join(engine.api.exec_inspect(e)["ProcessConfig"]["arguments"]) for e in execs]
+        finally:
+            engine.close()
+            running.kill()
+            running.wait()
+        assert shown
+        assert not [line for line in shown if "canary-5b1d" in line], shown
     refusals = {
         "NOT_LISTED=1": (
             "sandboxer: exec: --env NOT_LISTED: not a name this sandbox's profile lets a caller set (exec.caller_env)\n"

@@ -44,6 +44,7 @@ def run(
     if caller is not None and caller.control is not None:
         cancelled = _client_gone(caller.control, resized if tty else None)
     gated = timeout is not None or cancelled is not None  # its own cgroup, to kill all of it
+    apart = ("consumer" in options and "executable" in options) or options.get("caller_env") == "1"
     try:
         exec_id = execs.create_exec(
             str(record.container_id),
@@ -51,9 +52,10 @@ def run(
             env=env,
             user=user,
             cwd=options.get("cwd", "/workspace"),
-            executable=options.get("executable"),
-            # A provider's values travel in the exec's environment, never on a command line.
-            values_apart="consumer" in options and "executable" in options,
+            # A provider's values, and a caller's (exec --env), travel in the exec's environment,
+            # never on a command line another process of the container could read.
+            executable=options.get("executable") or (command[0] if apart else None),
+            values_apart=apart,
             gate=gated,
             tty=tty,
         )
