@@ -168,6 +168,6 @@ def runtime_pin(dirs: Dirs, path: str, extension: str) -> dict[str, Any]:
             raise UsageError(f"{raw.path}: changed while the runtime was digested; run runtime pin again")
         info = os.lstat(raw.path)
         atomic_write(raw.path, data, mode=info.st_mode & 0o777)
-        os.chown(raw.path, info.st_uid, info.st_gid)
+        os.chown(raw.path, info.st_uid, info.st_gid, follow_symlinks=False)  # never through a link put there
     status = Ledger(dirs.config).status(extension, hashlib.sha256(data).hexdigest())
     return {"extension": extension, "file": raw.path, "path": absolute, "sha256": digest, "status": status.value}
