@@ -135,7 +135,7 @@ def execute(
     # a command of its own, GNU timeout's, ends before the deadline and is left alone).
     why = limits.why(status)
     if status not in (0, TIMED_OUT):  # a write that failed for room may be why
-        why += full_filesystems(root_pid(record))
+        why += full_filesystems(root_pid(record), workspace_sized=record.workspace_sized)
     for line in why:
         _tell(program, f"sandboxer: exec: {line}\n")
     if status == TIMED_OUT and timeout is not None and time.monotonic() - started >= timeout:

@@ -97,6 +97,7 @@ class ExecView:
         "rlimits",
         "state",
         "uid",
+        "workspace_sized",
     )
 
     def __init__(self, data: object) -> None:
@@ -118,6 +119,10 @@ class ExecView:
         self.init_pid = _number(data, "init_pid")
         self.init_start = _number(data, "init_start")
         self.container_id = _text(data, "container_id")
+        workspace_fs = data.get("workspace_fs") or {}
+        if not isinstance(workspace_fs, dict) or not isinstance(workspace_fs.get("enforced", False), bool):
+            raise ExecViewError("workspace_fs")
+        self.workspace_sized = bool(workspace_fs.get("enforced", False))  # a filesystem of limits.workspace_mib
         limits = data.get("limits") or {}
         if not isinstance(limits, dict):
             raise ExecViewError("limits")

@@ -83,13 +83,16 @@ SIZED = (
 FULL_BYTES = 64 * 1024  # less free than this: full (a failed write leaves at most a partial block)
 
 
-def full_filesystems(root_pid: int | None) -> list[str]:
+def full_filesystems(root_pid: int | None, *, workspace_sized: bool = True) -> list[str]:
     """The broker's lines for the sandbox's sized filesystems that are full now, seen through
-    `root_pid`'s root (its mount namespace)."""
+    `root_pid`'s root (its mount namespace). A workspace without a size of its own (where it
+    cannot be enforced) is the host's filesystem: its being full is not the profile's limit."""
     if root_pid is None:
         return []
     lines = []
     for target, key in SIZED:
+        if target == "/workspace" and not workspace_sized:
+            continue
         try:
             seen = os.statvfs(f"/proc/{root_pid}/root{target}")
         except OSError:

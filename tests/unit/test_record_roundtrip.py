@@ -170,6 +170,7 @@ def test_the_exec_paths_view_reads_what_the_record_says(record: SandboxRecord) -
     assert view.env == (dict(record.plan.env) if record.plan else {})
     assert view.expiries == (list(record.manifest.expiries) if record.manifest else [])
     assert view.container_id == record.container_id
+    assert view.workspace_sized == (record.workspace_fs is not None and record.workspace_fs.enforced)
     assert view.has_manifest == (record.manifest is not None)
     if record.plan is not None:
         assert (view.uid, view.gid, view.host_uid, view.host_gid) == (
