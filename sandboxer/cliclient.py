@@ -197,6 +197,7 @@ def _forward(conn: socket.socket, argv: list[str], words: tuple[str, ...]) -> in
         sys.stderr.write(f"sandboxer: the service did not take the command ({exc.strerror})\n")
         pumps.given_away()
         pumps.close()
+        _remove_made(made)
         return SERVICE_FAILED
     finally:
         for fd in opened:
@@ -217,10 +218,11 @@ def _forward(conn: socket.socket, argv: list[str], words: tuple[str, ...]) -> in
         pumps.close()
     if not answer.endswith(b"\n"):
         sys.stderr.write("sandboxer: the service went away before the command ended\n")
+        _remove_made(made)
         return SERVICE_FAILED
     status = json.loads(answer)["status"]
     if status != 0:
-        _remove_made(made)
+        _remove_made(made)  # what it made for the command to write in: the command failed
     return status if isinstance(status, int) else SERVICE_FAILED
 
 

@@ -256,6 +256,10 @@ class ClientSandbox(SandboxBase):
                 raise errors.BackendError(f"export: the service's stream broke off ({exc!r})") from None
         finally:
             connection.close()
+        token = summary.pop("token", None)
+        if isinstance(token, str):  # all of it is written: teardown need not keep the work for it
+            with contextlib.suppress(errors.SandboxerError):
+                self.client._request("POST", f"/v1/sandboxes/{self.id}/export/confirm", {"token": token})
         return Exported.from_json({**summary, "destination": destination})
 
 

@@ -383,6 +383,12 @@ def _sandbox_of(dirs: Any, sandbox_id: str) -> Any:
             probe = connect(path)
         except Untrusted as exc:
             raise UsageError(f"cp: {exc}; refused") from None
+        if probe is None and os.environ.get("SANDBOXER_SOCKET"):  # as the sandboxer command says it (125)
+            sys.stderr.write(
+                f"sandboxer: no service answers on {path} (SANDBOXER_SOCKET); "
+                "unset it, or set SANDBOXER_NO_SERVICE=1 to run in-process\n"
+            )
+            raise typer.Exit(125)
         if probe is not None:
             probe.close()
             from sandboxer.client import Client

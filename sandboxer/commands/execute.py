@@ -99,12 +99,14 @@ def execute(
     *,
     caller_env: Mapping[str, str] | None = None,
     exec_env: Mapping[str, str] | None = None,
+    for_broker: bool = False,
 ) -> int:
     """Run `command` in the sandbox `options["id"]` with the exec options of the CLI (cwd,
     consumer, executable, timeout, as strings), on this process's stdio or `program`'s.
     `caller_env` is where a provider launch's inherited names come from (default: the
     invocation's environment — this process's, or a CLI client's in the service). `exec_env`:
-    the variables `exec --env` sets, each a name the profile's exec.caller_env lists."""
+    the variables `exec --env` sets, each a name the profile's exec.caller_env lists.
+    `for_broker`: the broker's own command (export's git), which an expired lease does not stop."""
     timeout = _validate(options)
     record = _load(dirs.state, options["id"])
     env = record.env
@@ -114,7 +116,7 @@ def execute(
         env = {**env, **_checked_env(record, exec_env)}
         options = {**options, "caller_env": "1"}  # values a backend keeps off command lines
     for lease_id, moment in record.expiries:
-        if moment <= time.time():
+        if moment <= time.time() and not for_broker:  # the broker's own git (export) is no lease's use
             raise ExecUsage(f"exec: lease {lease_id} has expired")
     if "consumer" in options and "executable" in options:
         inherited = current().environ if caller_env is None else caller_env

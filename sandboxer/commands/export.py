@@ -2,13 +2,15 @@
 a Git bundle or a patch series, or its working tree as a tar.
 
 The sandbox's git writes the export; it lands in a quarantine directory of the broker's
-(`<state>/exports/`, owner-only) where the host verifies it with git that runs on nothing of the
-sandbox's but that output: a bundle by `git bundle verify` in a fresh repository (no config, no
-hooks, no templates) that borrows the profile repository's objects for the bundle's
-prerequisites, its heads the head the sandbox reported; a patch series is split where each of
-the commits the sandbox named begins; a tree's tar is read member by member (files, directories,
-and links that stay inside, by relative names). Only then is it delivered to the caller
-(sandboxer.commands.export_delivery), and the record notes what was taken out.
+(`<state>/exports/`, owner-only), at most twice the workspace's size, where the host verifies it
+with git that runs on nothing of the sandbox's but that output: a bundle is fetched, with every
+object checked (transfer.fsckObjects), into a fresh repository (no config, no hooks, no
+templates) that borrows the profile repository's objects for the bundle's prerequisites, and its
+heads must be the head the sandbox reported; a patch series is split, as it is read, where each
+of the commits the sandbox listed begins; a tree's tar is read member by member (files,
+directories, and links that stay inside, by relative names, never below another link). Only
+then is it delivered to the caller (sandboxer.commands.export_delivery), and the record notes
+what was taken out.
 """
 
 from __future__ import annotations
@@ -21,20 +23,21 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from sandboxer.commands.work import WorkState, git_inside, work_state
-from sandboxer.errors import BackendError, UsageError
+from sandboxer.commands.work import GIT, GIT_SECONDS, WorkState, git_inside, ready_work, work_state
+from sandboxer.errors import BackendError, SandboxerError, UsageError
 from sandboxer.host.fstree import remove_tree
 from sandboxer.host.registry import Registry
-from sandboxer.host.workspace import run_git
+from sandboxer.host.workspace import is_commit_id, run_git
 
 if TYPE_CHECKING:
-    from sandboxer.core.record import WorkRecord
+    from sandboxer.core.record import SandboxRecord, WorkRecord
     from sandboxer.dirs import Dirs
 
 Format = Literal["bundle", "patch", "tar"]
 FORMATS: tuple[Format, ...] = ("bundle", "patch", "tar")
 EXPORTS = "exports"  # in the state dir: quarantine while an export runs, and what the reaper kept
-_FROM_LINE = "From {} Mon Sep 17 00:00:00 2001\n"  # what git format-patch starts each patch with
+MAX_MEMBERS = 1_000_000  # entries of a tree's tar
+_FROM_LINE = b"From %s Mon Sep 17 00:00:00 2001\n"  # what git format-patch starts each patch with
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +51,11 @@ class Export:
     work: WorkRecord
     directory: str
     files: tuple[tuple[str, str], ...]
+
+    @property
+    def taken(self) -> tuple[str, str]:
+        """What it takes out, as the record notes it: the commits up to its head, or its tree."""
+        return ("tree", self.state.tree) if self.format == "tar" else ("commits", self.state.head)
 
     def summary(self, destination: str | None = None) -> dict[str, Any]:
         """export --json."""
@@ -72,49 +80,68 @@ def check_format(name: str) -> Format:
     raise UsageError(f"export: the format must be one of {', '.join(FORMATS)}")
 
 
-def prepare(dirs: Dirs, sandbox_id: str, fmt: Format) -> Export:
-    """Take the work out of the sandbox into a new quarantine directory and verify it. The
-    caller delivers it and then calls `finished` (or `discard_quarantine` when it could not)."""
-    state, work = work_state(dirs, sandbox_id)
+def prepare(
+    dirs: Dirs, sandbox_id: str, fmt: Format, *, state: WorkState | None = None, seconds: float = GIT_SECONDS
+) -> Export:
+    """Take the work out of the sandbox into a new quarantine directory and verify it (`state`:
+    the work as the caller asked the sandbox's git a moment ago; `seconds`: each git command's
+    time). The caller delivers it and then calls `finished` (or `discard_quarantine`)."""
+    record, work = ready_work(dirs, sandbox_id)
+    if state is None:
+        state, work = work_state(dirs, sandbox_id, seconds=seconds)
     if fmt != "tar" and state.ahead == 0:
         dirty = " (its tree has changes not committed: commit them, or export --tar)" if state.dirty else ""
         raise UsageError(f"export: sandbox {sandbox_id} has no commits since {work.ref}{dirty}")
-    if fmt != "tar" and state.commits is None:
+    if fmt != "tar" and state.ahead is None:
         raise UsageError(
             f"export: sandbox {sandbox_id}: the commit its workspace started from is gone from its history"
         )
     directory = _quarantine(dirs)
     try:
+        inside = _Inside(dirs, record, directory, seconds)
         if fmt == "bundle":
-            files = _bundle(dirs, sandbox_id, state, work, directory)
+            files = _bundle(inside, state, work)
         elif fmt == "patch":
-            files = _patches(dirs, sandbox_id, state, work, directory)
+            files = _patches(inside, state, work)
         else:
-            files = _tar(dirs, sandbox_id, state, directory)
+            files = _tar(inside, state)
     except BaseException:
         remove_tree(directory)
         raise
     return Export(sandbox_id, fmt, state, work, directory, files)
 
 
-def finished(dirs: Dirs, export: Export) -> None:
-    """The export reached its caller: note what it took out (teardown then loses nothing of
-    it) and remove the quarantine."""
+def finished(dirs: Dirs, export: Export) -> bool:
+    """The export reached its caller: note what it took out (teardown then loses nothing of it)
+    and remove the quarantine. False when it could not be noted (the sandbox went meanwhile, say):
+    the caller has its export all the same, and teardown would only ask for --discard."""
     try:
-        taken = ("tree", export.state.tree) if export.format == "tar" else ("commits", export.state.head)
-        registry = Registry(dirs.state)
-        lock = registry.lock(export.sandbox_id)
-        if lock is None:
-            raise BackendError(f"sandbox {export.sandbox_id}: its lock could not be taken")
-        try:
-            record = registry.read_or_none(export.sandbox_id)
-            if record is not None and record.work is not None and taken not in record.work.exported:
-                work = replace(record.work, exported=(*record.work.exported, taken))
-                registry.write(replace(record, work=work))
-        finally:
-            os.close(lock)
+        return note_exported(dirs, export.sandbox_id, export.taken)
     finally:
         remove_tree(export.directory)
+
+
+def note_exported(dirs: Dirs, sandbox_id: str, taken: tuple[str, str]) -> bool:
+    """Note in the sandbox's record that an export took `taken` out; False when it cannot be."""
+    registry = Registry(dirs.state)
+    try:
+        lock = registry.lock(sandbox_id)
+    except (OSError, SandboxerError):
+        return False
+    if lock is None:
+        return False
+    try:
+        record = registry.read_or_none(sandbox_id)
+        if record is None or record.work is None or record.state != "ready":
+            return False
+        if taken not in record.work.exported:
+            work = replace(record.work, exported=(*record.work.exported, taken))
+            registry.write(replace(record, work=work))
+        return True
+    except (OSError, SandboxerError):
+        return False
+    finally:
+        os.close(lock)
 
 
 def discard_quarantine(export: Export) -> None:
@@ -129,21 +156,35 @@ def _quarantine(dirs: Dirs) -> str:
     return tempfile.mkdtemp(prefix=".export-", dir=root)
 
 
-def _bundle(
-    dirs: Dirs, sandbox_id: str, state: WorkState, work: WorkRecord, directory: str
-) -> tuple[tuple[str, str], ...]:
+@dataclass(frozen=True, slots=True)
+class _Inside:
+    """Where an export's git runs (the sandbox) and where its output goes (the quarantine)."""
+
+    dirs: Dirs
+    record: SandboxRecord
+    directory: str
+    seconds: float
+
+    def git(self, name: str, *args: str) -> str:
+        """Run the broker's `git ARGS` in the sandbox into the quarantine file `name`; its path."""
+        path = os.path.join(self.directory, name)
+        with _new_file(path) as fd:
+            git_inside(self.dirs, self.record, [*GIT, *args], into=fd, seconds=self.seconds)
+        return path
+
+
+def _bundle(inside: _Inside, state: WorkState, work: WorkRecord) -> tuple[tuple[str, str], ...]:
     """The new commits as a bundle of HEAD (and its branch), with the base as prerequisite."""
-    path = os.path.join(directory, "bundle")
     refs = ["HEAD", *([f"refs/heads/{state.branch}"] if state.branch else [])]
-    with _new_file(path) as fd:
-        git_inside(dirs, sandbox_id, ["git", "bundle", "create", "--quiet", "-", *refs, f"^{work.base}"], into=fd)
-    _verify_bundle(path, state, work, directory)
+    path = inside.git("bundle", "bundle", "create", "--quiet", "-", *refs, f"^{work.base}")
+    _verify_bundle(path, state, work, inside.directory)
     return (("bundle", path),)
 
 
 def _verify_bundle(path: str, state: WorkState, work: WorkRecord, directory: str) -> None:
-    """`git bundle verify` in a fresh repository of the broker's that borrows the profile
-    repository's objects (the prerequisites); its heads must be the head the sandbox reported."""
+    """Fetch the bundle into a fresh repository of the broker's that borrows the profile
+    repository's objects (the prerequisites), every object checked; its heads must all be the
+    head the sandbox reported."""
     home = os.path.join(directory, "home")
     os.mkdir(home, 0o700)
     repository = os.path.join(directory, "verify.git")
@@ -153,13 +194,16 @@ def _verify_bundle(path: str, state: WorkState, work: WorkRecord, directory: str
     if objects is not None:
         with open(os.path.join(repository, "objects", "info", "alternates"), "w") as alternates:
             alternates.write(objects + "\n")
-    checked = run_git(["bundle", "verify", "--quiet", path], home=home, cwd=repository)
-    if checked.returncode != 0:
-        raise BackendError("export: the sandbox's bundle does not verify against the profile's repository")
     heads = run_git(["bundle", "list-heads", path], home=home, cwd=repository)
     listed = {line.split(" ", 1)[0] for line in heads.stdout.decode(errors="replace").splitlines() if line}
     if heads.returncode != 0 or listed != {state.head}:
         raise BackendError("export: the sandbox's bundle holds other heads than it reported")
+    checked = ["-c", "transfer.fsckObjects=true", "fetch", "--quiet", "--no-tags", path, "HEAD:refs/heads/exported"]
+    if run_git(checked, home=home, cwd=repository).returncode != 0:
+        raise BackendError("export: the sandbox's bundle does not verify against the profile's repository")
+    fetched = run_git(["rev-parse", "--verify", "refs/heads/exported"], home=home, cwd=repository)
+    if fetched.returncode != 0 or fetched.stdout.decode(errors="replace").strip() != state.head:
+        raise BackendError("export: the sandbox's bundle holds another head than it reported")
 
 
 def _objects_of(repository: str) -> str | None:
@@ -170,79 +214,106 @@ def _objects_of(repository: str) -> str | None:
     return None
 
 
-def _patches(
-    dirs: Dirs, sandbox_id: str, state: WorkState, work: WorkRecord, directory: str
-) -> tuple[tuple[str, str], ...]:
-    """One patch per new commit (git format-patch), split where each of them begins."""
-    mbox = os.path.join(directory, "series.mbox")
-    with _new_file(mbox) as fd:
-        argv = ["git", "format-patch", "--stdout", "--no-color", f"{work.base}..{state.head}"]
-        git_inside(dirs, sandbox_id, argv, into=fd)
-    with open(mbox, "rb") as stream:
-        text = stream.read().decode("utf-8", errors="surrogateescape")
-    commits = state.commits or ()
-    starts: list[int] = []
-    position = 0
-    for commit in commits:
-        found = text.find(_FROM_LINE.format(commit), position)
-        if found < 0 or (not starts and found != 0):
-            raise BackendError("export: the sandbox's patch series does not hold the commits it reported")
-        starts.append(found)
-        position = found + 1
-    files = []
-    for index, start in enumerate(starts):
-        end = starts[index + 1] if index + 1 < len(starts) else len(text)
-        body = text[start:end]
-        name = f"{index + 1:04d}-{_slug(body)}.patch"
-        path = os.path.join(directory, name)
-        with open(path, "xb") as out:
-            out.write(body.encode("utf-8", errors="surrogateescape"))
-        files.append((name, path))
+def _patches(inside: _Inside, state: WorkState, work: WorkRecord) -> tuple[tuple[str, str], ...]:
+    """One patch per new commit (git format-patch), split as it is read where each of the
+    commits the sandbox listed begins."""
+    listing = inside.git("commits", "rev-list", "--reverse", f"{work.base}..{state.head}")
+    mbox = inside.git("series.mbox", "format-patch", "--stdout", "--no-color", f"{work.base}..{state.head}")
+    files: list[tuple[str, str]] = []
+    with open(listing, "rb") as commits, open(mbox, "rb") as series:
+        expected = _next_commit(commits)
+        out = None
+        try:
+            for line in series:
+                if expected is not None and line == _FROM_LINE % expected:
+                    if out is not None:
+                        out.close()
+                        files[-1] = _named(files[-1], len(files))
+                    part = os.path.join(inside.directory, f"part-{len(files) + 1}")
+                    out = open(part, "xb")  # noqa: SIM115 - closed when the next one begins, or below
+                    files.append((part, part))
+                    expected = _next_commit(commits)
+                elif out is None:
+                    raise BackendError("export: the sandbox's patch series does not begin with its first commit")
+                out.write(line)
+        finally:
+            if out is not None:
+                out.close()
+        if expected is not None or not files:
+            raise BackendError("export: the sandbox's patch series does not hold the commits it listed")
+    files[-1] = _named(files[-1], len(files))
     os.unlink(mbox)
+    os.unlink(listing)
     return tuple(files)
 
 
-def _slug(patch: str) -> str:
+def _next_commit(commits: Any) -> bytes | None:
+    line = commits.readline().strip()
+    if not line:
+        return None
+    if not is_commit_id(line.decode(errors="replace")):
+        raise BackendError("export: the sandbox's git listed its commits out of shape")
+    return bytes(line)
+
+
+def _named(part: tuple[str, str], number: int) -> tuple[str, str]:
+    """A finished patch file under its name, NNNN-subject.patch."""
+    _, path = part
+    with open(path, "rb") as stream:
+        subject = next((line[9:] for line in stream if line.startswith(b"Subject: ")), b"")
+    name = f"{number:04d}-{_slug(subject.decode('utf-8', errors='replace'))}.patch"
+    renamed = os.path.join(os.path.dirname(path), name)
+    os.rename(path, renamed)
+    return name, renamed
+
+
+def _slug(subject: str) -> str:
     """A file name part from a patch's subject, as git format-patch makes one."""
-    subject = next((line[9:] for line in patch.splitlines() if line.startswith("Subject: ")), "")
-    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
+    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject.strip())
     slug = re.sub(r"\.{2,}", ".", re.sub(r"[^A-Za-z0-9._]+", "-", subject)).strip("-.")[:52].rstrip("-.")
     return slug or "patch"
 
 
-def _tar(dirs: Dirs, sandbox_id: str, state: WorkState, directory: str) -> tuple[tuple[str, str], ...]:
+def _tar(inside: _Inside, state: WorkState) -> tuple[tuple[str, str], ...]:
     """The working tree (as the state's tree object) as a tar, read through before delivery."""
-    path = os.path.join(directory, "tree.tar")
-    with _new_file(path) as fd:
-        git_inside(dirs, sandbox_id, ["git", "archive", "--format=tar", state.tree], into=fd)
+    path = inside.git("tree.tar", "archive", "--format=tar", state.tree)
     _verify_tar(path)
     return (("tree.tar", path),)
 
 
 def _verify_tar(path: str) -> None:
-    """Files, directories and links that stay inside the tree, by relative names; nothing else."""
+    """Files, directories and links that stay inside the tree, by relative names, none below a
+    link; nothing else (read as a stream: no member is kept)."""
+    links: set[str] = set()
+    count = 0
     try:
-        with tarfile.open(path, "r:") as archive:
+        with tarfile.open(path, "r|") as archive:
             for member in archive:
+                if member.type in (tarfile.XGLTYPE, tarfile.XHDTYPE):
+                    continue
+                count += 1
                 name = member.name.rstrip("/")
                 parts = name.split("/")
+                shown = name[:100].encode("ascii", errors="backslashreplace").decode()
+                if count > MAX_MEMBERS:
+                    raise BackendError(f"export: the sandbox's tar holds more than {MAX_MEMBERS} entries")
                 if (
                     not name
                     or name.startswith("/")
                     or ".." in parts
                     or not (member.isfile() or member.isdir() or member.issym())
+                    or any("/".join(parts[:depth]) in links for depth in range(1, len(parts)))
                 ):
-                    if member.type == tarfile.XGLTYPE:
-                        continue
                     raise BackendError(
-                        f"export: the sandbox's tar holds {name[:100]!r}, which is not a plain part of a tree"
+                        f"export: the sandbox's tar holds {shown!r}, which is not a plain part of a tree"
                     )
                 if member.issym():
                     target = os.path.normpath(os.path.join(os.path.dirname(name), member.linkname))
                     if member.linkname.startswith("/") or target == ".." or target.startswith("../"):
-                        raise BackendError(f"export: {name[:100]!r} in the tree links outside it")
+                        raise BackendError(f"export: {shown!r} in the tree links outside it")
+                    links.add(name)
     except (tarfile.TarError, OSError) as exc:
-        raise BackendError(f"export: the sandbox's tar cannot be read ({exc})") from None
+        raise BackendError(f"export: the sandbox's tar cannot be read ({type(exc).__name__})") from None
 
 
 @contextlib.contextmanager

@@ -133,7 +133,7 @@ def _checkout(request: CreateRequest, ref: str | None, branch: str | None) -> wo
             hint="the owner lists the refs a caller may ask for in workspace.refs",
         )
     return workspace.Checkout(
-        ref or request.profile.workspace.ref, branch, "--ref" if ref else "workspace.ref", "--branch"
+        ref or request.profile.workspace.ref, branch, "--ref" if ref else "workspace.ref", "--branch", fresh_branch=True
     )
 
 

@@ -6,9 +6,12 @@ export takes out the commits (a bundle, a patch series) or the tree (a tar) and 
 what it took (sandboxer.commands.export); teardown removes a sandbox only when its work is
 nothing, or was exported as it is now, or with --discard.
 
-Git runs inside the sandbox only, as the sandbox user, through an ordinary exec: its hooks and
-config are the sandbox's own business and act there. What it answers is untrusted: every value
-is checked for its form, and used only to compare and to report.
+Git runs inside the sandbox only, as the sandbox user, through an exec of the broker's own (one
+an expired lease does not stop), with the sandbox's fsmonitor and hooks turned off for it: the
+sandbox's config is its own business, but it does not get to run commands in the broker's git.
+What git answers is untrusted: every value is checked for its form and used only to compare
+and to report; what it writes is capped (twice the workspace's size), and a message quotes its
+stderr only as printable text.
 """
 
 from __future__ import annotations
@@ -26,33 +29,34 @@ if TYPE_CHECKING:
     from sandboxer.core.record import SandboxRecord, WorkRecord
     from sandboxer.dirs import Dirs
 
-GIT_SECONDS = 600  # an export's git inside the sandbox
-MAX_REPORT = 64 * 1024  # the state script's output, and the stderr kept of a failed git
+GIT_SECONDS = 600  # one git command of an export inside the sandbox
+MAX_REPORT = 4096  # the state script's output
+MAX_STDERR = 4096  # of a failed git, kept for its message
+MIB = 1024 * 1024
 _BRANCH = re.compile(r"[A-Za-z0-9._/+@-]{1,255}")
+_SHOWN = re.compile(r"[^ -~]")  # what a message may not quote of the sandbox's words: anything but printable ASCII
 
 # Prints the workspace's state, one "key value" line each; run by sh with the base commit as $1.
 # A private index (a copy of the real one, for its stat cache) leaves the sandbox's own alone.
 STATE_SCRIPT = r"""set -eu
 export LC_ALL=C GIT_OPTIONAL_LOCKS=0 GIT_TERMINAL_PROMPT=0
-head=$(git rev-parse --verify --quiet 'HEAD^{commit}') || { echo "no commit is checked out" >&2; exit 3; }
-branch=$(git symbolic-ref --quiet --short HEAD) || branch=
-git_dir=$(git rev-parse --absolute-git-dir)
+git="git -c core.fsmonitor=false -c core.hooksPath=/dev/null"
+head=$($git rev-parse --verify --quiet 'HEAD^{commit}') || { echo "no commit is checked out" >&2; exit 3; }
+branch=$($git symbolic-ref --quiet --short HEAD) || branch=
+git_dir=$($git rev-parse --absolute-git-dir)
 index=$(mktemp "${TMPDIR:-/tmp}/sandboxer-index.XXXXXX")
 trap 'rm -f "$index"' EXIT
 if [ -f "$git_dir/index" ]; then cp "$git_dir/index" "$index"; else rm -f "$index"; fi
-GIT_INDEX_FILE=$index git add --all
-tree=$(GIT_INDEX_FILE=$index git write-tree)
+GIT_INDEX_FILE=$index $git add --all
 echo "head $head"
-echo "tree $tree"
-echo "head_tree $(git rev-parse --verify 'HEAD^{tree}')"
+echo "tree $(GIT_INDEX_FILE=$index $git write-tree)"
+echo "head_tree $($git rev-parse --verify 'HEAD^{tree}')"
 echo "branch $branch"
-if commits=$(git rev-list --reverse "$1..HEAD" 2>/dev/null); then
-  echo "ahead $(printf '%s' "$commits" | grep -c . || true)"
-  for commit in $commits; do echo "commit $commit"; done
-else
-  echo "ahead unknown"
-fi
+echo "ahead $($git rev-list --count "$1..HEAD" 2>/dev/null || echo unknown)"
 """
+
+# The broker's git commands inside, with the sandbox's fsmonitor and hooks off.
+GIT = ("git", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,15 +67,11 @@ class WorkState:
     branch: str | None
     tree: str  # the working tree as `git add --all` would commit it
     head_tree: str
-    commits: tuple[str, ...] | None  # new since the base, oldest first (None: the base is gone)
+    ahead: int | None  # commits on HEAD since the base (None: the base is gone from its history)
 
     @property
     def dirty(self) -> bool:
         return self.tree != self.head_tree
-
-    @property
-    def ahead(self) -> int | None:
-        return None if self.commits is None else len(self.commits)
 
     def unexported(self, work: WorkRecord) -> list[str]:
         """What of this work no export took out (empty: teardown loses nothing)."""
@@ -84,10 +84,10 @@ class WorkState:
         return lost
 
 
-def work_state(dirs: Dirs, sandbox_id: str) -> tuple[WorkState, WorkRecord]:
+def work_state(dirs: Dirs, sandbox_id: str, *, seconds: float = GIT_SECONDS) -> tuple[WorkState, WorkRecord]:
     """The sandbox's work as its git reports it now, with the record's account of it."""
-    work = work_of(dirs, sandbox_id)
-    out = git_inside(dirs, sandbox_id, ["sh", "-c", STATE_SCRIPT, "sh", work.base], limit=MAX_REPORT)
+    record, work = ready_work(dirs, sandbox_id)
+    out = git_inside(dirs, record, ["sh", "-c", STATE_SCRIPT, "sh", work.base], limit=MAX_REPORT, seconds=seconds)
     return _parse_state(out.decode("utf-8", errors="replace")), work
 
 
@@ -114,7 +114,8 @@ def unexported(dirs: Dirs, sandbox_id: str) -> list[str]:
     return state.unexported(work)
 
 
-def work_of(dirs: Dirs, sandbox_id: str) -> WorkRecord:
+def ready_work(dirs: Dirs, sandbox_id: str) -> tuple[SandboxRecord, WorkRecord]:
+    """A ready sandbox's record and its account of the workspace (NotFoundError, UsageError)."""
     record: SandboxRecord | None = Registry(dirs.state).read_or_none(check_id(sandbox_id))
     if record is None or record.hidden:
         raise NotFoundError(f"no such sandbox: {sandbox_id}")
@@ -122,69 +123,85 @@ def work_of(dirs: Dirs, sandbox_id: str) -> WorkRecord:
         raise UsageError(f"export: sandbox {sandbox_id} is not ready (state {record.state})")
     if record.work is None:
         raise UsageError(f"export: sandbox {sandbox_id} was made before exports existed: its base commit is unknown")
-    return record.work
+    return record, record.work
+
+
+def cap_of(record: SandboxRecord) -> int:
+    """The most an export of this sandbox may write: twice its workspace's size (a tree's tar,
+    a bundle of its history, cannot be more; a tree that repeats a large file many times can)."""
+    mib = record.workspace_fs.mib if record.workspace_fs is not None else 4096
+    return (2 * mib + 64) * MIB
 
 
 def git_inside(
-    dirs: Dirs, sandbox_id: str, argv: list[str], *, limit: int | None = None, into: int | None = None
+    dirs: Dirs,
+    record: SandboxRecord,
+    argv: list[str],
+    *,
+    limit: int | None = None,
+    into: int | None = None,
+    seconds: float = GIT_SECONDS,
 ) -> bytes:
-    """Run `argv` in the sandbox's workspace: its stdout (at most `limit` bytes), or written to
-    `into`. A status other than 0 is a BackendError with the start of its stderr."""
+    """Run the broker's `argv` in the sandbox's workspace: its stdout (at most `limit` bytes), or
+    written to `into` (at most cap_of the sandbox; past it, or when `into` cannot take more, the
+    command is killed). A failure is a BackendError saying why."""
     from sandboxer.commands.execute import execute
     from sandboxer.host.stdio import Program
 
     out: list[bytes] = []
     err: list[bytes] = []
     size = [0, 0]
+    cap = limit if into is None and limit is not None else cap_of(record)
+    stopped: list[str] = []  # why the broker stopped the command
 
     def sink(stream: str, chunk: bytes) -> None:
-        if stream == "stdout":
-            size[0] += len(chunk)
-            if into is not None:
+        if stopped:
+            return
+        if stream != "stdout":
+            if size[1] < MAX_STDERR:
+                size[1] += len(chunk)
+                err.append(chunk)
+            return
+        size[0] += len(chunk)
+        if size[0] > cap:
+            stopped.append(f"it wrote more than {cap // MIB or 1} MiB" if into is not None else "it said too much")
+        elif into is None:
+            out.append(chunk)
+        else:
+            try:
                 write_all(into, chunk)
-            elif limit is not None and size[0] <= limit:
-                out.append(chunk)
-        elif size[1] < MAX_REPORT:
-            size[1] += len(chunk)
-            err.append(chunk)
+            except OSError as exc:
+                stopped.append(f"the broker's copy cannot be written ({exc.strerror})")
 
-    options = {"id": sandbox_id, "cwd": "/workspace", "timeout": str(GIT_SECONDS)}
+    options = {"id": record.id, "cwd": "/workspace", "timeout": repr(float(seconds))}
     try:
-        status = execute(dirs, options, argv, Program(b"", sink))
+        status = execute(dirs, options, argv, Program(b"", sink, lambda: bool(stopped)), for_broker=True)
     except ExecUsage as exc:  # not running, not ready: as exec would say it
         raise UsageError(f"export: {str(exc).removeprefix('exec: ')}") from None
     except EntryError as exc:
-        raise BackendError(f"export: git cannot run in sandbox {sandbox_id} ({exc.message})") from None
+        raise BackendError(f"export: git cannot run in sandbox {record.id} ({exc.message})") from None
+    if stopped:
+        raise BackendError(f"export: git in sandbox {record.id} was stopped: {stopped[0]}")
     if status != 0:
-        first = b"".join(err).decode("utf-8", errors="replace").strip().splitlines()
-        why = first[-1][:200] if first else f"status {status}"
-        raise BackendError(f"export: git in sandbox {sandbox_id} failed: {why}")
-    if limit is not None and size[0] > limit:
-        raise BackendError(f"export: git in sandbox {sandbox_id} said more than {limit} bytes")
+        said = b"".join(err).decode("utf-8", errors="replace").strip().splitlines()
+        why = _SHOWN.sub("?", said[-1])[:200] if said else f"status {status}"
+        raise BackendError(f"export: git in sandbox {record.id} failed: {why}")
     return b"".join(out)
 
 
 def _parse_state(text: str) -> WorkState:
     fields: dict[str, str] = {}
-    commits: list[str] = []
     for line in text.splitlines():
         key, _, value = line.partition(" ")
-        if key == "commit":
-            commits.append(value)
-        elif key in ("head", "tree", "head_tree", "branch", "ahead") and key not in fields:
-            fields[key] = value
-        else:
+        if key not in ("head", "tree", "head_tree", "branch", "ahead") or key in fields:
             raise BackendError("export: the sandbox's git answered out of shape")
-    ids = [fields.get("head", ""), fields.get("tree", ""), fields.get("head_tree", ""), *commits]
-    branch = fields.get("branch", "")
-    ahead = fields.get("ahead")
-    known = ahead is not None and ahead != "unknown"
+        fields[key] = value
+    ids = [fields.get("head", ""), fields.get("tree", ""), fields.get("head_tree", "")]
+    branch, ahead = fields.get("branch", ""), fields.get("ahead", "")
     if (
         not all(is_commit_id(value) for value in ids)
         or (branch and not _BRANCH.fullmatch(branch))
-        or ahead is None
-        or (known and ahead != str(len(commits)))
-        or (not known and commits)
+        or not (ahead == "unknown" or (ahead.isdigit() and ahead.isascii() and len(ahead) < 10))
     ):
         raise BackendError("export: the sandbox's git answered out of shape")
     return WorkState(
@@ -192,5 +209,5 @@ def _parse_state(text: str) -> WorkState:
         branch=branch or None,
         tree=fields["tree"],
         head_tree=fields["head_tree"],
-        commits=tuple(commits) if known else None,
+        ahead=None if ahead == "unknown" else int(ahead),
     )

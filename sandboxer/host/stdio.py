@@ -4,7 +4,9 @@ them — shared by both engines' exec paths."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import os
 import signal
 import stat
@@ -160,7 +162,8 @@ class Pumps:
         self.stdin_sink = -1  # our end of the command's stdin pipe
         self.pending = b""  # read from the caller's stdin, not yet in the pipe
         self.outputs: dict[int, Callable[[bytes], None]] = {}  # our read end -> where its bytes go
-        self.terminal: int | None = None  # exec -t: the master of the command's terminal
+        self.terminal: int | None = None  # exec -t: the master of the command's terminal (a copy)
+        self.end_of_input = b""  # what to write into stdin when the caller's input ends (a terminal's ^D)
         self._theirs: list[int] = []  # the ends the command holds copies of, once started
 
     def _pipe_in(self) -> None:
@@ -232,14 +235,15 @@ class Pumps:
         writes to it to the caller's `out`."""
         pumps = cls()
         master, end = open_terminal(size)
-        pumps.terminal = master
         pumps.given = [end, end, end]
         pumps._theirs.append(end)
         pumps.outputs[master] = _writer(out)
         pumps.stdin_source = source
-        pumps.stdin_sink = os.dup(master)
-        os.set_inheritable(pumps.stdin_sink, False)
+        pumps.stdin_sink = fcntl.fcntl(master, fcntl.F_DUPFD_CLOEXEC, 3)
         os.set_blocking(pumps.stdin_sink, False)
+        # Its own copy for window sizes, open until close(): never a number another file took.
+        pumps.terminal = fcntl.fcntl(master, fcntl.F_DUPFD_CLOEXEC, 3)
+        pumps.end_of_input = b"\x04"  # the caller's input ended: the terminal's end-of-file key
         return pumps
 
     @classmethod
@@ -297,6 +301,9 @@ class Pumps:
                 except OSError:
                     self.pending = b""
                 if not self.pending:
+                    if self.end_of_input:
+                        with contextlib.suppress(OSError):
+                            os.write(self.stdin_sink, self.end_of_input)
                     self._end_stdin()
         if self.stdin_sink in writable:
             try:
@@ -333,6 +340,9 @@ class Pumps:
         for read_end in self.outputs:
             os.close(read_end)
         self.outputs = {}
+        if self.terminal is not None:
+            os.close(self.terminal)
+            self.terminal = None
 
 
 def _copy(read_end: int, sink: Callable[[bytes], None]) -> bool:

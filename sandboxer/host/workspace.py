@@ -120,6 +120,7 @@ class Checkout:
     ref_field: str = "workspace.ref"
     branch_field: str = "task_branch"
     missing: type[SandboxerError] = UsageError
+    fresh_branch: bool = False  # a caller's --branch: refused when the repository has one of that name
 
 
 def clone(
@@ -178,7 +179,7 @@ def check_repository(repository: str, refs: tuple[str, ...], profile_file: str) 
     Host-side git as for a clone: no config, no hooks, a HOME of its own."""
     import tempfile
 
-    parent = tempfile.mkdtemp(prefix="sandboxer-check-")
+    parent = tempfile.mkdtemp(prefix="sandboxer-check-")  # 0700, this account's
     try:
         with _home(os.path.join(parent, "home"), repository) as home:
             if not _is_repository_root(repository, home):
@@ -189,9 +190,9 @@ def check_repository(repository: str, refs: tuple[str, ...], profile_file: str) 
                 found = _git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], home=home, cwd=repository)
                 if found.returncode != 0:
                     field = "workspace.ref" if index == 0 else f"workspace.refs[{index - 1}]"
-                    raise UsageError(f"{profile_file}: {field}: {ref} is not in the repository")
+                    raise UsageError(f"{profile_file}: {field}: not in the repository")
     finally:
-        os.rmdir(parent)
+        remove_tree(parent)
 
 
 def is_commit_id(text: str) -> bool:
@@ -272,7 +273,7 @@ def _fetch(*, repository: str, checkout: Checkout, destination: str, home: str, 
             break
     if commit is None:
         raise checkout.missing(f"{profile_file}: {ref_field}: not found in the repository")
-    if branch is not None:
+    if branch is not None and checkout.fresh_branch:
         for taken in (f"refs/heads/{branch}", f"refs/remotes/origin/{branch}"):
             if _git(["rev-parse", "--verify", "--quiet", taken], home=home, cwd=destination).returncode == 0:
                 raise checkout.missing(

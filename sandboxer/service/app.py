@@ -28,7 +28,9 @@ from sandboxer.service.http import (
     AUDIT,
     DIRS,
     EXECS,
+    PENDING_EXPORTS,
     WORKERS,
+    PendingExports,
     error_document,
     error_response,
     in_thread,
@@ -102,6 +104,7 @@ def make_app(dirs: Dirs, *, workers: Executor, slots: CallerSlots) -> web.Applic
     app[AUDIT] = audit
     app[EXECS] = set()  # each running exec's `gone`: set when the service stops (serve.py)
     app[WORKERS] = workers
+    app[PENDING_EXPORTS] = PendingExports()
     _add_routes(app)
     return app
 
@@ -117,6 +120,7 @@ def _add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/sandboxes/{id}/exec", exec_command, name="exec")
     app.router.add_post("/v1/sandboxes/{id}/dispatch", dispatch_tool, name="dispatch-tool")
     app.router.add_post("/v1/sandboxes/{id}/export", export, name="export")
+    app.router.add_post("/v1/sandboxes/{id}/export/confirm", export_confirm, name="export-confirm")
     app.router.add_post("/v1/gc", gc, name="gc")
     app.router.add_get("/v1/owner/entries", owner_entries, name="ext-list")
     app.router.add_post("/v1/owner/approve", owner_approve, name="ext-approve")
@@ -239,11 +243,13 @@ async def teardown(request: web.Request) -> web.Response:
 
 async def export(request: web.Request) -> web.StreamResponse:
     """export: the sandbox's work, verified by the service, as the response's body — a bundle's
-    or a tar's bytes, a patch series as a tar of its files; the summary (export --json) in the
-    `Sandboxer-Export` header. The record notes the export once all of the body was sent."""
+    or a tar's bytes, a patch series as a tar of its files; the summary (export --json, with a
+    `token`) in the `Sandboxer-Export` header. Only the client knows whether it wrote all of it:
+    the record notes the export when the client confirms it with that token (export_confirm)."""
     import json
+    import secrets
 
-    from sandboxer.commands.export import check_format, discard_quarantine, finished, prepare
+    from sandboxer.commands.export import check_format, discard_quarantine, prepare
     from sandboxer.commands.export_delivery import stream_of
 
     body = await json_body(request, {"format"}, {"format"})
@@ -252,21 +258,37 @@ async def export(request: web.Request) -> web.StreamResponse:
     dirs, sandbox_id = request.app[DIRS], request.match_info["id"]
     await in_worker(request, request["access"].require_own, sandbox_id, _unknown(request))
     made = await in_worker(request, prepare, dirs, sandbox_id, fmt)
+    token = secrets.token_hex(16)
+    pending = request.app[PENDING_EXPORTS]
     try:
-        response = web.StreamResponse(
-            headers={"Content-Type": "application/octet-stream", "Sandboxer-Export": json.dumps(made.summary())}
-        )
+        summary = json.dumps({**made.summary(), "token": token})
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream", "Sandboxer-Export": summary})
         await response.prepare(request)
         chunks = stream_of(made)
         while (chunk := await in_worker(request, next, chunks, None)) is not None:
             await response.write(chunk)
-    except BaseException:
+        # Confirmable from now on: a client that has the body's end may confirm at once.
+        pending.expire()
+        pending[token] = (request["access"].peer.uid, sandbox_id, made.taken)
+        await response.write_eof()
+    finally:
         await in_worker(request, discard_quarantine, made)
-        raise
-    # Noted before the body's end goes out: a client that has it all may tear down at once.
-    await in_worker(request, finished, dirs, made)
-    await response.write_eof()
     return response
+
+
+async def export_confirm(request: web.Request) -> web.Response:
+    """The client wrote the whole export it was sent: the record notes what it took out (teardown
+    then loses nothing of it). A token is good once, for the account it was sent to."""
+    from sandboxer.commands.export import note_exported
+
+    body = await json_body(request, {"token"}, {"token"})
+    _strings(body, "token")
+    sandbox_id = request.match_info["id"]
+    entry = request.app[PENDING_EXPORTS].pop(body["token"], None)
+    if entry is None or entry[:2] != (request["access"].peer.uid, sandbox_id):
+        raise UsageError("token: not an export of this sandbox awaiting its confirmation")
+    noted = await in_worker(request, note_exported, request.app[DIRS], sandbox_id, entry[2])
+    return web.json_response({"id": sandbox_id, "noted": noted})
 
 
 def _strings(body: dict[str, Any], *names: str) -> None:

@@ -25,6 +25,35 @@ EXECS = web.AppKey("execs", set[threading.Event])  # each running exec's `gone`:
 WORKERS = web.AppKey("workers", Executor)  # the pool commands, execs and route work run in
 
 
+class PendingExports(dict[str, tuple[int, str, tuple[str, str]]]):
+    """Exports sent whole to an HTTP client and not confirmed yet: token -> (the caller's uid, the
+    sandbox, what the export took out). A token not confirmed within CONFIRM_SECONDS goes."""
+
+    CONFIRM_SECONDS = 600.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._sent: dict[str, float] = {}
+
+    def __setitem__(self, token: str, entry: tuple[int, str, tuple[str, str]]) -> None:
+        import time
+
+        super().__setitem__(token, entry)
+        self._sent[token] = time.monotonic()
+
+    def expire(self) -> None:
+        import time
+
+        now = time.monotonic()
+        for token, sent in list(self._sent.items()):
+            if now - sent > self.CONFIRM_SECONDS or token not in self:
+                self._sent.pop(token, None)
+                super().pop(token, None)
+
+
+PENDING_EXPORTS = web.AppKey("pending_exports", PendingExports)
+
+
 def error_document(error: SandboxerError) -> dict[str, Any]:
     """An error as the API sends it: the class, the one line, the hint, the CLI's exit status."""
     return {"kind": type(error).__name__, "message": error.message, "hint": error.hint, "status": error.status}

@@ -6,13 +6,17 @@ the next service (or a teardown).
 
 Work no export took out is not lost with it: the reaper first exports it into
 `<state>/exports/<id>/` (a bundle of the new commits, a tar of a changed tree, summary.json),
-kept for `serve --keep-exports` seconds, and the audit line names that directory. A sandbox whose
-work cannot be exported (its git fails) is left running and audited as such, to be tried again.
+kept for `serve --keep-exports` seconds, and the audit line names that directory. Each git
+command of it has REAPER_GIT_SECONDS. A sandbox whose work cannot be exported (its git fails or
+takes too long) is audited so and tried once more a minute later; then it is torn down without
+its work: a lifetime is the owner's limit, which a sandbox cannot stretch by making its work
+unexportable.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from typing import Any
@@ -25,9 +29,12 @@ from sandboxer.host.fstree import remove_tree
 from sandboxer.host.registry import Registry, check_id
 from sandboxer.service.audit import AuditLog
 
+log = logging.getLogger("sandboxer.service")
+
 REAP_EVERY = 1.0  # seconds between two looks at the registry
 KEEP_EXPORTS = 7 * 24 * 3600  # seconds the reaper's exports are kept (serve --keep-exports)
-RETRY_EXPORT = 300  # seconds before the reaper tries again to export a sandbox it could not
+RETRY_EXPORT = 60  # seconds before the reaper tries once more to export a sandbox's work
+REAPER_GIT_SECONDS = 30  # each git command of the reaper's export: a sandbox cannot hold the reaper
 
 
 def expired(dirs: Dirs, now: float) -> list[tuple[str, str]]:
@@ -57,72 +64,89 @@ class Reaper:
         self.dirs = dirs
         self.audit = audit
         self.keep_exports = keep_exports
-        self.failed: dict[str, float] = {}  # sandbox id: when its export last failed
+        self.failed: dict[str, float] = {}  # sandbox id: when the export of its work first failed
 
     def reap(self) -> list[str]:
-        """Tear down what expired, its work exported first; the ids torn down (with or without
-        residue, each audited). Kept exports whose time is up go too."""
-        from sandboxer.commands.teardown import teardown
-
+        """Tear down what expired, its work exported first; the ids torn down or tried (each
+        audited). Kept exports whose time is up go too. Nothing here stops the service: a
+        failure is one sandbox's audit line."""
         now = time.time()
-        prune_kept(self.dirs, now)
+        try:
+            prune_kept(self.dirs, now)
+        except OSError:
+            log.exception("the reaper could not prune kept exports")
         done = []
         for sandbox_id, why in expired(self.dirs, now):
-            if now - self.failed.get(sandbox_id, -RETRY_EXPORT) < RETRY_EXPORT:
+            first_failure = self.failed.get(sandbox_id)
+            if first_failure is not None and now - first_failure < RETRY_EXPORT:
                 continue
-            kept = None
             try:
-                kept = keep_for_reaper(self.dirs, sandbox_id, self.keep_exports)
-                receipt = teardown(self.dirs, sandbox_id)
-                outcome, status = ("ResidueError", 6) if receipt["residue"] else ("ok", 0)
-                self.failed.pop(sandbox_id, None)
-            except SandboxerError as exc:
-                outcome, status = type(exc).__name__, exc.status
-                self.failed[sandbox_id] = now
+                outcome, status, kept = self._end(sandbox_id, keep_work=first_failure is None)
+            except Exception as exc:
+                log.exception("the reaper could not end sandbox %s", sandbox_id)
+                outcome, status, kept = type(exc).__name__, 5, None
+            me = (os.geteuid(), os.getpid())
             self.audit.record(
-                uid=os.geteuid(),
-                pid=os.getpid(),
-                verb=why,
-                sandbox=sandbox_id,
-                outcome=outcome,
-                status=status,
-                kept=kept,
+                uid=me[0], pid=me[1], verb=why, sandbox=sandbox_id, outcome=outcome, status=status, kept=kept
             )
             done.append(sandbox_id)
         return done
+
+    def _end(self, sandbox_id: str, *, keep_work: bool) -> tuple[str, int, str | None]:
+        """Export what work the sandbox holds, then tear it down: (outcome, status, where its work
+        was kept). Work whose export fails is tried once more RETRY_EXPORT later; then the sandbox
+        goes without it — its lifetime is the owner's limit, which no sandbox can stretch by making
+        its work unexportable."""
+        from sandboxer.commands.teardown import teardown
+
+        kept = None
+        try:
+            kept = keep_for_reaper(self.dirs, sandbox_id, self.keep_exports)
+        except (SandboxerError, OSError) as exc:
+            if keep_work:
+                self.failed[sandbox_id] = time.time()
+                return f"export failed ({type(exc).__name__}); tried again later", 5, None
+        receipt = teardown(self.dirs, sandbox_id)
+        self.failed.pop(sandbox_id, None)
+        return ("ResidueError", 6, kept) if receipt["residue"] else ("ok", 0, kept)
 
 
 def keep_for_reaper(dirs: Dirs, sandbox_id: str, keep_seconds: float) -> str | None:
     """Before the service tears an expired sandbox down: take out whatever work it holds into
     `<state>/exports/<id>/` (a bundle of its new commits, a tar of a changed tree, and
-    summary.json with when it may go); that directory, or None when there was nothing to keep."""
+    summary.json with when it may go); that directory, or None when there was nothing to keep.
+    Each git command inside has REAPER_GIT_SECONDS."""
     registry = Registry(dirs.state)
     record = registry.read_or_none(check_id(sandbox_id))
     if record is None or record.work is None or record.state != "ready":
         return None
-    state, work = work_state(dirs, sandbox_id)
-    lost = state.unexported(work)
-    if not lost:
+    state, work = work_state(dirs, sandbox_id, seconds=REAPER_GIT_SECONDS)
+    if not state.unexported(work):
         return None
     kept = os.path.join(dirs.state, EXPORTS, sandbox_id)
     remove_tree(kept)
     os.makedirs(kept, mode=0o700)
-    summary: dict[str, Any] = {"id": sandbox_id, "kept_until": time.time() + keep_seconds, "files": []}
-    formats: tuple[Format, ...] = ("bundle", "tar")
-    for fmt in formats:
-        if (fmt == "bundle" and state.ahead == 0) or (fmt == "tar" and not state.dirty):
-            continue
-        export = prepare(dirs, sandbox_id, fmt)
-        try:
-            for name, source in export.files:
-                target = "work.bundle" if fmt == "bundle" else name
-                os.replace(source, os.path.join(kept, target))
-                summary["files"].append(target)
-            summary.update({k: v for k, v in export.summary().items() if k not in ("files", "destination", "format")})
-        finally:
-            discard_quarantine(export)
-    with open(os.path.join(kept, "summary.json"), "x") as out:
-        json.dump(summary, out, indent=2, sort_keys=True)
+    try:
+        summary: dict[str, Any] = {"id": sandbox_id, "kept_until": time.time() + keep_seconds, "files": []}
+        formats: tuple[Format, ...] = ("bundle", "tar")
+        for fmt in formats:
+            if (fmt == "bundle" and state.ahead == 0) or (fmt == "tar" and not state.dirty):
+                continue
+            export = prepare(dirs, sandbox_id, fmt, state=state, seconds=REAPER_GIT_SECONDS)
+            try:
+                for name, source in export.files:
+                    target = "work.bundle" if fmt == "bundle" else name
+                    os.replace(source, os.path.join(kept, target))
+                    summary["files"].append(target)
+                leaving = ("files", "destination", "format")
+                summary.update({k: v for k, v in export.summary().items() if k not in leaving})
+            finally:
+                discard_quarantine(export)
+        with open(os.path.join(kept, "summary.json"), "x") as out:
+            json.dump(summary, out, indent=2, sort_keys=True)
+    except BaseException:
+        remove_tree(kept)
+        raise
     return kept
 
 

@@ -21,11 +21,11 @@ def _approval(broker: SandboxBroker, name: str) -> str:
     ("repository", "workspace", "line"),
     [
         ("nowhere", "", "workspace.repository: not a Git repository"),
-        ("repo", "  ref: nope\n", "workspace.ref: nope is not in the repository"),
+        ("repo", "  ref: nope\n", "workspace.ref: not in the repository"),
         (
             "repo",
             '  ref: main\n  refs: [main, "release/*", gone/x]\n',
-            "workspace.refs[2]: gone/x is not in the repository",
+            "workspace.refs[2]: not in the repository",
         ),
     ],
 )

@@ -308,7 +308,8 @@ def assert_nothing_left(broker: SandboxBroker, sandbox_id: str, homes_before: se
 
 
 def teardown_clean(broker: SandboxBroker, sandbox_id: str) -> None:
-    done = broker.run("teardown", sandbox_id, "--json")
+    """Teardown (what the sandbox wrote is nobody's work: --discard) leaves no residue."""
+    done = broker.run("teardown", sandbox_id, "--discard", "--json")
     assert done.status == 0, (done.stdout, done.stderr)
     assert json.loads(done.stdout)["residue"] == []
 

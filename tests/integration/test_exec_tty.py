@@ -117,3 +117,20 @@ def test_exec_without_t_keeps_the_command_off_any_terminal(sbx: SandboxBroker) -
     sandbox_id = sbx.create()
     plain = sbx.exec(sandbox_id, "sh", "-c", "test -t 0 || test -t 1 && echo TERMINAL; echo T=${TERM-unset}")
     assert (plain.status, plain.stdout) == (0, "T=unset\n"), plain.stderr
+
+
+def test_exec_t_ends_when_its_piped_input_does(sbx: SandboxBroker) -> None:
+    """Input from a pipe, not a terminal: its end reaches the command's terminal as end of file
+    (^D), so a command reading it ends when the input does."""
+    sandbox_id = sbx.create()
+    done = subprocess.run(
+        sbx.argv("exec", "-t", sandbox_id, "--", "sh", "-c", "cat; echo after-$((40+2))"),
+        input=b"fed\n",
+        capture_output=True,
+        env=sbx.env(),
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count(b"fed") >= 1
+    assert b"after-42" in done.stdout

@@ -252,3 +252,32 @@ def test_gc_collects_the_orphans_each_backend_reports(broker: Broker, fake: Fake
         (orphan, ("fake container",), ())
     ]
     assert [verb for verb, _ in fake.calls].count("collect_orphans") == len(NAMES)
+
+
+def test_the_reaper_cannot_be_held_by_work_that_will_not_export(broker: Broker, fake: FakeBackend) -> None:
+    """An expired sandbox whose work cannot be exported (the fake runs no git) is audited so and
+    kept for one more try; the next try past RETRY_EXPORT tears it down without its work: no
+    sandbox outlives its lifetime by making its work unexportable, and none stops the reaper."""
+    from dataclasses import replace
+
+    from sandboxer.host.registry import Registry
+    from sandboxer.service.audit import AuditLog
+    from sandboxer.service.lifetimes import RETRY_EXPORT, Reaper
+
+    sandbox = broker.create("p", ttl=60)
+    registry = Registry(broker.state_dir)
+    record = registry.read_or_none(sandbox.id)
+    assert record is not None
+    registry.write(replace(record, expires_at=1.0))  # long past
+    reaper = Reaper(broker.dirs, AuditLog(broker.state_dir))
+    assert reaper.reap() == [sandbox.id]
+    assert _left(broker) == [sandbox.id]
+    assert reaper.reap() == []  # not again before RETRY_EXPORT
+    reaper.failed[sandbox.id] -= RETRY_EXPORT + 1
+    assert reaper.reap() == [sandbox.id]
+    assert _left(broker) == []
+    lines = [json.loads(line) for line in (Path(broker.state_dir) / "audit.log").read_text().splitlines()]
+    assert [(line["verb"], line["outcome"], line["status"]) for line in lines] == [
+        ("expire", "export failed (UsageError); tried again later", 5),
+        ("expire", "ok", 0),
+    ]

@@ -181,13 +181,17 @@ def create_exec(
     return str(json.loads(content)["Id"])
 
 
-def _pump_stdin(sock: Socket, stdin: int, stop: int) -> None:
+def _pump_stdin(sock: Socket, stdin: int, stop: int, tty: bool) -> None:
     """Copy `stdin` into the exec until its end, or until `stop` is readable (the exec ended: a
-    caller's terminal, which never ends, holds no thread of a service)."""
+    caller's terminal, which never ends, holds no thread of a service). At its end the exec's
+    terminal (exec -t) gets its end-of-file key, ^D; otherwise the exec's stdin is closed."""
     with contextlib.suppress(OSError):
         while wait_ready([stdin, stop])[0] and not wait_ready([stop], timeout=0)[0]:
             data = os.read(stdin, 65536)
             if not data:
+                if tty:
+                    sock.sendall(b"\x04")
+                    return  # the stream stays open both ways: the terminal's output goes on
                 break
             sock.sendall(data)
     with contextlib.suppress(OSError):
@@ -225,7 +229,7 @@ def run(
     closes the stream — the Engine, whose writes to it would block, lets the container be."""
     sock, buffer = hijack(f"/exec/{exec_id}/start", json.dumps({"Detach": False, "Tty": tty}).encode())
     stop_r, stop_w = os.pipe2(os.O_CLOEXEC)
-    pump = threading.Thread(target=_pump_stdin, args=(sock, stdin, stop_r), daemon=True)
+    pump = threading.Thread(target=_pump_stdin, args=(sock, stdin, stop_r, tty), daemon=True)
 
     def overdue() -> None:
         if kill is not None:
