@@ -88,3 +88,14 @@ def enter_for(name: object) -> Enter:
             return docker_run
         case _:
             raise ExecUsage(f"exec: the sandbox's record names no known backend ({str(name)[:32]!r})")
+
+
+def service_helpers(started: bool) -> None:
+    """A service starts (True) or stops (False): the helpers a backend keeps for one (bwrap's
+    spawner: sandboxer/backends/bwrap/spawner.py)."""
+    from sandboxer.backends.bwrap import spawner
+
+    if started:
+        spawner.activate()
+    else:
+        spawner.deactivate()

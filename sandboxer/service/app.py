@@ -264,12 +264,13 @@ async def export(request: web.Request) -> web.StreamResponse:
         summary = json.dumps({**made.summary(), "token": token})
         response = web.StreamResponse(headers={"Content-Type": "application/octet-stream", "Sandboxer-Export": summary})
         await response.prepare(request)
+        # Confirmable from the start: a client may have all it needs (a tar's end) before the
+        # body's last write returns here. Its confirmation is its own word on its own export.
+        pending.expire()
+        pending[token] = (request["access"].peer.uid, sandbox_id, made.taken)
         chunks = stream_of(made)
         while (chunk := await in_worker(request, next, chunks, None)) is not None:
             await response.write(chunk)
-        # Confirmable from now on: a client that has the body's end may confirm at once.
-        pending.expire()
-        pending[token] = (request["access"].peer.uid, sandbox_id, made.taken)
         await response.write_eof()
     finally:
         await in_worker(request, discard_quarantine, made)

@@ -30,7 +30,7 @@ from typing import Any, TextIO
 
 from sandboxer.dirs import Dirs
 from sandboxer.errors import UsageError
-from sandboxer.host.fsutil import CallerFile
+from sandboxer.host.fsutil import CallerFile, receive_fds
 from sandboxer.host.registry import ID_PATTERN
 from sandboxer.invocation import Invocation, running
 from sandboxer.service.access import Access, Refused, admit
@@ -107,7 +107,7 @@ def _receive(conn: socket.socket, deadline: float) -> tuple[dict[str, Any], list
     """The client's request and its descriptors (stdin, stdout, stderr and the files it opened),
     all of it by `deadline`."""
     conn.settimeout(HEADER_SECONDS)
-    data, fds, flags, _ = socket.recv_fds(conn, 65536, 3 + MAX_FILES, socket.MSG_CMSG_CLOEXEC)
+    data, fds, flags = receive_fds(conn, 65536, 3 + MAX_FILES)
     if flags & socket.MSG_CTRUNC:
         for fd in fds:
             os.close(fd)

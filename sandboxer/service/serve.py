@@ -21,6 +21,7 @@ import socket
 import stat
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 from sandboxer.dirs import Dirs, default_socket
 from sandboxer.errors import PolicyError, UsageError
@@ -29,6 +30,9 @@ from sandboxer.invocation import install_thread_streams
 from sandboxer.service.cliserver import CommandTable, Serving
 from sandboxer.service.http import AUDIT, EXECS
 from sandboxer.service.lifetimes import KEEP_EXPORTS
+
+if TYPE_CHECKING:
+    from sandboxer.service.connections import Activity
 
 LOCK_FILE = "service.lock"
 SHUTDOWN_GRACE = 5.0  # seconds open requests get to finish after SIGTERM; then they are cancelled
@@ -126,6 +130,23 @@ def _answers(path: str) -> bool:
     return True
 
 
+def _idle_clock(activity: Activity) -> Any:
+    """The middleware that tells `activity` when requests begin and end (the idle exit)."""
+    from aiohttp import web
+
+    from sandboxer.service.app import Handler
+
+    @web.middleware
+    async def idle_clock(request: web.Request, handler: Handler) -> web.StreamResponse:
+        activity.begin()
+        try:
+            return await handler(request)
+        finally:
+            activity.end()
+
+    return idle_clock
+
+
 async def _run(
     dirs: Dirs,
     listener: socket.socket,
@@ -137,8 +158,9 @@ async def _run(
 ) -> None:
     from aiohttp import web
 
+    from sandboxer.backends import service_helpers
     from sandboxer.service.access import CallerSlots
-    from sandboxer.service.app import Handler, make_app
+    from sandboxer.service.app import make_app
     from sandboxer.service.connections import Activity, Connections
     from sandboxer.service.lifetimes import REAP_EVERY, Reaper
 
@@ -150,16 +172,7 @@ async def _run(
     app = make_app(dirs, workers=workers, slots=slots)
     lifetimes = Reaper(dirs, app[AUDIT], keep_exports=keep_exports)
     activity = Activity()
-
-    @web.middleware
-    async def idle_clock(request: web.Request, handler: Handler) -> web.StreamResponse:
-        activity.begin()
-        try:
-            return await handler(request)
-        finally:
-            activity.end()
-
-    app.middlewares.insert(0, idle_clock)
+    app.middlewares.insert(0, _idle_clock(activity))
     install_thread_streams()  # a CLI client's command prints on the client's own descriptors
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=SHORT_WORKERS, thread_name_prefix="sandboxer"))
@@ -171,6 +184,7 @@ async def _run(
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    service_helpers(True)  # bwrap's execs are forked by a small process of their own
     sys.stderr.write(f"sandboxer: serving {dirs.state} on {listener.getsockname()}\n")
     sys.stderr.flush()
     try:
@@ -192,4 +206,5 @@ async def _run(
         await runner.cleanup()
         workers.shutdown(wait=False)
         reaper.shutdown(wait=False)
+        service_helpers(False)
     sys.stderr.write("sandboxer: stopped; live sandboxes keep running\n")

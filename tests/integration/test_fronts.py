@@ -576,6 +576,7 @@ def test_a_patch_series_of_the_new_commits(case: Case, sandbox: str, tmp_path: P
     assert "has no commits since main" in nothing[1]
     assert not empty.exists()
     same_as_cli(case, "nothing", nothing, lambda cli: refusal(lambda: cli.export(other, "bundle", str(empty))), other)
+    assert case.front.teardown(other) == []  # nothing new in it: no --discard needed
 
 
 def test_teardown_discard_removes_work_nobody_exported(case: Case, sandbox: str) -> None:

@@ -42,3 +42,32 @@ def test_keep_only_closes_everything_else_however_high() -> None:
     finally:
         for fd in [*opened, high]:
             os.close(fd)
+
+
+def test_descriptors_received_are_close_on_exec_from_the_start() -> None:
+    """receive_fds asks the kernel for MSG_CMSG_CLOEXEC (Python 3.11's socket.recv_fds drops its
+    flags): a descriptor a client passes is never inherited by what the service starts."""
+    import socket
+
+    from sandboxer.host.fsutil import receive_fds
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    read_end, write_end = os.pipe()
+    os.set_inheritable(read_end, True)
+    try:
+        socket.send_fds(theirs, [b"x"], [read_end, write_end])
+        message, fds, flags = receive_fds(ours, 16, 2)
+        assert (message, len(fds), flags & socket.MSG_CTRUNC) == (b"x", 2, 0)
+        assert not any(os.get_inheritable(fd) for fd in fds)
+        for fd in fds:
+            os.close(fd)
+        socket.send_fds(theirs, [b"y"], [read_end, write_end, read_end])
+        _, fds, flags = receive_fds(ours, 16, 2)
+        assert flags & socket.MSG_CTRUNC  # more than asked for: the kernel closed the rest
+        for fd in fds:
+            os.close(fd)
+    finally:
+        for fd in (read_end, write_end):
+            os.close(fd)
+        ours.close()
+        theirs.close()

@@ -43,7 +43,7 @@ def run(
 ) -> int:
     """exec by joining the sandbox's namespaces (joiner); `program` None is this process's stdio."""
     holder_pid, holder_start = _check_running(record, options["id"])
-    from sandboxer.backends.bwrap import joiner, privileges  # ctypes and the namespace code
+    from sandboxer.backends.bwrap import joiner, privileges, spawner  # ctypes and the namespace code
 
     if record.limits_mechanism is None or record.host_uid is None or record.host_gid is None:
         raise ExecUsage(f"exec: sandbox {options['id']}: its record has no limits or host ids")
@@ -89,7 +89,7 @@ def run(
         resize = None if terminal is None or program is not None else lambda size: set_size(terminal, size)
         with caller_terminal(resize, fds):
             try:
-                started = joiner.start(entry, stdin=pumps.given[0], stdout=pumps.given[1], stderr=pumps.given[2])
+                started = spawner.start(entry, stdin=pumps.given[0], stdout=pumps.given[1], stderr=pumps.given[2])
             finally:
                 pumps.given_away()
             if forwarder is not None:
@@ -184,7 +184,7 @@ def _wait(
     def caller_gone() -> bool:
         return (cancelled is not None and cancelled()) or (control is not None and control.gone)
 
-    pidfd = os.pidfd_open(started.relay_pid)
+    ended = started.ended_fd()
     deadline = None if timeout is None else time.monotonic() + timeout
     watched = [control.fd] if control is not None else []
     # The loop below enforces the deadline too; the watchdog, when output it hands on blocks it.
@@ -196,11 +196,11 @@ def _wait(
                 if cancelled is not None:
                     remaining = CANCEL_POLL if remaining is None else min(remaining, CANCEL_POLL)
                 try:
-                    readable, writable = wait_ready([pidfd, *pumps.readers(), *watched], pumps.writers(), remaining)
+                    readable, writable = wait_ready([ended, *pumps.readers(), *watched], pumps.writers(), remaining)
                 except InterruptedError:
                     continue
                 pumps.pump(readable, writable)
-                if pidfd in readable:
+                if ended in readable:
                     watchdog.stop()  # the relay has ended: the command's pid may be reused soon
                     break
                 if control is not None and control.fd in readable:
@@ -212,12 +212,16 @@ def _wait(
                 if gone or (deadline is not None and time.monotonic() >= deadline):
                     watchdog.stop()
                     _kill(exec_group, started.command_pid)
-                    os.waitpid(started.relay_pid, 0)
+                    started.finish()
                     return CALLER_GONE if gone else TIMED_OUT
+    except BaseException:  # nothing of the exec outlives a failure here, and its relay is waited for
+        running = not wait_ready([ended], timeout=0)[0]  # else the command's pid may be reused already
+        _kill(exec_group, started.command_pid if running else None)
+        started.finish()
+        raise
     finally:
-        os.close(pidfd)
         pumps.finish()
-    _, status = os.waitpid(started.relay_pid, 0)
+    status = started.finish()
     if caller_gone():
         # The caller went away as the command ended (its output was nowhere to go): what it left
         # running goes too, as when the caller goes first.
@@ -225,7 +229,7 @@ def _wait(
         return CALLER_GONE
     if watchdog.fired:
         return TIMED_OUT
-    return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+    return status
 
 
 def _kill(exec_group: str | None, command_pid: int | None) -> None:

@@ -22,6 +22,7 @@ holder, bwrap's init, other execs, a provider launch — whatever the syscall po
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -119,13 +120,53 @@ class Entry:
 
 
 class Started:
-    """A command started in a sandbox: A (the relay, our child) and B (the command, host pid)."""
+    """A command started in a sandbox: A (the relay) and B (the command, host pid). `status_fd`:
+    where A writes B's exit status before it ends, when A is not this process's child (a
+    spawner's: sandboxer.backends.bwrap.spawner) and so cannot be waited for here."""
 
-    __slots__ = ("command_pid", "relay_pid")
+    __slots__ = ("command_pid", "pidfd", "relay_pid", "status_fd")
 
-    def __init__(self, *, relay_pid: int, command_pid: int) -> None:
+    def __init__(self, *, relay_pid: int, command_pid: int, status_fd: int | None = None) -> None:
         self.relay_pid = relay_pid
         self.command_pid = command_pid
+        self.status_fd = status_fd
+        self.pidfd: int | None = None
+
+    def ended_fd(self) -> int:
+        """A descriptor readable once the relay ended: the status pipe of a spawner's relay (A
+        writes before it ends, or ends killed: end of file); else a pidfd of this process's child.
+        finish() closes it."""
+        if self.status_fd is not None:
+            return self.status_fd
+        if self.pidfd is None:
+            self.pidfd = os.pidfd_open(self.relay_pid)
+        return self.pidfd
+
+    def finish(self) -> int:
+        """Wait for the relay to end: the command's exit status (128+N for signal N; 137 when the
+        relay itself was killed before it could say)."""
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+        if self.status_fd is None:
+            while True:
+                try:
+                    _, status = os.waitpid(self.relay_pid, 0)
+                    break
+                except InterruptedError:
+                    continue
+            return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+        with os.fdopen(self.status_fd, "rb") as stream:  # A holds the only other end: EOF when it ends
+            said = stream.read(16).strip()
+        self.status_fd = None
+        return int(said) if said.isdigit() and len(said) < 4 else 128 + signal.SIGKILL
+
+    def close(self) -> None:
+        """Give up on the status (the caller already knows how the exec ended)."""
+        for fd in (self.status_fd, self.pidfd):
+            if fd is not None:
+                os.close(fd)
+        self.status_fd = self.pidfd = None
 
 
 def _open_namespaces(holder_pid: int, holder_start: int | None) -> list[tuple[int, int]]:
@@ -166,45 +207,62 @@ def _open_namespaces(holder_pid: int, holder_start: int | None) -> list[tuple[in
 
 
 def start(entry: Entry, *, stdin: int = 0, stdout: int = 1, stderr: int = 2) -> Started:
-    """Start `entry.argv` in the sandbox; raise EntryError if it could not be executed."""
+    """Start `entry.argv` in the sandbox from this process; raise EntryError if it could not be
+    executed."""
+    report_r, report_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        relay = fork_relay(entry, (stdin, stdout, stderr), report_w, None)
+    except BaseException:
+        os.close(report_r)
+        raise
+    finally:
+        os.close(report_w)
+    try:
+        command_pid = read_report(report_r)
+    except EntryError:
+        os.waitpid(relay, 0)
+        raise
+    return Started(relay_pid=relay, command_pid=command_pid)
+
+
+def fork_relay(entry: Entry, stdio: tuple[int, int, int], report: int, status: int | None) -> int:
+    """Fork A for `entry` (its namespaces and cgroups opened here first): its pid. A reports on
+    `report` (read_report) and, when `status` is given, writes the command's exit status there
+    before it ends. EntryError (125) when the sandbox cannot be opened."""
     namespaces: list[tuple[int, int]] = []
     cgroups: list[int] = []
     try:
         namespaces = _open_namespaces(entry.holder_pid, entry.holder_start)
         for path in entry.cgroup_procs:
             cgroups.append(os.open(path, os.O_WRONLY | os.O_CLOEXEC))
-        report_r, report_w = os.pipe2(os.O_CLOEXEC)
-        try:
-            relay = os.fork()
-        except OSError:
-            os.close(report_r)
-            os.close(report_w)
-            raise
+        relay = os.fork()
     except OSError as exc:
         for fd in [fd for fd, _ in namespaces] + cgroups:
             os.close(fd)
         raise EntryError(125, f"cannot open the sandbox's namespaces or cgroups ({exc.strerror})") from None
     if relay == 0:  # A
-        os.close(report_r)
-        _relay(entry, namespaces, cgroups, report_w, (stdin, stdout, stderr))
-    os.close(report_w)
+        _relay(entry, namespaces, cgroups, report, stdio, status_fd=status)
     for fd in [fd for fd, _ in namespaces] + cgroups:
         os.close(fd)
-    with os.fdopen(report_r, "rb") as reports:
-        lines = reports.read().decode(errors="replace").splitlines()
+    return relay
+
+
+def read_report(report: int) -> int:
+    """What A and B report on `report` (closed here) until B executes the command: B's host pid;
+    EntryError when it could not be executed (A ends by itself then)."""
+    with os.fdopen(report, "rb") as reports:
+        lines = reports.read(65536).decode(errors="replace").splitlines()
     command_pid = 0
     for line in lines:
         key, _, value = line.partition(" ")
-        if key == "pid":
+        if key == "pid" and value.isdigit():
             command_pid = int(value)
         elif key in ("setup", "exec"):
-            os.waitpid(relay, 0)
             code, _, message = value.partition(" ")
-            raise EntryError(int(code), message)
+            raise EntryError(int(code) if code.isdigit() else 125, message)
     if command_pid == 0:
-        os.waitpid(relay, 0)
         raise EntryError(125, "the sandbox could not be entered")
-    return Started(relay_pid=relay, command_pid=command_pid)
+    return command_pid
 
 
 def _keep_only(kept: set[int]) -> None:
@@ -234,13 +292,20 @@ def _dangling(program: str, env: dict[str, str]) -> str:
 
 
 def _relay(
-    entry: Entry, namespaces: list[tuple[int, int]], cgroups: list[int], report: int, stdio: tuple[int, int, int]
+    entry: Entry,
+    namespaces: list[tuple[int, int]],
+    cgroups: list[int],
+    report: int,
+    stdio: tuple[int, int, int],
+    *,
+    status_fd: int | None,
 ) -> None:
     """Process A: never returns."""
     broker = os.getppid()
     # First of all, keep only what A and B use: the broker's other descriptors (a sandbox's lock
     # above all) must not outlive the broker in a process that is slow to follow it.
-    _keep_only({report, *stdio, *cgroups, *(fd for fd, _ in namespaces)})
+    kept = {report, *stdio, *cgroups, *(fd for fd, _ in namespaces)}
+    _keep_only(kept if status_fd is None else {*kept, status_fd})
     try:
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         for fd in cgroups:
@@ -263,14 +328,21 @@ def _relay(
         _report(report, f"setup 125 cannot enter the sandbox ({exc.strerror})")
         os._exit(125)
     if command == 0:
+        if status_fd is not None:
+            os.close(status_fd)  # A's to write, never the command's
         _command(entry, report, stdio)
     _report(report, f"pid {command}")
     os.close(report)
+    _relay_end(command, devnull, status_fd)
+
+
+def _relay_end(command: int, devnull: int, status_fd: int | None) -> None:
+    """The rest of A, once B runs: wait for B and end with its status (never returns)."""
     for target in (0, 1, 2):  # A keeps none of the caller's streams: B has them
         os.dup2(devnull, target)
     # Nor anything else of the broker's: a pipe end the broker feeds the command's stdin through
     # would otherwise stay open here, and the command would never see its end.
-    os.closerange(3, 0x7FFFFFFF)
+    _keep_only(set() if status_fd is None else {status_fd})
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_IGN)  # the broker decides; A only relays B's end
     while True:
@@ -279,7 +351,11 @@ def _relay(
             break
         except InterruptedError:
             continue
-    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+    code = os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+    if status_fd is not None:  # a spawner's relay: its broker learns the status from this
+        with contextlib.suppress(OSError):  # the broker went away: nobody to tell
+            os.write(status_fd, b"%d\n" % code)
+    os._exit(code)
 
 
 def _command(entry: Entry, report: int, stdio: tuple[int, int, int]) -> None:

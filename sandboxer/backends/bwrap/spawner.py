@@ -1,0 +1,239 @@
+"""The service's spawner: a small process of its own that forks each exec's relay (joiner's A).
+
+Forking copies the forking process's page tables, and a service has many: its imports, and a
+thread (with a stack mapping) for each of the hundreds of requests it may serve at once. An exec
+forked from the service itself pays for all of that twice (A, then B from A's copy) — several
+milliseconds, and more as the service's thread pools grow. The spawner is a separate Python
+process that imports only what entering a sandbox needs and runs one thread, so its forks are
+cheap, and its children are never forked from a threaded process at all.
+
+    service ── socketpair (SOCK_SEQPACKET), one request at a time ──► spawner ── fork ──► A …
+
+A request is one message: the exec's Entry as JSON, with the command's stdin, stdout and stderr,
+the write end of its report pipe and of its status pipe attached (SCM_RIGHTS). The spawner
+opens the sandbox's namespaces and cgroups as the service would, forks A, closes its copies and
+answers `{"relay": PID}` or `{"error": [STATUS, MESSAGE]}`. A reports to the service directly
+(joiner.read_report) and, once the command ends, writes its exit status to the status pipe
+before it ends: the service waits on that pipe (its end of file, should A be killed, says so
+too), never on A's pid, which the spawner reaps within a second.
+The spawner runs as the service's own account, is reached only through the socket the service
+made for it (no path), and dies with the service (PR_SET_PDEATHSIG).
+
+Only the service uses it: an exec run in-process (the CLI with SANDBOXER_NO_SERVICE, the embedded
+API) forks its relay itself, as a process that small pays little for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from sandboxer.backends.bwrap import joiner
+from sandboxer.errors import EntryError
+from sandboxer.host.fsutil import receive_fds
+
+MAX_REQUEST = 1024 * 1024  # an Entry: argv and environment, as exec's command line can hold them
+FDS = 5  # stdin, stdout, stderr, the report pipe's and the status pipe's write ends
+REAP_EVERY = 1.0  # seconds: the spawner reaps ended relays at least this often
+_ENTRY_FIELDS = joiner.Entry.__slots__
+
+
+class Spawner:
+    """The service's side: starts the spawner process and hands it execs to start."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-I", "-m", "sandboxer.backends.bwrap.spawner", str(theirs.fileno())],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                close_fds=True,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.set_inheritable(False)
+        self.socket = ours
+        self._lock = threading.Lock()
+
+    def start(self, entry: joiner.Entry, *, stdin: int, stdout: int, stderr: int) -> joiner.Started:
+        """joiner.start, with A forked by the spawner; EntryError as there. OSError when the
+        spawner is gone (the caller starts the exec itself then)."""
+        report_r, report_w = os.pipe2(os.O_CLOEXEC)
+        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            request = json.dumps({"entry": _plain(entry)}).encode()
+            with self._lock:
+                socket.send_fds(self.socket, [request], [stdin, stdout, stderr, report_w, status_w])
+                answer = self.socket.recv(65536)
+        except BaseException:
+            for fd in (report_r, status_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(report_w)
+            os.close(status_w)
+        try:
+            if not answer:
+                raise OSError("the spawner went away")
+            said = json.loads(answer)
+            if "error" in said:
+                status, message = said["error"]
+                raise EntryError(int(status), str(message))
+            relay = int(said["relay"])
+            command_pid = joiner.read_report(report_r)
+        except BaseException:
+            os.close(status_r)
+            raise
+        return joiner.Started(relay_pid=relay, command_pid=command_pid, status_fd=status_r)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def close(self) -> None:
+        self.socket.close()  # its end of the socket ends: it exits
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+_active: list[Spawner] = []  # the service's spawner, once it started one (activate)
+_active_lock = threading.Lock()
+
+
+def activate() -> None:
+    """Start the service's spawner (serve.py, once): its execs are forked by it from now on."""
+    with _active_lock:
+        if not _active:
+            _active.append(Spawner())
+
+
+def deactivate() -> None:
+    with _active_lock:
+        while _active:
+            _active.pop().close()
+
+
+def start(entry: joiner.Entry, *, stdin: int, stdout: int, stderr: int) -> joiner.Started:
+    """Start an exec: through the active spawner (a new one if it died), or from this process
+    when there is none (an exec in-process). A spawner that goes away in the middle of a request
+    fails that exec (EntryError, 125): whether it had started cannot be known."""
+    with _active_lock:
+        spawner = _active[0] if _active else None
+        if spawner is not None and not spawner.alive():
+            spawner.close()
+            spawner = _active[0] = Spawner()
+    if spawner is None:
+        return joiner.start(entry, stdin=stdin, stdout=stdout, stderr=stderr)
+    try:
+        return spawner.start(entry, stdin=stdin, stdout=stdout, stderr=stderr)
+    except OSError as exc:
+        raise EntryError(125, f"the service's spawner went away ({exc.strerror or exc})") from None
+
+
+def _plain(entry: joiner.Entry) -> dict[str, Any]:
+    plain = {name: getattr(entry, name) for name in _ENTRY_FIELDS}
+    plain["seccomp"] = None if entry.seccomp is None else entry.seccomp.hex()
+    return plain
+
+
+def _entry(plain: dict[str, Any]) -> joiner.Entry:
+    if set(plain) != set(_ENTRY_FIELDS):
+        raise ValueError("an entry has other fields")
+    seccomp = plain["seccomp"]
+    return joiner.Entry(
+        holder_pid=int(plain["holder_pid"]),
+        host_uid=int(plain["host_uid"]),
+        host_gid=int(plain["host_gid"]),
+        cwd=str(plain["cwd"]),
+        argv=[str(arg) for arg in plain["argv"]],
+        executable=None if plain["executable"] is None else str(plain["executable"]),
+        env={str(k): str(v) for k, v in plain["env"].items()},
+        cgroup_procs=tuple(str(path) for path in plain["cgroup_procs"]),
+        rlimits=tuple((int(which), int(limit)) for which, limit in plain["rlimits"]),
+        seccomp=None if seccomp is None else bytes.fromhex(seccomp),
+        keyring=str(plain["keyring"]),
+        holder_start=None if plain["holder_start"] is None else int(plain["holder_start"]),
+        tty=bool(plain["tty"]),
+    )
+
+
+# The spawner process.
+
+
+def serve(sock: socket.socket) -> None:
+    """Start each exec the service asks for, until the service's end of `sock` closes; relays
+    that ended are reaped between requests, at least once a second."""
+    sock.settimeout(REAP_EVERY)
+    while True:
+        _reap()
+        try:
+            data, fds, truncated = receive_fds(sock, MAX_REQUEST, FDS)
+        except TimeoutError:
+            continue
+        if not data:
+            return
+        try:
+            answer = (
+                _start(data, fds) if not truncated & socket.MSG_CTRUNC else {"error": [125, "too many descriptors"]}
+            )
+        finally:
+            for fd in fds:
+                os.close(fd)
+        sock.send(json.dumps(answer).encode())
+
+
+def _start(data: bytes, fds: list[int]) -> dict[str, Any]:
+    """Fork A for one request: the answer."""
+    try:
+        if len(fds) != FDS:
+            raise ValueError("a request passes stdio, the report and the status pipe")
+        entry = _entry(json.loads(data)["entry"])
+        stdin, stdout, stderr, report, status = fds
+        return {"relay": joiner.fork_relay(entry, (stdin, stdout, stderr), report, status)}
+    except EntryError as exc:
+        return {"error": [exc.status, exc.message]}
+    except (ValueError, KeyError, TypeError) as exc:
+        return {"error": [125, f"the spawner refused the request ({type(exc).__name__})"]}
+
+
+def _reap() -> None:
+    """Wait for every relay that ended (the service learns its status from the relay itself)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def main() -> None:
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    # Dies with the service; a service gone before this was armed is seen just after.
+    ctypes.CDLL(None, use_errno=True).prctl(1, ctypes.c_ulong(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        sys.exit(0)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # the service decides; its end of the socket ends this
+    fd = int(sys.argv[1])
+    with socket.socket(fileno=fd) as sock:
+        serve(sock)
+
+
+if __name__ == "__main__":
+    main()
