@@ -507,7 +507,7 @@ def test_teardown_killed_then_gc_leaves_nothing(
         record = json.loads((broker.sandbox_dir(sandbox_id) / "record.json").read_text())
         if broker.backend == "docker":
             record["docker_pid"] = docker_pid(str(record["container_id"]))
-        args = ["teardown", sandbox_id]
+        args = ["teardown", "--discard", sandbox_id]  # what it planted is nobody's work
         killed = kill_at(broker, args, TEARDOWN_MARKS[step], sandbox_id=sandbox_id, initial_record=record)
         assert killed.hit, f"teardown ended (status {killed.status}) before step {step}: {killed.stderr}"
         print(f"teardown killed at {step}: {killed.left}")

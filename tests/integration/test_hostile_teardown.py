@@ -85,7 +85,7 @@ def test_teardown_and_gc_remove_a_workspace_made_deep_unsearchable_and_linked_to
     for sandbox_id in (torn, collected):
         _plant(sb, sandbox_id, host_dir)
 
-    receipt = sb.run("teardown", torn, "--json")
+    receipt = sb.run("teardown", "--discard", torn, "--json")
     assert receipt.status == 0, receipt.stderr
     assert receipt.json()["residue"] == []
     assert not sb.sandbox_dir(torn).exists()
