@@ -252,6 +252,7 @@ class ClientSandbox(SandboxBase):
                 raise errors.BackendError("the service's export came without its summary") from None
             try:
                 receive(format, response, destination)
+                response.read()  # to the body's end (a tar reader stops at its own): then it was sent whole
             except (http.client.HTTPException, OSError) as exc:  # the service went away mid-way
                 raise errors.BackendError(f"export: the service's stream broke off ({exc!r})") from None
         finally:

@@ -260,6 +260,7 @@ async def export(request: web.Request) -> web.StreamResponse:
     made = await in_worker(request, prepare, dirs, sandbox_id, fmt)
     token = secrets.token_hex(16)
     pending = request.app[PENDING_EXPORTS]
+    sent = False
     try:
         summary = json.dumps({**made.summary(), "token": token})
         response = web.StreamResponse(headers={"Content-Type": "application/octet-stream", "Sandboxer-Export": summary})
@@ -272,7 +273,10 @@ async def export(request: web.Request) -> web.StreamResponse:
         while (chunk := await in_worker(request, next, chunks, None)) is not None:
             await response.write(chunk)
         await response.write_eof()
+        sent = True
     finally:
+        if not sent:
+            pending.pop(token, None)  # a body that broke off is nothing to confirm
         await in_worker(request, discard_quarantine, made)
     return response
 
@@ -285,6 +289,7 @@ async def export_confirm(request: web.Request) -> web.Response:
     body = await json_body(request, {"token"}, {"token"})
     _strings(body, "token")
     sandbox_id = request.match_info["id"]
+    await in_worker(request, request["access"].require_own, sandbox_id, _unknown(request))
     entry = request.app[PENDING_EXPORTS].pop(body["token"], None)
     if entry is None or entry[:2] != (request["access"].peer.uid, sandbox_id):
         raise UsageError("token: not an export of this sandbox awaiting its confirmation")

@@ -128,6 +128,8 @@ def _exec_options(head: bytes, sandbox_id: str) -> tuple[list[str], dict[str, st
     argv = options["argv"]
     if not isinstance(argv, list) or not argv or not all(isinstance(arg, str) for arg in argv):
         raise UsageError("argv: must be a non-empty list of strings")
+    if any("\0" in arg for arg in argv):
+        raise UsageError("argv: must not hold a NUL character (no command line can)")
     cli_options = {"id": sandbox_id}
     for name in ("cwd", "consumer", "executable"):
         if options.get(name) is not None:
@@ -137,6 +139,8 @@ def _exec_options(head: bytes, sandbox_id: str) -> tuple[list[str], dict[str, st
     env = options.get("env") or {}
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise UsageError("env: must map names to strings")
+    if any("\0" in k or "\0" in v for k, v in env.items()):
+        raise UsageError("env: must not hold a NUL character")
     return argv, cli_options, env
 
 

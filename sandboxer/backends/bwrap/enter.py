@@ -220,16 +220,25 @@ def _wait(
         started.finish()
         raise
     finally:
-        pumps.finish()
+        _finish_pumps(pumps, started)
     status = started.finish()
-    if caller_gone():
-        # The caller went away as the command ended (its output was nowhere to go): what it left
-        # running goes too, as when the caller goes first.
+    if started.lost or caller_gone():
+        # Its relay was killed, or the caller went away as the command ended (its output was
+        # nowhere to go): what it left running goes too, never unsupervised.
         _kill(exec_group, None)
+    if caller_gone():
         return CALLER_GONE
-    if watchdog.fired:
-        return TIMED_OUT
-    return status
+    return TIMED_OUT if watchdog.fired else status
+
+
+def _finish_pumps(pumps: Pumps, started: joiner.Started) -> None:
+    """The output written before the command ended; should that fail, the relay is still waited
+    for (a zombie, or a spawner's status pipe, is never left behind)."""
+    try:
+        pumps.finish()
+    except BaseException:
+        started.finish()
+        raise
 
 
 def _kill(exec_group: str | None, command_pid: int | None) -> None:

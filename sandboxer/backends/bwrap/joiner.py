@@ -124,13 +124,15 @@ class Started:
     where A writes B's exit status before it ends, when A is not this process's child (a
     spawner's: sandboxer.backends.bwrap.spawner) and so cannot be waited for here."""
 
-    __slots__ = ("command_pid", "pidfd", "relay_pid", "status_fd")
+    __slots__ = ("command_pid", "ended", "lost", "pidfd", "relay_pid", "status_fd")
 
     def __init__(self, *, relay_pid: int, command_pid: int, status_fd: int | None = None) -> None:
         self.relay_pid = relay_pid
         self.command_pid = command_pid
         self.status_fd = status_fd
         self.pidfd: int | None = None
+        self.lost = False  # the relay ended without the command's status
+        self.ended: int | None = None  # the status finish() found (it waits once)
 
     def ended_fd(self) -> int:
         """A descriptor readable once the relay ended: the status pipe of a spawner's relay (A
@@ -143,8 +145,13 @@ class Started:
         return self.pidfd
 
     def finish(self) -> int:
-        """Wait for the relay to end: the command's exit status (128+N for signal N; 137 when the
-        relay itself was killed before it could say)."""
+        """Wait for the relay to end (once; later calls give the same): the command's exit status
+        (128+N for signal N; 137 when the relay itself was killed before it could say)."""
+        if self.ended is None:
+            self.ended = self._wait()
+        return self.ended
+
+    def _wait(self) -> int:
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None
@@ -156,10 +163,20 @@ class Started:
                 except InterruptedError:
                     continue
             return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
-        with os.fdopen(self.status_fd, "rb") as stream:  # A holds the only other end: EOF when it ends
-            said = stream.read(16).strip()
-        self.status_fd = None
-        return int(said) if said.isdigit() and len(said) < 4 else 128 + signal.SIGKILL
+        status_fd, self.status_fd = self.status_fd, None
+        try:
+            while True:  # A writes its few bytes at once, or ends without them (end of file)
+                try:
+                    said = os.read(status_fd, 16).strip()
+                    break
+                except InterruptedError:
+                    continue
+        finally:
+            os.close(status_fd)
+        if said.isdigit() and len(said) < 4:
+            return int(said)
+        self.lost = True  # the relay was killed (its spawner gone, say): the command may live on
+        return 128 + signal.SIGKILL
 
     def close(self) -> None:
         """Give up on the status (the caller already knows how the exec ended)."""
@@ -240,8 +257,11 @@ def fork_relay(entry: Entry, stdio: tuple[int, int, int], report: int, status: i
         for fd in [fd for fd, _ in namespaces] + cgroups:
             os.close(fd)
         raise EntryError(125, f"cannot open the sandbox's namespaces or cgroups ({exc.strerror})") from None
-    if relay == 0:  # A
-        _relay(entry, namespaces, cgroups, report, stdio, status_fd=status)
+    if relay == 0:  # A: never returns, whatever happens in it
+        try:
+            _relay(entry, namespaces, cgroups, report, stdio, status_fd=status)
+        finally:
+            os._exit(125)
     for fd in [fd for fd, _ in namespaces] + cgroups:
         os.close(fd)
     return relay
@@ -301,6 +321,7 @@ def _relay(
     status_fd: int | None,
 ) -> None:
     """Process A: never returns."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a spawner's way of reaping is not A's: it waits for B
     broker = os.getppid()
     # First of all, keep only what A and B use: the broker's other descriptors (a sandbox's lock
     # above all) must not outlive the broker in a process that is slow to follow it.
@@ -327,10 +348,13 @@ def _relay(
     except OSError as exc:
         _report(report, f"setup 125 cannot enter the sandbox ({exc.strerror})")
         os._exit(125)
-    if command == 0:
-        if status_fd is not None:
-            os.close(status_fd)  # A's to write, never the command's
-        _command(entry, report, stdio)
+    if command == 0:  # B: never returns either
+        try:
+            if status_fd is not None:
+                os.close(status_fd)  # A's to write, never the command's
+            _command(entry, report, stdio)
+        finally:
+            os._exit(125)
     _report(report, f"pid {command}")
     os.close(report)
     _relay_end(command, devnull, status_fd)
@@ -388,12 +412,15 @@ def _command(entry: Entry, report: int, stdio: tuple[int, int, int]) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
         if entry.seccomp is not None:
             install_seccomp(entry.seccomp)  # last: from here on only what the policy allows, execve included
-    except OSError as exc:
-        _report(report, f"setup 125 cannot prepare the command ({exc.strerror or exc})")
+    except (OSError, ValueError) as exc:  # ValueError: an rlimit above the hard one, say
+        _report(report, f"setup 125 cannot prepare the command ({getattr(exc, 'strerror', None) or exc})")
         os._exit(125)
     program = entry.executable or entry.argv[0]
     try:
         os.execvpe(program, list(entry.argv), entry.env)  # noqa: S606 - argv by design, never a shell
+    except ValueError:  # a NUL in the command line or the environment: nothing execve can take
+        _report(report, "exec 126 the command line or its environment holds a NUL character")
+        os._exit(126)
     except OSError as exc:
         status = 127 if exc.errno in (errno.ENOENT, errno.ENOTDIR) else 126
         what = "not found" if status == 127 else f"not executable ({exc.strerror})"

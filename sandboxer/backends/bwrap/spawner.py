@@ -9,13 +9,14 @@ cheap, and its children are never forked from a threaded process at all.
 
     service ── socketpair (SOCK_SEQPACKET), one request at a time ──► spawner ── fork ──► A …
 
-A request is one message: the exec's Entry as JSON, with the command's stdin, stdout and stderr,
-the write end of its report pipe and of its status pipe attached (SCM_RIGHTS). The spawner
+A request is one message with six descriptors attached (SCM_RIGHTS): the exec's Entry as JSON in
+a sealed memfd, the command's stdin, stdout and stderr, and the write ends of its report pipe
+and of its status pipe. The spawner
 opens the sandbox's namespaces and cgroups as the service would, forks A, closes its copies and
 answers `{"relay": PID}` or `{"error": [STATUS, MESSAGE]}`. A reports to the service directly
 (joiner.read_report) and, once the command ends, writes its exit status to the status pipe
 before it ends: the service waits on that pipe (its end of file, should A be killed, says so
-too), never on A's pid, which the spawner reaps within a second.
+too), never on A's pid, which the spawner reaps as soon as it ends (SIGCHLD).
 The spawner runs as the service's own account, is reached only through the socket the service
 made for it (no path), and dies with the service (PR_SET_PDEATHSIG).
 
@@ -25,36 +26,53 @@ API) forks its relay itself, as a process that small pays little for it.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
 import os
 import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 from sandboxer.backends.bwrap import joiner
 from sandboxer.errors import EntryError
 from sandboxer.host.fsutil import receive_fds
 
-MAX_REQUEST = 1024 * 1024  # an Entry: argv and environment, as exec's command line can hold them
-FDS = 5  # stdin, stdout, stderr, the report pipe's and the status pipe's write ends
-REAP_EVERY = 1.0  # seconds: the spawner reaps ended relays at least this often
+FDS = 6  # the request (a sealed memfd), stdin, stdout, stderr, the report and the status pipe's write ends
+MAX_REQUEST = 16 * 1024 * 1024  # an Entry: argv and environment, as large as exec's command line
+ANSWER_SECONDS = 10.0  # a spawner that does not answer a request in this time is replaced
+FAILED_STARTS = 3  # spawners that die at once before the service forks its execs itself again
 _ENTRY_FIELDS = joiner.Entry.__slots__
+log = logging.getLogger("sandboxer.service")
+_BOOTSTRAP = (
+    "import sys\n"
+    "sys.path.insert(0, sys.argv[1])\n"
+    "from sandboxer.backends.bwrap.spawner import main\n"
+    "main(int(sys.argv[2]))\n"
+)
 
 
 class Spawner:
     """The service's side: starts the spawner process and hands it execs to start."""
 
     def __init__(self) -> None:
+        import sandboxer
+
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # -I: none of the service's PYTHON* variables, no user site; the package from where the
+        # service has it (installed, or a checkout on PYTHONPATH).
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(sandboxer.__file__)))
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-I", "-m", "sandboxer.backends.bwrap.spawner", str(theirs.fileno())],
+                [sys.executable, "-I", "-c", _BOOTSTRAP, package_root, str(theirs.fileno())],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),
                 close_fds=True,
+                cwd="/",
             )
         except BaseException:
             ours.close()
@@ -62,27 +80,31 @@ class Spawner:
         finally:
             theirs.close()
         ours.set_inheritable(False)
+        ours.settimeout(ANSWER_SECONDS)
         self.socket = ours
         self._lock = threading.Lock()
 
     def start(self, entry: joiner.Entry, *, stdin: int, stdout: int, stderr: int) -> joiner.Started:
         """joiner.start, with A forked by the spawner; EntryError as there. OSError when the
-        spawner is gone (the caller starts the exec itself then)."""
-        report_r, report_w = os.pipe2(os.O_CLOEXEC)
-        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        spawner did not answer (gone, or stalled past ANSWER_SECONDS: it is killed then)."""
+        opened: list[int] = []
         try:
-            request = json.dumps({"entry": _plain(entry)}).encode()
+            request = _request_file(entry)
+            opened.append(request)
+            report_r, report_w = os.pipe2(os.O_CLOEXEC)
+            opened += [report_r, report_w]
+            status_r, status_w = os.pipe2(os.O_CLOEXEC)
+            opened += [status_r, status_w]
             with self._lock:
-                socket.send_fds(self.socket, [request], [stdin, stdout, stderr, report_w, status_w])
-                answer = self.socket.recv(65536)
-        except BaseException:
-            for fd in (report_r, status_r):
+                try:
+                    socket.send_fds(self.socket, [b"x"], [request, stdin, stdout, stderr, report_w, status_w])
+                    answer = self.socket.recv(65536)
+                except OSError:  # its answers cannot be paired with requests any more
+                    self.process.kill()
+                    raise
+            for fd in (request, report_w, status_w):
+                opened.remove(fd)
                 os.close(fd)
-            raise
-        finally:
-            os.close(report_w)
-            os.close(status_w)
-        try:
             if not answer:
                 raise OSError("the spawner went away")
             said = json.loads(answer)
@@ -90,9 +112,11 @@ class Spawner:
                 status, message = said["error"]
                 raise EntryError(int(status), str(message))
             relay = int(said["relay"])
-            command_pid = joiner.read_report(report_r)
+            opened.remove(report_r)
+            command_pid = joiner.read_report(report_r)  # closes it
         except BaseException:
-            os.close(status_r)
+            for fd in opened:
+                os.close(fd)
             raise
         return joiner.Started(relay_pid=relay, command_pid=command_pid, status_fd=status_r)
 
@@ -108,7 +132,23 @@ class Spawner:
             self.process.wait()
 
 
+def _request_file(entry: joiner.Entry) -> int:
+    """The entry as JSON in a sealed memfd (a message of the socket holds only ~200 KB)."""
+    data = json.dumps({"entry": _plain(entry)}, ensure_ascii=False).encode()
+    if len(data) > MAX_REQUEST:
+        raise EntryError(125, f"the command and its environment are larger than {MAX_REQUEST // 2**20} MiB")
+    fd = os.memfd_create("sandboxer-exec", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.write(fd, data)  # a memfd takes all of it at once
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 _active: list[Spawner] = []  # the service's spawner, once it started one (activate)
+_failed: list[float] = []  # when spawners died at once (FAILED_STARTS of them: execs are forked here)
 _active_lock = threading.Lock()
 
 
@@ -127,13 +167,21 @@ def deactivate() -> None:
 
 def start(entry: joiner.Entry, *, stdin: int, stdout: int, stderr: int) -> joiner.Started:
     """Start an exec: through the active spawner (a new one if it died), or from this process
-    when there is none (an exec in-process). A spawner that goes away in the middle of a request
-    fails that exec (EntryError, 125): whether it had started cannot be known."""
+    when there is none (an exec in-process), or when spawners keep dying at once. A spawner that
+    goes away in the middle of a request fails that exec (EntryError, 125): whether it had
+    started cannot be known."""
     with _active_lock:
         spawner = _active[0] if _active else None
         if spawner is not None and not spawner.alive():
             spawner.close()
-            spawner = _active[0] = Spawner()
+            _active.clear()
+            _failed.append(time.monotonic())
+            if len(_failed) < FAILED_STARTS:
+                spawner = Spawner()
+                _active.append(spawner)
+            else:
+                log.error("the exec spawner keeps dying: the service forks its execs itself")
+                spawner = None
     if spawner is None:
         return joiner.start(entry, stdin=stdin, stdout=stdout, stderr=stderr)
     try:
@@ -173,43 +221,43 @@ def _entry(plain: dict[str, Any]) -> joiner.Entry:
 
 
 def serve(sock: socket.socket) -> None:
-    """Start each exec the service asks for, until the service's end of `sock` closes; relays
-    that ended are reaped between requests, at least once a second."""
-    sock.settimeout(REAP_EVERY)
+    """Start each exec the service asks for, until the service's end of `sock` closes."""
     while True:
-        _reap()
-        try:
-            data, fds, truncated = receive_fds(sock, MAX_REQUEST, FDS)
-        except TimeoutError:
-            continue
+        data, fds, flags = receive_fds(sock, 16, FDS)
         if not data:
             return
         try:
-            answer = (
-                _start(data, fds) if not truncated & socket.MSG_CTRUNC else {"error": [125, "too many descriptors"]}
-            )
+            if flags & socket.MSG_CTRUNC or len(fds) != FDS:
+                answer: dict[str, Any] = {"error": [125, "the spawner got a request without its descriptors"]}
+            else:
+                answer = _start(fds)
         finally:
             for fd in fds:
                 os.close(fd)
         sock.send(json.dumps(answer).encode())
 
 
-def _start(data: bytes, fds: list[int]) -> dict[str, Any]:
+def _start(fds: list[int]) -> dict[str, Any]:
     """Fork A for one request: the answer."""
+    request, stdin, stdout, stderr, report, status = fds
     try:
-        if len(fds) != FDS:
-            raise ValueError("a request passes stdio, the report and the status pipe")
+        size = os.fstat(request).st_size
+        if size > MAX_REQUEST:
+            raise ValueError("the request is too large")
+        data = b""
+        while len(data) < size and (chunk := os.pread(request, size - len(data), len(data))):
+            data += chunk
         entry = _entry(json.loads(data)["entry"])
-        stdin, stdout, stderr, report, status = fds
         return {"relay": joiner.fork_relay(entry, (stdin, stdout, stderr), report, status)}
     except EntryError as exc:
         return {"error": [exc.status, exc.message]}
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, OSError) as exc:
         return {"error": [125, f"the spawner refused the request ({type(exc).__name__})"]}
 
 
-def _reap() -> None:
-    """Wait for every relay that ended (the service learns its status from the relay itself)."""
+def _reap(_signum: int = 0, _frame: object = None) -> None:
+    """Wait for every relay that ended, at once: an unreaped relay still counts against its
+    sandbox's pids limit (the service learns its status from the relay itself)."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -219,7 +267,8 @@ def _reap() -> None:
             return
 
 
-def main() -> None:
+def main(fd: int) -> None:
+    """The spawner process: `fd` is its end of the service's socketpair."""
     import ctypes
     import signal
 
@@ -230,10 +279,6 @@ def main() -> None:
         sys.exit(0)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # the service decides; its end of the socket ends this
-    fd = int(sys.argv[1])
+    signal.signal(signal.SIGCHLD, _reap)  # each relay as it ends (the relay resets this at once)
     with socket.socket(fileno=fd) as sock:
         serve(sock)
-
-
-if __name__ == "__main__":
-    main()
