@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +34,7 @@ import psutil
 import pytest
 
 from sandboxer.host.registry import new_id
-from tests.conftest import Result
+from tests.conftest import Result, make_repository
 from tests.integration.conftest import PROFILE, UNPRIVILEGED_UID, SandboxBroker, backend_profile_text
 
 ID_RE = re.compile(r"[0-9a-f]{24}")
@@ -288,12 +288,24 @@ def test_runtime_digest_mismatch_is_refused(sbx: SandboxBroker) -> None:
     refused(sb, "create", "--profile", sb.profile, status=3, needles=["config.runtime.sha256", str(runtime)])
 
 
+def _approved_then_changed(sb: SandboxBroker, name: str, repository: Path, change: Callable[[], None]) -> Path:
+    """A profile approved while its repository was fine, which then changes under it (approval
+    checks the repository too: ext approve refuses one that is not fit from the start)."""
+    path = sb.write_profile(name, backend_profile_text(sb, name, repository))
+    approve(sb, name)
+    change()
+    return path
+
+
 def test_workspace_repository_that_is_not_a_repository(sbx: SandboxBroker) -> None:
     sb = sbx
     empty = sb.root / "not-a-repo"
     empty.mkdir(mode=0o755)
-    path = sb.write_profile("nogit", backend_profile_text(sb, "nogit", empty))
-    approve(sb, "nogit")
+    sb.write_profile("nogit", backend_profile_text(sb, "nogit", empty))
+    refusal = sb.run("ext", "approve", "nogit")
+    assert (refusal.status, "workspace.repository: not a Git repository" in refusal.stderr) == (2, True)
+    gone = make_repository(sb.root / "was-a-repo", {"README.md": b"x\n"})
+    path = _approved_then_changed(sb, "nogit", gone, lambda: shutil.rmtree(gone / ".git"))
     refused(
         sb,
         "create",
@@ -307,10 +319,8 @@ def test_workspace_repository_that_is_not_a_repository(sbx: SandboxBroker) -> No
 def test_workspace_repository_inside_a_repository_is_not_a_repository(sbx: SandboxBroker) -> None:
     """A directory inside a Git work tree is not a repository either: invalid input (2), not a backend failure."""
     sb = sbx
-    inner = sb.repo / "docs"
-    inner.mkdir(mode=0o755)
-    path = sb.write_profile("inner", backend_profile_text(sb, "inner", inner))
-    approve(sb, "inner")
+    inner = make_repository(sb.repo / "docs", {"README.md": b"inner\n"})  # a repository of its own, at first
+    path = _approved_then_changed(sb, "inner", inner, lambda: shutil.rmtree(inner / ".git"))
     refused(
         sb,
         "create",
@@ -324,8 +334,14 @@ def test_workspace_repository_inside_a_repository_is_not_a_repository(sbx: Sandb
 def test_workspace_ref_that_does_not_exist(sbx: SandboxBroker) -> None:
     sb = sbx
     text = backend_profile_text(sb, "badref", sb.repo).replace("ref: main", "ref: no-such-branch")
-    path = sb.write_profile("badref", text)
+    sb.write_profile("badref", text)
+    refusal = sb.run("ext", "approve", "badref")
+    assert (refusal.status, "workspace.ref: not in the repository" in refusal.stderr) == (2, True)
+    path = sb.write_profile("badref", backend_profile_text(sb, "badref", sb.repo).replace("ref: main", "ref: gone"))
+    git = ["git", "-C", str(sb.repo)]
+    subprocess.run([*git, "branch", "gone"], check=True, capture_output=True)
     approve(sb, "badref")
+    subprocess.run([*git, "branch", "-D", "gone"], check=True, capture_output=True)
     refused(sb, "create", "--profile", "badref", status=2, needles=["workspace.ref", str(path)])
 
 

@@ -4,14 +4,28 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Broker, make_runtime
+from tests.conftest import Broker, make_repository, make_runtime
 from tests.samples import profile_yaml
+
+# A real repository with main: ext approve checks that a profile's repository has its ref.
+REPOSITORY = "/tmp/sandboxer-owner-cli-repository"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _repository() -> Iterator[None]:
+    shutil.rmtree(REPOSITORY, ignore_errors=True)
+    make_repository(Path(REPOSITORY), {"README.md": b"owner tests\n"})
+    subprocess.run(["git", "-C", REPOSITORY, "branch", "mair"], check=True)  # a ref one byte from main
+    yield
+    shutil.rmtree(REPOSITORY, ignore_errors=True)
 
 
 def ext_config(runtime: Path, digest: str) -> str:
@@ -25,7 +39,7 @@ def statuses(broker: Broker) -> dict[str, str]:
 
 
 def test_check_prints_normalized_meaning(broker: Broker) -> None:
-    path = broker.write("profiles/dev.yaml", profile_yaml("dev"))
+    path = broker.write("profiles/dev.yaml", profile_yaml("dev", REPOSITORY))
     result = broker.run("ext", "check", str(path), "--json")
     assert result.status == 0, result.stderr
     document = result.json()
@@ -41,11 +55,11 @@ def test_check_prints_normalized_meaning(broker: Broker) -> None:
     }
     assert document["security"] == {"allow_ptrace": False}
     assert document["workspace"]["git"] == {"user": {"name": "Sandbox", "email": "sandbox@localhost"}}
-    assert document["exec"] == {"caller_env": []}
+    assert document["exec"] == {"caller_env": [], "env": {}}
 
 
 def test_check_reports_bad_file_in_one_line_with_status_2(broker: Broker) -> None:
-    path = broker.write("profiles/dev.yaml", profile_yaml("dev") + "colour: red\n")
+    path = broker.write("profiles/dev.yaml", profile_yaml("dev", REPOSITORY) + "colour: red\n")
     result = broker.run("ext", "check", str(path))
     assert result.status == 2
     assert result.stderr == f"sandboxer: {path}:11:1: colour: unknown key\n"
@@ -53,7 +67,7 @@ def test_check_reports_bad_file_in_one_line_with_status_2(broker: Broker) -> Non
 
 
 def test_check_json_error_object(broker: Broker) -> None:
-    path = broker.write("profiles/dev.yaml", profile_yaml("dev").replace("ref: main", "ref: 7"))
+    path = broker.write("profiles/dev.yaml", profile_yaml("dev", REPOSITORY).replace("ref: main", "ref: 7"))
     result = broker.run("ext", "check", str(path), "--json")
     assert result.status == 2
     assert result.json() == {"error": {"kind": "config", "message": f"{path}:5:8: workspace.ref: must be a string"}}
@@ -61,7 +75,9 @@ def test_check_json_error_object(broker: Broker) -> None:
 
 def test_check_forbidden_setting_exits_3_without_the_secret(broker: Broker) -> None:
     canary = "sk-canary-4f1d2e9a77"
-    path = broker.write("profiles/dev.yaml", profile_yaml("dev").replace("secrets: []", f"secrets: [{canary}]"))
+    path = broker.write(
+        "profiles/dev.yaml", profile_yaml("dev", REPOSITORY).replace("secrets: []", f"secrets: [{canary}]")
+    )
     result = broker.run("ext", "check", str(path))
     assert result.status == 3
     assert "setup.secrets: must be empty for ext.bwrap" in result.stderr
@@ -69,7 +85,7 @@ def test_check_forbidden_setting_exits_3_without_the_secret(broker: Broker) -> N
 
 
 def test_approval_lifecycle(broker: Broker) -> None:
-    path = broker.write("profiles/dev.yaml", profile_yaml("dev"))
+    path = broker.write("profiles/dev.yaml", profile_yaml("dev", REPOSITORY))
     assert statuses(broker) == {"dev": "unapproved"}
 
     approved = broker.run("ext", "approve", "dev", "--json")
@@ -92,14 +108,14 @@ def test_approval_lifecycle(broker: Broker) -> None:
 
 
 def test_ledger_is_owner_only(broker: Broker) -> None:
-    broker.write("profiles/dev.yaml", profile_yaml("dev"))
+    broker.write("profiles/dev.yaml", profile_yaml("dev", REPOSITORY))
     assert broker.run("ext", "approve", "dev").status == 0
     ledger = broker.config / "approvals.json"
     assert ledger.stat().st_mode & 0o777 == 0o600
 
 
 def test_deleted_file_with_lingering_approval_is_listed(broker: Broker) -> None:
-    path = broker.write("profiles/dev.yaml", profile_yaml("dev"))
+    path = broker.write("profiles/dev.yaml", profile_yaml("dev", REPOSITORY))
     assert broker.run("ext", "approve", "dev").status == 0
     path.unlink()
     entries = broker.run("ext", "list", "--json").json()["entries"]
@@ -119,7 +135,7 @@ def test_deleted_file_with_lingering_approval_is_listed(broker: Broker) -> None:
 
 
 def test_list_says_why_a_file_is_not_valid(broker: Broker) -> None:
-    broker.write("profiles/dev.yaml", profile_yaml("dev") + "limits:\n  memory_mb: 512\n")
+    broker.write("profiles/dev.yaml", profile_yaml("dev", REPOSITORY) + "limits:\n  memory_mb: 512\n")
     listed = broker.run("ext", "list")
     assert listed.status == 0, listed.stderr
     table, reasons = listed.stdout.split("\n\n")
@@ -129,7 +145,7 @@ def test_list_says_why_a_file_is_not_valid(broker: Broker) -> None:
 
 
 def test_invalid_file_cannot_be_approved_and_ledger_is_untouched(broker: Broker) -> None:
-    broker.write("profiles/dev.yaml", profile_yaml("dev") + "extra: 1\n")
+    broker.write("profiles/dev.yaml", profile_yaml("dev", REPOSITORY) + "extra: 1\n")
     result = broker.run("ext", "approve", "dev")
     assert result.status == 2
     assert "extra: unknown key" in result.stderr
@@ -137,7 +153,7 @@ def test_invalid_file_cannot_be_approved_and_ledger_is_untouched(broker: Broker)
 
 
 def test_forbidden_profile_cannot_be_approved(broker: Broker) -> None:
-    broker.write("profiles/dev.yaml", profile_yaml("dev").replace("default: deny", "default: allow"))
+    broker.write("profiles/dev.yaml", profile_yaml("dev", REPOSITORY).replace("default: deny", "default: allow"))
     assert broker.run("ext", "approve", "dev").status == 3
     assert not (broker.config / "approvals.json").exists()
 
@@ -164,7 +180,7 @@ def test_missing_file_is_a_usage_error(broker: Broker) -> None:
 
 
 def test_ledger_not_owner_only_is_refused_not_reset(broker: Broker) -> None:
-    broker.write("profiles/dev.yaml", profile_yaml("dev"))
+    broker.write("profiles/dev.yaml", profile_yaml("dev", REPOSITORY))
     assert broker.run("ext", "approve", "dev").status == 0
     ledger = broker.config / "approvals.json"
     ledger.chmod(0o644)
@@ -181,7 +197,7 @@ def test_ledger_not_owner_only_is_refused_not_reset(broker: Broker) -> None:
     [b"{not json", b"[]", b'{"format": 1}', b'{"format": 2, "approvals": {}}', b'{"format": 1, "approvals": {"x": 1}}'],
 )
 def test_malformed_ledger_is_refused_not_reset(broker: Broker, content: bytes) -> None:
-    broker.write("profiles/dev.yaml", profile_yaml("dev"))
+    broker.write("profiles/dev.yaml", profile_yaml("dev", REPOSITORY))
     ledger = broker.config / "approvals.json"
     ledger.write_bytes(content)
     ledger.chmod(0o600)
@@ -203,7 +219,7 @@ def test_ledger_symlink_is_refused(broker: Broker, tmp_path: Path) -> None:
 
 
 def test_group_writable_config_dir_is_refused_for_changes(broker: Broker) -> None:
-    broker.write("profiles/dev.yaml", profile_yaml("dev"))
+    broker.write("profiles/dev.yaml", profile_yaml("dev", REPOSITORY))
     broker.config.chmod(0o770)
     result = broker.run("ext", "approve", "dev")
     assert result.status == 3
@@ -214,7 +230,7 @@ def test_group_writable_config_dir_is_refused_for_changes(broker: Broker) -> Non
 def test_concurrent_approvals_lose_no_entry(broker: Broker) -> None:
     names = [f"p{i}" for i in range(12)]
     for name in names:
-        broker.write(f"profiles/{name}.yaml", profile_yaml(name))
+        broker.write(f"profiles/{name}.yaml", profile_yaml(name, REPOSITORY))
     base = [sys.executable, "-m", "sandboxer", "--config-dir", str(broker.config), "--state-dir", str(broker.state)]
     env = {"PATH": os.environ["PATH"]}
     procs = [subprocess.Popen([*base, "ext", "approve", name], env=env) for name in names]
