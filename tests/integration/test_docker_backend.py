@@ -166,12 +166,18 @@ def test_a_container_altered_outside_the_broker_fails_verification(db: SandboxBr
     assert "capabilities are not all dropped" in problems
 
 
-def test_missing_image_is_an_error_naming_it(db: SandboxBroker, runtime_dir: Path) -> None:
-    absent = "sha256:" + "0" * 64
+def test_missing_image_is_an_error_naming_it(db: SandboxBroker, runtime_dir: Path, tmp_path: Path) -> None:
+    """An image gone after its config was approved (approval refuses one that is not there)."""
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "marker").write_text(f"{tmp_path}\n")  # an image of its own, to remove
+    packed = subprocess.run(["tar", "-C", str(tmp_path / "tree"), "-c", "."], capture_output=True, check=True)
+    imported = subprocess.run(["docker", "import", "-"], input=packed.stdout, capture_output=True, check=True)
+    absent = imported.stdout.decode().strip()
     text = (db.config / "extensions" / "ext.docker.yaml").read_text()
     image_line = next(line for line in text.splitlines() if "image:" in line)
     (db.config / "extensions" / "ext.docker.yaml").write_text(text.replace(image_line, f'  image: "{absent}"'))
     assert db.run("ext", "approve", "ext.docker").status == 0
+    subprocess.run(["docker", "rmi", "-f", absent], capture_output=True, check=True)
     result = db.run("create", "--profile", PROFILE)
     assert result.status == 5
     assert absent in result.stderr
