@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from sandboxer.backends.bwrap import joiner
@@ -59,12 +60,10 @@ class Spawner:
     """The service's side: starts the spawner process and hands it execs to start."""
 
     def __init__(self) -> None:
-        import sandboxer
-
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # -I: none of the service's PYTHON* variables, no user site; the package from where the
         # service has it (installed, or a checkout on PYTHONPATH).
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(sandboxer.__file__)))
+        package_root = str(Path(__file__).resolve().parents[3])  # above sandboxer/backends/bwrap/
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-I", "-c", _BOOTSTRAP, package_root, str(theirs.fileno())],
