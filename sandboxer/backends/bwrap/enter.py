@@ -18,7 +18,7 @@ from sandboxer.host.stdio import CALLER_GONE, CANCEL_POLL, TIMED_OUT, CallerStdi
 from sandboxer.host.terminal import caller_size, caller_terminal, set_size
 
 if TYPE_CHECKING:
-    from sandboxer.backends.bwrap import joiner
+    from sandboxer.backends.bwrap.started import Started
     from sandboxer.core.record_exec import ExecView
 
 
@@ -170,7 +170,7 @@ class _SignalForwarder:
 
 
 def _wait(
-    started: joiner.Started,
+    started: Started,
     timeout: float | None,
     exec_group: str | None,
     pumps: Pumps,
@@ -231,7 +231,7 @@ def _wait(
     return TIMED_OUT if watchdog.fired else status
 
 
-def _finish_pumps(pumps: Pumps, started: joiner.Started) -> None:
+def _finish_pumps(pumps: Pumps, started: Started) -> None:
     """The output written before the command ended; should that fail, the relay is still waited
     for (a zombie, or a spawner's status pipe, is never left behind)."""
     try:

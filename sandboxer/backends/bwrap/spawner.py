@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from sandboxer.backends.bwrap import joiner
+from sandboxer.backends.bwrap.started import Started
 from sandboxer.errors import EntryError
 from sandboxer.host.fsutil import receive_fds
 
@@ -83,7 +84,7 @@ class Spawner:
         self.socket = ours
         self._lock = threading.Lock()
 
-    def start(self, entry: joiner.Entry, *, stdin: int, stdout: int, stderr: int) -> joiner.Started:
+    def start(self, entry: joiner.Entry, *, stdin: int, stdout: int, stderr: int) -> Started:
         """joiner.start, with A forked by the spawner; EntryError as there. OSError when the
         spawner did not answer (gone, or stalled past ANSWER_SECONDS: it is killed then)."""
         opened: list[int] = []
@@ -117,7 +118,7 @@ class Spawner:
             for fd in opened:
                 os.close(fd)
             raise
-        return joiner.Started(relay_pid=relay, command_pid=command_pid, status_fd=status_r)
+        return Started(relay_pid=relay, command_pid=command_pid, status_fd=status_r)
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -164,7 +165,7 @@ def deactivate() -> None:
             _active.pop().close()
 
 
-def start(entry: joiner.Entry, *, stdin: int, stdout: int, stderr: int) -> joiner.Started:
+def start(entry: joiner.Entry, *, stdin: int, stdout: int, stderr: int) -> Started:
     """Start an exec: through the active spawner (a new one if it died), or from this process
     when there is none (an exec in-process), or when spawners keep dying at once. A spawner that
     goes away in the middle of a request fails that exec (EntryError, 125): whether it had
