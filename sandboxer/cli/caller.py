@@ -17,6 +17,7 @@ from typer._click.exceptions import BadOptionUsage, NoSuchOption
 from typer._click.exceptions import UsageError as ClickUsageError
 from typer.core import TyperCommand
 
+from sandboxer.cli.files import deliver, sandbox_of, sandbox_path
 from sandboxer.cli.options import (
     MANIFEST_PATHS,
     JsonOption,
@@ -167,7 +168,6 @@ def exec_(
     """
     from sandboxer.commands.execute import execute
     from sandboxer.host.stdio import CallerStdio, Control
-    from sandboxer.invocation import current
 
     options = {"id": sandbox_id}
     for name, value in (("cwd", cwd), ("consumer", consumer), ("executable", executable), ("timeout", timeout)):
@@ -301,7 +301,7 @@ def export(
     dirs = dirs_of(ctx)
     made = prepare(dirs, sandbox_id, "bundle" if fmt == "bundle" else "patch" if fmt == "patch" else "tar")
     try:
-        _deliver(made, f"--{fmt}", destination)
+        deliver(made, f"--{fmt}", destination)
     except BaseException:
         from sandboxer.commands.export import discard_quarantine
 
@@ -313,30 +313,6 @@ def export(
     print_result(summary, f"exported {what} of {sandbox_id} to {destination}", json)
 
 
-def _deliver(made: Any, option: str, destination: str) -> None:
-    """Write a verified export where the caller asked: to the descriptor its client opened with
-    its own rights, or (in-process, or for the service's own account) at the path itself."""
-    import os
-
-    from sandboxer.commands.export_delivery import deliver_to_directory, deliver_to_file, deliver_to_path
-
-    opened = current().files.get(destination)
-    if opened is None:
-        deliver_to_path(made, caller_path(destination, option))
-        return
-    if opened.fd is None:
-        raise UsageError(f"export: {destination}: cannot be created ({os.strerror(opened.errno)})")
-    if made.format != "patch":
-        deliver_to_file(made, opened.fd, destination)
-        return
-    rules = access()
-    peer = rules.peer if rules is not None else None
-    if peer is not None and peer.uid != os.geteuid() and os.fstat(opened.fd).st_uid != peer.uid:
-        raise UsageError(f"export: {destination}: must be a directory of the caller's own")
-    owner = (peer.uid, peer.gid) if peer is not None and os.geteuid() == 0 and peer.uid != 0 else None
-    deliver_to_directory(made, opened.fd, destination, owner=owner)
-
-
 @app.command("cp")
 def cp(
     ctx: typer.Context,
@@ -346,60 +322,18 @@ def cp(
     """Copy a file or directory into a sandbox (DST is ID:/path) or out of one (SRC is ID:/path,
     DST a local path that does not exist yet): tar streams over the sandbox's exec, as the API's
     put and get. Runs in the caller's own process, with its rights on the local files."""
-    inside = [(end, _sandbox_path(value)) for end, value in (("source", source), ("destination", destination))]
+    inside = [(end, sandbox_path(value)) for end, value in (("source", source), ("destination", destination))]
     remote = [(end, found) for end, found in inside if found is not None]
     if len(remote) != 1:
         raise UsageError("cp: exactly one of SRC and DST must be ID:/path (a sandbox id, a colon, an absolute path)")
     end, (sandbox_id, path) = remote[0]
     if access() is not None:
         raise UsageError("cp runs in the caller's own process, never as a service's command")
-    sandbox = _sandbox_of(dirs_of(ctx), sandbox_id)
+    sandbox = sandbox_of(dirs_of(ctx), sandbox_id)
     if end == "destination":
         sandbox.put(source, path)
     else:
         sandbox.get(path, destination)
-
-
-def _sandbox_path(value: str) -> tuple[str, str] | None:
-    """(id, path) of `ID:/path`, else None (a local path)."""
-    from sandboxer.host.registry import ID_PATTERN
-
-    sandbox_id, colon, path = value.partition(":")
-    if colon and ID_PATTERN.fullmatch(sandbox_id) and path.startswith("/"):
-        return sandbox_id, path
-    return None
-
-
-def _sandbox_of(dirs: Any, sandbox_id: str) -> Any:
-    """The sandbox through the service that answers for the state dir (as sandboxer.Client; only
-    a service of root or of this account), else through the embedded broker."""
-    import os
-
-    from sandboxer.dirs import Untrusted, connect, service_socket
-
-    if os.environ.get("SANDBOXER_NO_SERVICE") != "1":
-        path = service_socket(dirs, os.environ)
-        try:
-            probe = connect(path)
-        except Untrusted as exc:
-            raise UsageError(f"cp: {exc}; refused") from None
-        if probe is None and os.environ.get("SANDBOXER_SOCKET"):  # as the sandboxer command says it (125)
-            sys.stderr.write(
-                f"sandboxer: no service answers on {path} (SANDBOXER_SOCKET); "
-                "unset it, or set SANDBOXER_NO_SERVICE=1 to run in-process\n"
-            )
-            raise typer.Exit(125)
-        if probe is not None:
-            probe.close()
-            from sandboxer.client import Client
-
-            client = Client(path)
-            if sandbox_id not in {info.id for info in client.list()}:  # as Broker.sandbox says it
-                raise NotFoundError(f"no such sandbox: {sandbox_id}")
-            return client.sandbox(sandbox_id)
-    from sandboxer.api import Broker
-
-    return Broker(config_dir=dirs.config, state_dir=dirs.state).sandbox(sandbox_id)
 
 
 @app.command("gc")

@@ -1,0 +1,84 @@
+"""What the caller's file commands need besides their options (sandboxer.cli.caller): where an
+export is written — the descriptors a CLI client opened with the caller's rights, or a path —
+and how `cp` reaches a sandbox from the caller's own process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING
+
+import typer
+
+from sandboxer.cli.options import access, caller_path
+from sandboxer.errors import NotFoundError, UsageError
+from sandboxer.invocation import current
+
+if TYPE_CHECKING:
+    from sandboxer.api import Sandbox
+    from sandboxer.client import ClientSandbox
+    from sandboxer.commands.export import Export
+    from sandboxer.dirs import Dirs
+
+
+def deliver(made: Export, option: str, destination: str) -> None:
+    """Write a verified export where the caller asked: to the descriptor its client opened with
+    its own rights, or (in-process, or for the service's own account) at the path itself."""
+    from sandboxer.commands.export_delivery import deliver_to_directory, deliver_to_file, deliver_to_path
+
+    opened = current().files.get(destination)
+    if opened is None:
+        deliver_to_path(made, caller_path(destination, option))
+        return
+    if opened.fd is None:
+        raise UsageError(f"export: {destination}: cannot be created ({os.strerror(opened.errno)})")
+    if made.format != "patch":
+        deliver_to_file(made, opened.fd, destination)
+        return
+    rules = access()
+    peer = rules.peer if rules is not None else None
+    if peer is not None and peer.uid != os.geteuid() and os.fstat(opened.fd).st_uid != peer.uid:
+        raise UsageError(f"export: {destination}: must be a directory of the caller's own")
+    owner = (peer.uid, peer.gid) if peer is not None and os.geteuid() == 0 and peer.uid != 0 else None
+    deliver_to_directory(made, opened.fd, destination, owner=owner)
+
+
+def sandbox_path(value: str) -> tuple[str, str] | None:
+    """(id, path) of `ID:/path`, else None (a local path)."""
+    from sandboxer.host.registry import ID_PATTERN
+
+    sandbox_id, colon, path = value.partition(":")
+    if colon and ID_PATTERN.fullmatch(sandbox_id) and path.startswith("/"):
+        return sandbox_id, path
+    return None
+
+
+def sandbox_of(dirs: Dirs, sandbox_id: str) -> Sandbox | ClientSandbox:
+    """The sandbox through the service that answers for the state dir (as sandboxer.Client; only
+    a service of root or of this account), else through the embedded broker."""
+    from sandboxer.dirs import Untrusted, connect, service_socket
+
+    if os.environ.get("SANDBOXER_NO_SERVICE") != "1":
+        path = service_socket(dirs, os.environ)
+        try:
+            probe = connect(path)
+        except Untrusted as exc:
+            raise UsageError(f"cp: {exc}; refused") from None
+        if probe is None and os.environ.get("SANDBOXER_SOCKET"):  # as the sandboxer command says it (125)
+            sys.stderr.write(
+                f"sandboxer: no service answers on {path} (SANDBOXER_SOCKET); "
+                "unset it, or set SANDBOXER_NO_SERVICE=1 to run in-process\n"
+            )
+            raise typer.Exit(125)
+        if probe is not None:
+            probe.close()
+            from sandboxer.client import Client
+
+            client = Client(path)
+            if sandbox_id not in {info.id for info in client.list()}:  # as Broker.sandbox says it
+                raise NotFoundError(f"no such sandbox: {sandbox_id}")
+            return client.sandbox(sandbox_id)
+    from sandboxer.api import Broker
+
+    return Broker(config_dir=dirs.config, state_dir=dirs.state).sandbox(sandbox_id)
