@@ -43,6 +43,7 @@ from sandboxer.verbs import InputChunks, SandboxBase, Stdin
 
 __all__ = ["Client", "ClientExecStream", "ClientOwner", "ClientSandbox"]
 
+INLINE_BODY = 64 * 1024  # an exec body this small is sent without a thread (a Unix socket buffers more)
 DISPATCH_MARGIN = 60.0  # seconds a dispatch may take past its wait: the relay to its endpoint (40 at most)
 
 
@@ -350,7 +351,8 @@ class _Body:
     """An exec's request body, sent on a thread of its own while the answer is read: its options
     line, then its stdin — bytes with a Content-Length, or a binary file's chunks as they come
     (chunked transfer encoding). A closed connection ends it; a file that cannot be read ends it
-    early (the command reads its end) and its failure is raised after the exec."""
+    early (the command reads its end) and its failure is raised after the exec. A body of at
+    most INLINE_BODY bytes is sent at once instead: a Unix socket's buffer holds it whole."""
 
     def __init__(self, options: bytes, stdin: Stdin) -> None:
         self._options = options
@@ -364,6 +366,9 @@ class _Body:
         return "Transfer-Encoding", "chunked"  # a stream of unknown length
 
     def start(self, sock: socketlib.socket) -> None:
+        if self._data is not None and len(self._options) + len(self._data) <= INLINE_BODY:
+            self._send(sock)  # the socket's buffer takes it all at once: no thread needed
+            return
         self._thread = threading.Thread(target=self._send, args=(sock,), daemon=True)
         self._thread.start()
 

@@ -30,7 +30,8 @@ from typing import Any, TextIO
 
 from sandboxer.dirs import Dirs
 from sandboxer.errors import UsageError
-from sandboxer.host.fsutil import CallerFile, receive_fds
+from sandboxer.host.fdpass import receive_fds
+from sandboxer.host.fsutil import CallerFile
 from sandboxer.host.registry import ID_PATTERN
 from sandboxer.invocation import Invocation, running
 from sandboxer.service.access import Access, Refused, admit

@@ -49,7 +49,7 @@ def test_descriptors_received_are_close_on_exec_from_the_start() -> None:
     flags): a descriptor a client passes is never inherited by what the service starts."""
     import socket
 
-    from sandboxer.host.fsutil import receive_fds
+    from sandboxer.host.fdpass import receive_fds
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     read_end, write_end = os.pipe()

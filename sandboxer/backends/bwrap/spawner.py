@@ -39,20 +39,17 @@ from pathlib import Path
 from typing import Any
 
 from sandboxer.backends.bwrap import joiner
+from sandboxer.backends.bwrap.spawner_process import ENTRY_FIELDS, MAX_REQUEST
 from sandboxer.backends.bwrap.started import Started
 from sandboxer.errors import EntryError
-from sandboxer.host.fsutil import receive_fds
 
-FDS = 6  # the request (a sealed memfd), stdin, stdout, stderr, the report and the status pipe's write ends
-MAX_REQUEST = 16 * 1024 * 1024  # an Entry: argv and environment, as large as exec's command line
 ANSWER_SECONDS = 10.0  # a spawner that does not answer a request in this time is replaced
 FAILED_STARTS = 3  # spawners that die at once before the service forks its execs itself again
-_ENTRY_FIELDS = joiner.Entry.__slots__
 log = logging.getLogger("sandboxer.service")
 _BOOTSTRAP = (
     "import sys\n"
     "sys.path.insert(0, sys.argv[1])\n"
-    "from sandboxer.backends.bwrap.spawner import main\n"
+    "from sandboxer.backends.bwrap.spawner_process import main\n"
     "main(int(sys.argv[2]))\n"
 )
 
@@ -191,94 +188,6 @@ def start(entry: joiner.Entry, *, stdin: int, stdout: int, stderr: int) -> Start
 
 
 def _plain(entry: joiner.Entry) -> dict[str, Any]:
-    plain = {name: getattr(entry, name) for name in _ENTRY_FIELDS}
+    plain = {name: getattr(entry, name) for name in ENTRY_FIELDS}
     plain["seccomp"] = None if entry.seccomp is None else entry.seccomp.hex()
     return plain
-
-
-def _entry(plain: dict[str, Any]) -> joiner.Entry:
-    if set(plain) != set(_ENTRY_FIELDS):
-        raise ValueError("an entry has other fields")
-    seccomp = plain["seccomp"]
-    return joiner.Entry(
-        holder_pid=int(plain["holder_pid"]),
-        host_uid=int(plain["host_uid"]),
-        host_gid=int(plain["host_gid"]),
-        cwd=str(plain["cwd"]),
-        argv=[str(arg) for arg in plain["argv"]],
-        executable=None if plain["executable"] is None else str(plain["executable"]),
-        env={str(k): str(v) for k, v in plain["env"].items()},
-        cgroup_procs=tuple(str(path) for path in plain["cgroup_procs"]),
-        rlimits=tuple((int(which), int(limit)) for which, limit in plain["rlimits"]),
-        seccomp=None if seccomp is None else bytes.fromhex(seccomp),
-        keyring=str(plain["keyring"]),
-        holder_start=None if plain["holder_start"] is None else int(plain["holder_start"]),
-        tty=bool(plain["tty"]),
-    )
-
-
-# The spawner process.
-
-
-def serve(sock: socket.socket) -> None:
-    """Start each exec the service asks for, until the service's end of `sock` closes."""
-    while True:
-        data, fds, flags = receive_fds(sock, 16, FDS)
-        if not data:
-            return
-        try:
-            if flags & socket.MSG_CTRUNC or len(fds) != FDS:
-                answer: dict[str, Any] = {"error": [125, "the spawner got a request without its descriptors"]}
-            else:
-                answer = _start(fds)
-        finally:
-            for fd in fds:
-                os.close(fd)
-        sock.send(json.dumps(answer).encode())
-
-
-def _start(fds: list[int]) -> dict[str, Any]:
-    """Fork A for one request: the answer."""
-    request, stdin, stdout, stderr, report, status = fds
-    try:
-        size = os.fstat(request).st_size
-        if size > MAX_REQUEST:
-            raise ValueError("the request is too large")
-        data = b""
-        while len(data) < size and (chunk := os.pread(request, size - len(data), len(data))):
-            data += chunk
-        entry = _entry(json.loads(data)["entry"])
-        return {"relay": joiner.fork_relay(entry, (stdin, stdout, stderr), report, status)}
-    except EntryError as exc:
-        return {"error": [exc.status, exc.message]}
-    except (ValueError, KeyError, TypeError, OSError) as exc:
-        return {"error": [125, f"the spawner refused the request ({type(exc).__name__})"]}
-
-
-def _reap(_signum: int = 0, _frame: object = None) -> None:
-    """Wait for every relay that ended, at once: an unreaped relay still counts against its
-    sandbox's pids limit (the service learns its status from the relay itself)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
-def main(fd: int) -> None:
-    """The spawner process: `fd` is its end of the service's socketpair."""
-    import ctypes
-    import signal
-
-    parent = os.getppid()
-    # Dies with the service; a service gone before this was armed is seen just after.
-    ctypes.CDLL(None, use_errno=True).prctl(1, ctypes.c_ulong(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        sys.exit(0)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_IGN)  # the service decides; its end of the socket ends this
-    signal.signal(signal.SIGCHLD, _reap)  # each relay as it ends (the relay resets this at once)
-    with socket.socket(fileno=fd) as sock:
-        serve(sock)
