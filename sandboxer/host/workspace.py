@@ -152,13 +152,11 @@ def clone(
             home=home,
             bound=bound,
             profile_file=profile_file,
+            identity=identity,
         )
         # Before any sandbox code runs in it: no remote, no "clone: from <path>" reflog entry.
         if _git(["remote", "remove", "origin"], home=home, cwd=destination).returncode != 0:
             raise BackendError(f"{profile_file}: workspace.repository: the clone's remote cannot be removed")
-        for key, value in zip(("user.name", "user.email"), identity, strict=True):
-            if _git(["config", key, value], home=home, cwd=destination).returncode != 0:
-                raise BackendError(f"{profile_file}: workspace.git.user: the clone's {key} cannot be set")
         # The reflogs are files of their own (git's "files" ref store): a fresh clone's hold only
         # that entry, and the sandbox's git starts new ones.
         logs = os.path.join(destination, ".git", "logs")
@@ -250,11 +248,23 @@ def _home(path: str, repository: str) -> Iterator[str]:
         remove_tree(path)
 
 
-def _fetch(*, repository: str, checkout: Checkout, destination: str, home: str, bound: bool, profile_file: str) -> None:
-    """The clone itself, checked out at the ref (on the branch if given)."""
+def _fetch(
+    *,
+    repository: str,
+    checkout: Checkout,
+    destination: str,
+    home: str,
+    bound: bool,
+    profile_file: str,
+    identity: tuple[str, str],
+) -> None:
+    """The clone itself, checked out at the ref (on the branch if given), with the commit
+    `identity` (name, email) in its config."""
     ref, branch, ref_field = checkout.ref, checkout.branch, checkout.ref_field
     # The common case, a branch or tag, is one git process; a commit id takes a second step.
+    name, email = identity
     clone_args = ["clone", "--quiet", "--no-local", "--template="]
+    clone_args += ["--config", f"user.name={name}", "--config", f"user.email={email}"]  # the new clone's own
     if branch is None:
         fast = _git([*clone_args, "--branch", ref, "--", repository, destination], home=home)
         if fast.returncode == 0:
