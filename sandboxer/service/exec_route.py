@@ -41,19 +41,64 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
 
     response = web.StreamResponse(headers={"Content-Type": frames.CONTENT_TYPE})
     await response.prepare(request)
-    loop = asyncio.get_running_loop()
-    # A few frames in flight: a client slower than the command holds the command up, never the
-    # service's memory.
-    chunks: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=OUTPUT_FRAMES)
-    gone = threading.Event()  # the client went away (or the service stops): the exec is killed
+    output = _Output(asyncio.get_running_loop())
     running: set[threading.Event] = request.app[EXECS]
-    running.add(gone)
+    running.add(output.gone)
+    stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
+    feeding = asyncio.create_task(_feed(request, rest, stdin_w))
 
-    def put(item: bytes | None) -> None:
+    def run() -> None:
+        result: dict[str, Any] = {"error": error_document(ExecError("exec: the service could not run it"))}
+        try:
+            status = _execute(
+                request.app[DIRS],
+                cli_options,
+                argv,
+                stdin_r,
+                output.sink,
+                cancelled=output.gone.is_set,
+                exec_env=exec_env,
+            )
+            result = {"status": status}
+        except SandboxerError as exc:
+            result = {"error": error_document(exc)}
+        finally:
+            os.close(stdin_r)  # input the command never read is refused from now on
+            output.put(result)  # the end frame goes out as soon as the loop has it
+
+    done = output.loop.run_in_executor(request.app[WORKERS], run)  # as long as the command runs
+    try:
+        result = await output.relay(request, response)
+        request["exit_status"] = result.get("status", result.get("error", {}).get("status"))
+        if not output.gone.is_set():
+            await response.write(frames.end(result))
+            await response.write_eof()
+    except BaseException:  # the request was cancelled: the exec ends too
+        output.gone.set()
+        feeding.cancel()
+        raise
+    finally:
+        running.discard(output.gone)
+    await done
+    await feeding
+    return response
+
+
+class _Output:
+    """An exec's way to its client: output frames queued by the exec's thread, then its result
+    (the end frame's document) as the last item; written out by the event loop. A few frames in
+    flight: a client slower than the command holds the command up, never the service's memory."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.chunks: asyncio.Queue[bytes | dict[str, Any]] = asyncio.Queue(maxsize=OUTPUT_FRAMES)
+        self.gone = threading.Event()  # the client went away (or the service stops): the exec is killed
+
+    def put(self, item: bytes | dict[str, Any]) -> None:
         """Queue output for the client (from the exec's thread), waiting while the queue is full —
         until the client goes away or the request ends."""
-        future = asyncio.run_coroutine_threadsafe(chunks.put(item), loop)
-        while not gone.is_set():
+        future = asyncio.run_coroutine_threadsafe(self.chunks.put(item), self.loop)
+        while not self.gone.is_set():
             try:
                 future.result(timeout=CANCEL_POLL)
                 return
@@ -61,61 +106,26 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
                 continue
         future.cancel()
 
-    def sink(stream: str, chunk: bytes) -> None:
-        put(frames.frame(frames.STDOUT if stream == "stdout" else frames.STDERR, chunk))
+    def sink(self, stream: str, chunk: bytes) -> None:
+        self.put(frames.frame(frames.STDOUT if stream == "stdout" else frames.STDERR, chunk))
 
-    stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
-    feeding = asyncio.create_task(_feed(request, rest, stdin_w))
-
-    def run() -> dict[str, Any]:
-        try:
-            status = _execute(
-                request.app[DIRS], cli_options, argv, stdin_r, sink, cancelled=gone.is_set, exec_env=exec_env
-            )
-            return {"status": status}
-        except SandboxerError as exc:
-            return {"error": error_document(exc)}
-        finally:
-            os.close(stdin_r)  # input the command never read is refused from now on
-            put(None)
-
-    done = loop.run_in_executor(request.app[WORKERS], run)  # as long as the command runs
-    try:
-        await _relay(request, response, chunks, gone)
-    except BaseException:  # the request was cancelled: the exec ends too
-        gone.set()
-        feeding.cancel()
-        raise
-    finally:
-        running.discard(gone)
-    result = await done
-    await feeding
-    request["exit_status"] = result.get("status", result.get("error", {}).get("status"))
-    if not gone.is_set():
-        await response.write(frames.end(result))
-        await response.write_eof()
-    return response
-
-
-async def _relay(
-    request: web.Request, response: web.StreamResponse, chunks: asyncio.Queue[bytes | None], gone: threading.Event
-) -> None:
-    """Write the queued frames to the client until the exec's end (None); a client that went
-    away sets `gone`, and the rest is drained unwritten."""
-    while True:
-        try:
-            data = await asyncio.wait_for(chunks.get(), timeout=0.5)
-        except TimeoutError:
-            if request.transport is None or request.transport.is_closing():
-                gone.set()
-            continue
-        if data is None:
-            return
-        if not gone.is_set():
+    async def relay(self, request: web.Request, response: web.StreamResponse) -> dict[str, Any]:
+        """Write the queued frames to the client until the exec's end: its result. A client that
+        went away sets `gone`, and the rest is drained unwritten."""
+        while True:
             try:
-                await response.write(data)
-            except ConnectionError:
-                gone.set()
+                data = await asyncio.wait_for(self.chunks.get(), timeout=0.5)
+            except TimeoutError:
+                if request.transport is None or request.transport.is_closing():
+                    self.gone.set()
+                continue
+            if isinstance(data, dict):
+                return data
+            if not self.gone.is_set():
+                try:
+                    await response.write(data)
+                except ConnectionError:
+                    self.gone.set()
 
 
 def _exec_options(head: bytes, sandbox_id: str) -> tuple[list[str], dict[str, str], dict[str, str]]:

@@ -45,6 +45,23 @@ _LANDLOCK_ACCESS_FS_MAKE_BLOCK = 1 << 11
 _CAP_LAST_FALLBACK = 63
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_libc.prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
+
+
+def _cap_last() -> int:
+    """The highest capability this kernel knows (read once, before any fork: a child between fork
+    and exec does as little as it can)."""
+    try:
+        fd = os.open("/proc/sys/kernel/cap_last_cap", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return int(os.read(fd, 16))
+        finally:
+            os.close(fd)
+    except (OSError, ValueError):
+        return _CAP_LAST_FALLBACK
+
+
+_CAP_LAST = _cap_last()
 
 
 class _CapHeader(ctypes.Structure):
@@ -74,13 +91,8 @@ def prctl(option: int, arg2: int = 0, arg3: int = 0) -> None:
 def drop_all_capabilities() -> None:
     """Empty the bounding and ambient sets, then the effective, permitted and inheritable sets."""
     prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
-    try:
-        with open("/proc/sys/kernel/cap_last_cap", "rb") as stream:
-            last = int(stream.read())
-    except OSError:
-        last = _CAP_LAST_FALLBACK
-    for cap in range(last + 1):
-        if _libc.prctl(PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0) != 0 and ctypes.get_errno() != errno.EINVAL:
+    for cap in range(_CAP_LAST + 1):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != errno.EINVAL:
             _check(-1, "drop bounding capability")
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()
