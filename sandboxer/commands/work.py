@@ -41,16 +41,20 @@ _SHOWN = re.compile(r"[^ -~]")  # what a message may not quote of the sandbox's 
 STATE_SCRIPT = r"""set -eu
 export LC_ALL=C GIT_OPTIONAL_LOCKS=0 GIT_TERMINAL_PROMPT=0
 git="git -c core.fsmonitor=false -c core.hooksPath=/dev/null"
-head=$($git rev-parse --verify --quiet 'HEAD^{commit}') || { echo "no commit is checked out" >&2; exit 3; }
-branch=$($git symbolic-ref --quiet --short HEAD) || branch=
-git_dir=$($git rev-parse --absolute-git-dir)
+# One rev-parse: the git dir, the commit and its tree checked out, the branch ("HEAD": detached).
+at=$($git rev-parse --absolute-git-dir 'HEAD^{commit}' 'HEAD^{tree}' --abbrev-ref HEAD -- 2>/dev/null) ||
+  { echo "no commit is checked out" >&2; exit 3; }
+{ read -r git_dir; read -r head; read -r head_tree; read -r branch; } <<EOF
+$at
+EOF
+[ "$branch" != HEAD ] || branch=
 index=$(mktemp "${TMPDIR:-/tmp}/sandboxer-index.XXXXXX")
 trap 'rm -f "$index"' EXIT
 if [ -f "$git_dir/index" ]; then cp "$git_dir/index" "$index"; else rm -f "$index"; fi
 GIT_INDEX_FILE=$index $git add --all
 echo "head $head"
 echo "tree $(GIT_INDEX_FILE=$index $git write-tree)"
-echo "head_tree $($git rev-parse --verify 'HEAD^{tree}')"
+echo "head_tree $head_tree"
 echo "branch $branch"
 echo "ahead $($git rev-list --count "$1..HEAD" 2>/dev/null || echo unknown)"
 """

@@ -71,3 +71,24 @@ def test_refs_the_profile_does_not_allow_are_refused_and_nothing_is_made(sbx: Sa
     assert json.loads(sbx.run("list", "--json").stdout)["sandboxes"] == []
     registry = sbx.state / "sandboxes"
     assert [p for p in registry.iterdir() if not p.name.startswith(".")] == []
+
+
+def test_work_on_a_detached_head_or_on_no_commit_is_named_as_such(sbx: SandboxBroker) -> None:
+    """The state the broker asks the sandbox's git for: a detached HEAD has no branch (export
+    says null, teardown says "on HEAD"); a HEAD with no commit cannot be checked at all."""
+    sandbox_id = sbx.create()
+    assert sbx.sh(sandbox_id, "git checkout -q --detach && echo w > w && git add w && git commit -qm w").status == 0
+    exported = sbx.run("export", sandbox_id, "--bundle", str(sbx.root / "detached.bundle"), "--json")
+    assert exported.status == 0, exported.stderr
+    summary = json.loads(exported.stdout)
+    assert (summary["branch"], summary["ahead"], summary["dirty"]) == (None, 1, False)
+    assert sbx.sh(sandbox_id, "echo v > v && git add v && git commit -qm v").status == 0
+    refused = sbx.run("teardown", sandbox_id)
+    assert refused.status == 2, refused
+    assert "2 new commits on HEAD (made from main)" in refused.stderr, refused.stderr
+    assert sbx.sh(sandbox_id, "git checkout -q --orphan nothing-yet").status == 0
+    unborn = sbx.run("teardown", sandbox_id)
+    assert unborn.status == 2, unborn
+    assert "its work cannot be checked" in unborn.stderr, unborn.stderr
+    assert "no commit is checked out" in unborn.stderr, unborn.stderr
+    assert sbx.run("teardown", sandbox_id, "--discard").status == 0
