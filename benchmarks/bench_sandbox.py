@@ -10,7 +10,8 @@ Measures, as medians of whole-process runs, each CLI figure twice: in-process
   CLI's own start-up;
 - the full cycle create -> exec true -> teardown vs `docker run --rm --network none IMAGE true`
   (in-process <= 1.0x, through the service <= 0.5x);
-- `Client.exec(["true"])` from a warm Python process (target <= 0.1x `docker exec`), and 200
+- `Client.exec(["true"])` from a warm Python process (target <= 0.1x `docker exec`; also alternating with
+  `docker exec` in the same rounds, which a drifting machine cannot tilt), and 200
   concurrent execs over 20 sandboxes through the service;
 - host-side memory of one idle sandbox, all its host processes (target <= 8 MiB);
 - 20 sandboxes created concurrently, each exec'd, then torn down (all succeed, no residue).
@@ -161,10 +162,11 @@ def sandbox_memory(world: World, sandbox_id: str) -> dict[str, float]:
     return {"processes": len(pids), "rss_mib": rss / 2**20, "uss_mib": uss / 2**20}
 
 
-def service(world: World, rounds: int) -> dict[str, Any]:
+def service(world: World, rounds: int, container: str | None) -> dict[str, Any]:
     """The broker as a service (`sandboxer serve` on the state dir's socket): the CLI through it
-    (exec, the cycle, --help), `Client.exec(["true"])` from this warm process, and 200
-    concurrent execs over 20 sandboxes (each a thread with its own connection)."""
+    (exec, the cycle, --help), `Client.exec(["true"])` from this warm process — and, given a
+    running Docker `container`, once more alternating with `docker exec` in the same rounds —
+    and 200 concurrent execs over 20 sandboxes (each a thread with its own connection)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from sandboxer import Client
@@ -192,6 +194,13 @@ def service(world: World, rounds: int) -> dict[str, Any]:
         with client.create("bench") as sandbox:
             sandbox.exec(["true"])
             results["client_exec_true_ms"] = timed(lambda: sandbox.exec(["true"]), rounds)
+            if container is not None:
+                ours, theirs = [], []
+                for _ in range(rounds):
+                    ours.append(timed(lambda: sandbox.exec(["true"]), 1))
+                    theirs.append(timed(lambda: run(["docker", "exec", container, "true"]), 1))
+                results["client_exec_interleaved_ms"] = statistics.median(ours)
+                results["docker_exec_interleaved_ms"] = statistics.median(theirs)
         sandboxes = [client.create("bench") for _ in range(20)]
         try:
 
@@ -219,10 +228,9 @@ def service(world: World, rounds: int) -> dict[str, Any]:
         served.wait(timeout=30)
 
 
-def docker_references(world: World, rounds: int, results: dict[str, Any]) -> None:
+def docker_references(world: World, rounds: int, results: dict[str, Any], docker: tuple[str, str] | None) -> None:
     """`docker exec` and `docker run --rm` in the same run, the ratios against them, and the
     Docker backend's own figures."""
-    docker = docker_setup()
     if docker is None:
         results["docker"] = "unavailable"
         return
@@ -237,6 +245,9 @@ def docker_references(world: World, rounds: int, results: dict[str, Any]) -> Non
         subprocess.run(["docker", "rm", "-f", container], capture_output=True, check=False)
     results["exec_vs_docker_exec"] = results["exec_true_ms"] / results["docker_exec_true_ms"]
     results["client_exec_vs_docker_exec"] = results["client_exec_true_ms"] / results["docker_exec_true_ms"]
+    results["client_exec_vs_docker_exec_interleaved"] = (
+        results["client_exec_interleaved_ms"] / results["docker_exec_interleaved_ms"]
+    )
     results["cycle_vs_docker_run"] = results["cycle_ms"] / results["docker_run_true_ms"]
     results["service_exec_vs_docker_exec"] = results["service_exec_true_ms"] / results["docker_exec_true_ms"]
     results["service_cycle_vs_docker_run"] = results["service_cycle_ms"] / results["docker_run_true_ms"]
@@ -389,8 +400,13 @@ def main() -> int:
             "residue": [r["residue"] for r in receipts if r["residue"]],
             "left_in_registry": [name for name in left if not name.startswith(".")],
         }
-        results.update(service(world, rounds))
-        docker_references(world, rounds, results)
+        docker = docker_setup()
+        try:
+            results.update(service(world, rounds, docker[1] if docker is not None else None))
+            docker_references(world, rounds, results, docker)
+        finally:
+            if docker is not None:
+                subprocess.run(["docker", "rm", "-f", docker[1]], capture_output=True, check=False)
     report(results, as_json=args.json)
     ok = results["concurrent_20"]["all_succeeded"] and not results["concurrent_20"]["residue"]
     ok = ok and results["service_200_execs"]["all_succeeded"]
@@ -416,6 +432,8 @@ def report(results: dict[str, Any], *, as_json: bool) -> None:
         rows += [
             ("docker exec CONTAINER true", results["docker_exec_true_ms"]),
             ("docker run --rm --network none IMAGE true", results["docker_run_true_ms"]),
+            ("Client.exec, alternating with docker exec", results["client_exec_interleaved_ms"]),
+            ("docker exec, alternating with Client.exec", results["docker_exec_interleaved_ms"]),
         ]
     print(f"median of {results['rounds']} runs, {results['cpus']} CPUs")
     for name, value in rows:
@@ -452,6 +470,7 @@ def report(results: dict[str, Any], *, as_json: bool) -> None:
         ("exec vs docker exec, through the service", results["service_exec_vs_docker_exec"], 0.3),
         ("cycle vs docker run, through the service", results["service_cycle_vs_docker_run"], 0.5),
         ("Client.exec vs docker exec", results["client_exec_vs_docker_exec"], 0.1),
+        ("Client.exec vs docker exec, alternating", results["client_exec_vs_docker_exec_interleaved"], 0.1),
         ("idle memory (USS MiB)", memory["uss_mib"] / 8.0, 1.0),
         ("docker backend exec vs docker exec", results["docker_backend_exec_vs_docker_exec"], 1.2),
         ("docker backend cycle vs docker run", results["docker_backend_cycle_vs_docker_run"], 1.2),
