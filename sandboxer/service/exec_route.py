@@ -27,6 +27,7 @@ from sandboxer.service.http import DIRS, EXECS, WORKERS, checked, error_document
 EXEC_FIELDS = {"argv", "cwd", "timeout", "consumer", "executable", "env"}
 MAX_OPTIONS = 1024 * 1024  # exec's first line, its options
 OUTPUT_FRAMES = 64  # exec output frames (up to 64 KiB each) queued for a slow client before the command waits
+_NOT_RUN: dict[str, Any] = {"error": error_document(ExecError("exec: the service could not run it"))}
 
 
 async def exec_command(request: web.Request) -> web.StreamResponse:
@@ -48,7 +49,7 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
     feeding = asyncio.create_task(_feed(request, rest, stdin_w))
 
     def run() -> None:
-        result: dict[str, Any] = {"error": error_document(ExecError("exec: the service could not run it"))}
+        result = _NOT_RUN  # should _execute raise what no SandboxerError is
         try:
             status = _execute(
                 request.app[DIRS],

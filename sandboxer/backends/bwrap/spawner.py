@@ -11,14 +11,14 @@ cheap, and its children are never forked from a threaded process at all.
 
 A request is one message with six descriptors attached (SCM_RIGHTS): the exec's Entry as JSON in
 a sealed memfd, the command's stdin, stdout and stderr, and the write ends of its report pipe
-and of its status pipe. The spawner
-opens the sandbox's namespaces and cgroups as the service would, forks A, closes its copies and
-answers `{"relay": PID}` or `{"error": [STATUS, MESSAGE]}`. A reports to the service directly
-(joiner.read_report) and, once the command ends, writes its exit status to the status pipe
-before it ends: the service waits on that pipe (its end of file, should A be killed, says so
-too), never on A's pid, which the spawner reaps as soon as it ends (SIGCHLD).
-The spawner runs as the service's own account, is reached only through the socket the service
-made for it (no path), and dies with the service (PR_SET_PDEATHSIG).
+and of its status pipe. The spawner (spawner_process.py) opens the sandbox's namespaces and
+cgroups as the service would, forks A, closes its copies and answers `{"relay": PID}` or
+`{"error": [STATUS, MESSAGE]}`. A reports to the service directly (joiner.read_report) and, once
+the command ends, writes its exit status to the status pipe before it ends: the service waits on
+that pipe (its end of file, should A be killed, says so too), never on A's pid, which the
+spawner reaps as soon as it ends (SIGCHLD). The spawner runs as the service's own account, is
+reached only through the socket the service made for it (no path), and dies with the service
+(PR_SET_PDEATHSIG).
 
 Only the service uses it: an exec run in-process (the CLI with SANDBOXER_NO_SERVICE, the embedded
 API) forks its relay itself, as a process that small pays little for it.

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 from typing import Any
 
 from sandboxer.backends.bwrap import joiner
+from sandboxer.backends.bwrap.privileges import PR_SET_PDEATHSIG, prctl
 from sandboxer.errors import EntryError
 from sandboxer.host.fdpass import receive_fds
 
@@ -72,12 +74,9 @@ def _reap(_signum: int = 0, _frame: object = None) -> None:
 
 def main(fd: int) -> None:
     """The spawner process: `fd` is its end of the service's socketpair."""
-    import ctypes
-    import signal
-
     parent = os.getppid()
     # Dies with the service; a service gone before this was armed is seen just after.
-    ctypes.CDLL(None, use_errno=True).prctl(1, ctypes.c_ulong(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:
         sys.exit(0)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
