@@ -81,6 +81,11 @@ class Backend(Protocol):
         Returns the record with the engine's part (limits, processes or container, the plan as
         started), which it has also written to the registry before anything could outlive it."""
 
+    def fill_workspace(self, plan: Plan, record: SandboxRecord, *, profile_file: str) -> None:
+        """Put the clone at plan.workspace_source where the started sandbox sees it, when that is
+        not already so (an unprivileged bwrap sandbox's own tmpfs); `profile_file` is named when
+        it does not fit."""
+
     def deliver(self, plan: Plan, record: SandboxRecord, data: bytes, target: str) -> None:
         """Write `data` at `target` inside the started sandbox, as its user, before anything else
         runs there (a runtime bootstrap)."""
@@ -99,8 +104,7 @@ class Backend(Protocol):
 
     def warm_fingerprint(self, plan: Plan, registry: Registry, image: str) -> str:
         """What the engine would be asked for to start `plan`, as a digest: a warm sandbox is
-        taken only by a create whose plan has the same (sandboxer.host.warmpool). Engines that keep no
-        warm sandboxes raise BackendError (their extensions accept no `config.warm`)."""
+        taken only by a create whose plan has the same (sandboxer.host.warmpool)."""
 
     def start_warm(
         self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str

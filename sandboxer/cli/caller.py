@@ -371,10 +371,10 @@ def dispatch_tool(
 @app.command("warm")
 def warm(
     ctx: typer.Context,
-    profile: Annotated[str, typer.Argument(metavar="PROFILE", help="A Docker profile name.")],
+    profile: Annotated[str, typer.Argument(metavar="PROFILE", help="A profile name.")],
     json: JsonOption = False,
 ) -> None:
-    """Start the warm containers a Docker profile keeps (ext.docker config.warm); remove stale ones."""
+    """Start the warm sandboxes a profile keeps (its extension's config.warm); remove stale ones."""
     from sandboxer.commands.warm import fill
 
     require_owner("warm")

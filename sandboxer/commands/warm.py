@@ -7,6 +7,7 @@ found none) starts a fill in the background. gc asks `is_current` whether a warm
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -15,18 +16,21 @@ from sandboxer.host import warmpool
 from sandboxer.host.registry import Registry, try_lock_file
 
 if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
     from sandboxer.commands.making import CreateRequest
     from sandboxer.core.plan import Plan
     from sandboxer.core.record import SandboxRecord
     from sandboxer.dirs import Dirs
+
+_fills: Executor | None = None  # where background fills run (fill_on); None: detached processes
 
 
 def wanted(request: CreateRequest) -> int:
     """How many warm sandboxes the request's profile keeps; 0 when this create cannot take one.
 
     A lease manifest, or a bootstrap with suspend control, adds mounts and variables of its own to
-    the plan, so such a create always starts its own sandbox. Only ext.docker accepts
-    `config.warm`: every other extension keeps none.
+    the plan, so such a create always starts its own sandbox.
     """
     if request.assignment is not None:
         return 0
@@ -66,12 +70,15 @@ def finish(request: CreateRequest, registry: Registry, record: SandboxRecord, pl
     from sandboxer.backends import backend_for
     from sandboxer.commands.making import clone_workspace, deliver_requested
 
-    # Host-side git works only in a directory of the host root's (it refuses one of another
-    # owner's): the warm sandbox's empty workspace is the host root's until the clone gives it
-    # to the sandbox user. Nothing runs in the sandbox but its pid 1 meanwhile.
-    os.chown(str(plan.workspace_source), 0, 0)
+    backend = backend_for(request.backend)
+    if not plan.workspace_in_memory:
+        # Host-side git works only in a directory of the host root's (it refuses one of another
+        # owner's): the warm sandbox's empty workspace is the host root's until the clone gives
+        # it to the sandbox user. Nothing runs in the sandbox but its pid 1 meanwhile.
+        os.chown(str(plan.workspace_source), 0, 0)
     record = replace(record, work=clone_workspace(request, plan))
-    problems = backend_for(request.backend).taken_warm_problems(registry, record, plan)
+    backend.fill_workspace(plan, record, profile_file=request.profile_file)
+    problems = backend.taken_warm_problems(registry, record, plan)
     if problems:
         raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))
     return deliver_requested(request, plan, record)
@@ -105,12 +112,26 @@ def fill(dirs: Dirs, profile_name: str) -> dict[str, Any]:
         os.close(fill_lock)
 
 
+def fill_on(executor: Executor | None) -> None:
+    """Run this process's background fills on `executor` from now on (the service: it has every
+    import and bwrap's spawner already, where a `sandboxer warm` process would start from
+    nothing and compete with the next create for the CPU); None: back to detached processes."""
+    global _fills  # noqa: PLW0603 - one setting for the process, made by the service at its start
+    _fills = executor
+
+
 def spawn_fill(dirs: Dirs, profile_name: str) -> None:
-    """Start `sandboxer warm PROFILE` detached: its own session, no stream or descriptor of ours
-    (errors go to warm.log in the state dir), the root directory as its cwd, an environment of its
-    own. The caller does not wait for it, not even for its execve (a plain fork: about 1 ms here,
-    against 8 for subprocess, which waits for the exec); once this process exits, init reaps it."""
+    """Top the profile's warm sandboxes up in the background: on the service's fill thread when
+    this process is the service, else in `sandboxer warm PROFILE` started detached (its own
+    session, no stream or descriptor of ours, the root directory as its cwd, an environment of
+    its own). Errors go to warm.log in the state dir. The caller does not wait for it, not even
+    for a detached one's execve (a plain fork: about 1 ms here, against 8 for subprocess, which
+    waits for the exec); once this process exits, init reaps it."""
     import sys
+
+    if _fills is not None:
+        _fills.submit(_fill_logged, dirs, profile_name)
+        return
 
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
     log = os.open(os.path.join(dirs.state, "warm.log"), flags, 0o600)
@@ -159,3 +180,18 @@ def is_current(dirs: Dirs, record: SandboxRecord) -> bool:
         and stamp.profile_sha256 == profile.file_sha256
         and stamp.extension_sha256 == extension.file_sha256
     )
+
+
+def _fill_logged(dirs: Dirs, profile_name: str) -> None:
+    """`fill` on the service's thread, its failure a line in warm.log as a detached one's."""
+    try:
+        fill(dirs, profile_name)
+    except (SandboxerError, OSError) as exc:
+        message = exc.message if isinstance(exc, SandboxerError) else str(exc)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        with contextlib.suppress(OSError):
+            log = os.open(os.path.join(dirs.state, "warm.log"), flags, 0o600)
+            try:
+                os.write(log, f"sandboxer: warm {profile_name}: {message}\n".encode())
+            finally:
+                os.close(log)

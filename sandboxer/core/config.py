@@ -86,10 +86,8 @@ def _parse_extension(doc: Doc, root: YNode, digest: str) -> ExtensionConfig:
     extension = doc.extension_name(top["extension"], "extension")
     doc.own_name(top["extension"], "extension", extension)
     needs_image = extension == "ext.docker"
-    if needs_image:
-        body = doc.mapping(top["config"], "config", ("runtime", "image"), ("warm",))
-    else:
-        body = doc.mapping(top["config"], "config", ("runtime",))
+    required = ("runtime", "image") if needs_image else ("runtime",)
+    body = doc.mapping(top["config"], "config", required, ("warm",))
     runtime = doc.mapping(body["runtime"], "config.runtime", ("path", "sha256"))
     image = None
     if needs_image:

@@ -37,7 +37,7 @@ class ExtensionConfig:
     runtime: RuntimePin
     image: str | None
     file_sha256: str
-    warm: int = 0  # ext.docker only: containers kept started ahead for each of its profiles
+    warm: int = 0  # sandboxes kept started ahead for each of its profiles (sandboxer.host.warmpool)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,7 +184,7 @@ def meaning(item: OwnerFile) -> dict[str, Any]:
     config: dict[str, Any] = {"runtime": {"path": item.runtime.path, "sha256": item.runtime.sha256}}
     if item.image is not None:
         config["image"] = item.image
-        config["warm"] = item.warm
+    config["warm"] = item.warm
     return {"kind": "extension", "extension": item.extension, "config": config}
 
 

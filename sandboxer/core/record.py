@@ -115,17 +115,19 @@ class Processes:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WarmStamp:
-    """What a warm container was made from and what it showed when it started (warmpool)."""
+    """What a warm sandbox was made from and what it showed when it started (warmpool)."""
 
     profile_sha256: str
     extension_sha256: str
     image: str
-    body_sha256: str
-    probe: dict[str, Any]  # the pid 1 probe's fields (observe.ProbeSeen), as the backend kept them
+    body_sha256: str  # the backend's warm_fingerprint of its plan
+    probe: dict[str, Any]  # what its probe saw (observe.ProbeSeen.fields)
     interfaces: tuple[str, ...]
+    # Its long-lived process: Docker's pid 1 and the Engine's StartedAt; bwrap's holder and its
+    # start time (clock ticks since boot, as text).
     pid: int | None
     started_at: str | None
-    since: int
+    since: int  # Docker: the second the Engine's exec history is asked from; bwrap: 0 (unused)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from sandboxer.core.plan import MountKind, Plan
 
@@ -39,6 +40,37 @@ class ProbeSeen:
     env_names: tuple[str, ...]
     cgroups: tuple[str, ...]
     seccomp: int = 0  # the kernel's Seccomp: line: 2 when a filter is installed
+
+    def fields(self) -> dict[str, Any]:
+        """As a JSON object (a warm sandbox's record keeps what its probe saw)."""
+        return {
+            "uid": self.uid,
+            "gid": self.gid,
+            "groups": list(self.groups),
+            "cap_eff": self.cap_eff,
+            "cap_prm": self.cap_prm,
+            "cap_bnd": self.cap_bnd,
+            "no_new_privs": self.no_new_privs,
+            "env_names": list(self.env_names),
+            "cgroups": list(self.cgroups),
+            "seccomp": self.seccomp,
+        }
+
+    @classmethod
+    def of_fields(cls, seen: dict[str, Any]) -> ProbeSeen:
+        """Back from `fields`; KeyError, TypeError or ValueError when `seen` is not its shape."""
+        return cls(
+            uid=int(seen["uid"]),
+            gid=int(seen["gid"]),
+            groups=tuple(int(g) for g in seen["groups"]),
+            cap_eff=int(seen["cap_eff"]),
+            cap_prm=int(seen["cap_prm"]),
+            cap_bnd=int(seen["cap_bnd"]),
+            no_new_privs=bool(seen["no_new_privs"]),
+            env_names=tuple(str(n) for n in seen["env_names"]),
+            cgroups=tuple(str(c) for c in seen["cgroups"]),
+            seccomp=int(seen["seccomp"]),
+        )
 
 
 _OCTAL = re.compile(r"\\([0-7]{3})")

@@ -113,7 +113,8 @@ def refill(registry: Registry, kind: Kind, want: int) -> tuple[list[str], list[s
             record = registry.read_or_none(sandbox_id)
             if record is None or record.state != WARM:
                 continue
-            stale = len(kept) >= want or bool(problems(registry, kind, record, kind.planner(sandbox_id, None)))
+            plan = kind.planner(sandbox_id, _host_ids(record))
+            stale = len(kept) >= want or bool(problems(registry, kind, record, plan))
             if stale:
                 destroy(registry, sandbox_id, replace(record, state="failed"))
                 removed.append(sandbox_id)

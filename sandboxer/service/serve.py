@@ -147,6 +147,27 @@ def _idle_clock(activity: Activity) -> Any:
     return idle_clock
 
 
+def _start_helpers() -> ThreadPoolExecutor:
+    """What the service keeps running beside its requests: bwrap's execs are forked by a small
+    process of their own, and warm pools are topped up on a thread of ours, one fill at a time."""
+    from sandboxer.backends import service_helpers
+    from sandboxer.commands import warm
+
+    service_helpers(True)
+    fills = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandboxer-warm")
+    warm.fill_on(fills)
+    return fills
+
+
+def _stop_helpers(fills: ThreadPoolExecutor) -> None:
+    from sandboxer.backends import service_helpers
+    from sandboxer.commands import warm
+
+    warm.fill_on(None)
+    fills.shutdown(wait=False, cancel_futures=True)  # a fill cut short leaves what gc removes
+    service_helpers(False)
+
+
 async def _run(
     dirs: Dirs,
     listener: socket.socket,
@@ -158,7 +179,6 @@ async def _run(
 ) -> None:
     from aiohttp import web
 
-    from sandboxer.backends import service_helpers
     from sandboxer.service.access import CallerSlots
     from sandboxer.service.app import make_app
     from sandboxer.service.connections import Activity, Connections
@@ -184,7 +204,7 @@ async def _run(
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    service_helpers(True)  # bwrap's execs are forked by a small process of their own
+    helpers = _start_helpers()
     sys.stderr.write(f"sandboxer: serving {dirs.state} on {listener.getsockname()}\n")
     sys.stderr.flush()
     try:
@@ -206,5 +226,5 @@ async def _run(
         await runner.cleanup()
         workers.shutdown(wait=False)
         reaper.shutdown(wait=False)
-        service_helpers(False)
+        _stop_helpers(helpers)
     sys.stderr.write("sandboxer: stopped; live sandboxes keep running\n")

@@ -3,75 +3,24 @@ create only while they still match its plan — through the real CLI and a real 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.integration.conftest import DOCKER_PROFILE, SandboxBroker, _cleanup, add_docker, make_broker
+from tests.integration.warm_pool import records, set_warm, wait_for_fills, wait_warm, warm_ids
 from tests.samples import CONTRACT_ENV_NAMES
 
 EXT = "ext.docker"
 
 
 def _set_warm(broker: SandboxBroker, count: int) -> None:
-    path = broker.config / "extensions" / f"{EXT}.yaml"
-    lines = [line for line in path.read_text().splitlines() if not line.startswith("  warm:")]
-    path.write_text("\n".join(lines) + (f"\n  warm: {count}\n" if count else "\n"))
-    approved = broker.run("ext", "approve", EXT)
-    assert approved.status == 0, approved.stderr
-
-
-def _wait_for_fills(broker: SandboxBroker, timeout: float = 60) -> None:
-    """Until no fill of any profile runs (each holds its profile's fill lock while it works)."""
-    deadline = time.monotonic() + timeout
-    for lock in (broker.state / "sandboxes").glob(".warm-*.lock"):
-        fd = os.open(lock, os.O_RDWR)
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    assert time.monotonic() < deadline, "a fill is still running"
-                    time.sleep(0.05)
-        finally:
-            os.close(fd)
-
-
-def _warm_ids(broker: SandboxBroker) -> list[str]:
-    """The warm containers gc reports (and keeps)."""
-    report = broker.run("gc", "--json")
-    assert report.status == 0, report.stderr
-    assert report.json()["collected"] == [], report.stdout
-    return sorted(report.json()["warm"])
-
-
-def _wait_warm(broker: SandboxBroker, count: int, timeout: float = 60) -> list[str]:
-    """Wait until the background fill has brought the pool to `count`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        time.sleep(0.1)
-        _wait_for_fills(broker, timeout)
-        ids = _warm_ids(broker)
-        if len(ids) == count:
-            return ids
-        assert time.monotonic() < deadline, f"the pool has {len(ids)} warm containers, not {count}"
-
-
-def _records(broker: SandboxBroker) -> dict[str, dict[str, Any]]:
-    found = {}
-    for directory in (broker.state / "sandboxes").iterdir():
-        if not directory.name.startswith("."):
-            found[directory.name] = json.loads((directory / "record.json").read_text())
-    return found
+    set_warm(broker, EXT, count)
 
 
 def _containers(broker: SandboxBroker) -> list[str]:
@@ -114,19 +63,19 @@ def warm(runtime_dir: Path, base_image: str) -> Iterator[SandboxBroker]:
         yield broker
     finally:
         _set_warm(broker, 0)
-        _wait_for_fills(broker)
+        wait_for_fills(broker)
         broker.run("warm", DOCKER_PROFILE)  # with no warm count: removes the profile's warm containers
         _cleanup(broker)
-        _wait_for_fills(broker)  # teardowns of taken sandboxes start fills; none may outlive the test
+        wait_for_fills(broker)  # teardowns of taken sandboxes start fills; none may outlive the test
 
 
 def test_warm_fills_the_pool_and_callers_never_see_a_warm_container(warm: SandboxBroker) -> None:
-    (warm_id,) = _warm_ids(warm)
+    (warm_id,) = warm_ids(warm)
     again = warm.run("warm", DOCKER_PROFILE, "--json")
     assert again.status == 0, again.stderr
     assert again.json() == {"profile": DOCKER_PROFILE, "warm": 1, "started": [], "removed": [], "busy": False}
     assert _containers(warm) == [warm_id]
-    record = _records(warm)[warm_id]
+    record = records(warm)[warm_id]
     assert record["state"] == "warm"
     workspace = warm.sandbox_dir(warm_id) / "workspace"
     seen = workspace.stat()
@@ -146,11 +95,11 @@ def test_warm_fills_the_pool_and_callers_never_see_a_warm_container(warm: Sandbo
 
 
 def test_a_create_takes_the_warm_container_and_its_teardown_replaces_it(warm: SandboxBroker) -> None:
-    (warm_id,) = _warm_ids(warm)
+    (warm_id,) = warm_ids(warm)
     taken = warm.create()
     assert taken == warm_id
-    assert _warm_ids(warm) == []  # the pool is refilled at teardown, not while the caller works
-    record = _records(warm)[taken]
+    assert warm_ids(warm) == []  # the pool is refilled at teardown, not while the caller works
+    record = records(warm)[taken]
     assert record["state"] == "ready"
     assert "warm" in record
     assert record["warm_profile"] is True
@@ -179,7 +128,7 @@ def test_a_create_takes_the_warm_container_and_its_teardown_replaces_it(warm: Sa
     assert owner == (record["host_uid"], record["host_gid"])
     torn = warm.run("teardown", taken, "--json")
     assert torn.status == 0, torn.stderr
-    (replacement,) = _wait_warm(warm, 1)
+    (replacement,) = wait_warm(warm, 1)
     assert replacement != taken
     assert _containers(warm) == [replacement]
 
@@ -194,22 +143,22 @@ def make_broker_like(broker: SandboxBroker) -> SandboxBroker:
 
 @pytest.mark.parametrize("how", ["finished", "running"])
 def test_a_warm_container_someone_executed_in_is_never_handed_out(warm: SandboxBroker, how: str) -> None:
-    (warm_id,) = _warm_ids(warm)
-    container = _records(warm)[warm_id]["container_id"]
+    (warm_id,) = warm_ids(warm)
+    container = records(warm)[warm_id]["container_id"]
     if how == "finished":
         subprocess.run(["docker", "exec", container, "true"], check=True)  # seen in the Engine's events
     else:
         subprocess.run(["docker", "exec", "-d", container, "/usr/bin/sleep", "30"], check=True)  # in ExecIDs
     taken = warm.create()
     assert taken != warm_id  # a cold create instead
-    assert warm_id not in _records(warm)
+    assert warm_id not in records(warm)
     assert warm_id not in _containers(warm)
     assert warm.run("inspect", taken, "--json").json()["matches_plan"] is True
 
 
 def test_a_restarted_warm_container_is_never_handed_out(warm: SandboxBroker) -> None:
-    (warm_id,) = _warm_ids(warm)
-    container = _records(warm)[warm_id]["container_id"]
+    (warm_id,) = warm_ids(warm)
+    container = records(warm)[warm_id]["container_id"]
     subprocess.run(["docker", "restart", "--time", "0", container], check=True, capture_output=True)
     taken = warm.create()
     assert taken != warm_id
@@ -217,23 +166,23 @@ def test_a_restarted_warm_container_is_never_handed_out(warm: SandboxBroker) -> 
 
 
 def test_a_warm_container_removed_behind_the_brokers_back_is_passed_over(warm: SandboxBroker) -> None:
-    (warm_id,) = _warm_ids(warm)
-    subprocess.run(["docker", "rm", "-f", _records(warm)[warm_id]["container_id"]], check=True, capture_output=True)
+    (warm_id,) = warm_ids(warm)
+    subprocess.run(["docker", "rm", "-f", records(warm)[warm_id]["container_id"]], check=True, capture_output=True)
     taken = warm.create()
     assert taken != warm_id
-    assert warm_id not in _records(warm)  # its directory went with it
+    assert warm_id not in records(warm)  # its directory went with it
     assert _containers(warm) == [taken]
 
 
 def test_a_changed_profile_makes_warm_containers_stale(warm: SandboxBroker) -> None:
-    (warm_id,) = _warm_ids(warm)
+    (warm_id,) = warm_ids(warm)
     path = warm.config / "profiles" / f"{DOCKER_PROFILE}.yaml"
     path.write_text(path.read_text() + "limits:\n  pids: 99\n")
     assert warm.run("ext", "approve", DOCKER_PROFILE).status == 0
     taken = warm.create()
     assert taken != warm_id
     assert warm_id not in _containers(warm)
-    container = _records(warm)[taken]["container_id"]
+    container = records(warm)[taken]["container_id"]
     limit = subprocess.run(
         ["docker", "inspect", "--format", "{{.HostConfig.PidsLimit}}", container],
         capture_output=True,
@@ -244,7 +193,7 @@ def test_a_changed_profile_makes_warm_containers_stale(warm: SandboxBroker) -> N
 
 
 def test_gc_removes_warm_containers_of_a_revoked_profile(warm: SandboxBroker) -> None:
-    (warm_id,) = _warm_ids(warm)
+    (warm_id,) = warm_ids(warm)
     assert warm.run("ext", "revoke", DOCKER_PROFILE).status == 0
     report = warm.run("gc", "--json")
     assert report.status == 0, report.stderr
@@ -257,7 +206,7 @@ def test_gc_removes_warm_containers_of_a_revoked_profile(warm: SandboxBroker) ->
 
 
 def test_concurrent_creates_share_one_warm_container(warm: SandboxBroker) -> None:
-    (warm_id,) = _warm_ids(warm)
+    (warm_id,) = warm_ids(warm)
     with ThreadPoolExecutor(max_workers=3) as pool:
         results = list(pool.map(lambda _: warm.run("create", "--profile", DOCKER_PROFILE), range(3)))
     assert [r.stderr for r in results if r.status != 0] == []

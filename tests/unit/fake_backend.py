@@ -63,6 +63,9 @@ class FakeBackend:
         self.running.add(plan.sandbox_id)
         return record
 
+    def fill_workspace(self, plan: Plan, record: SandboxRecord, *, profile_file: str) -> None:
+        return None
+
     def deliver(self, plan: Plan, record: SandboxRecord, data: bytes, target: str) -> None:
         self.calls.append(("deliver", plan.sandbox_id))
 

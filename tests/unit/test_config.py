@@ -424,11 +424,12 @@ def test_names_map_to_their_files() -> None:
             validate_name(bad)
 
 
-def test_a_docker_config_keeps_no_warm_containers_unless_it_says_so() -> None:
-    item = parse(DOCKER, "ext.docker")
+@pytest.mark.parametrize(("text", "name"), [(DOCKER, "ext.docker"), (EXT, "ext.bwrap")], ids=["docker", "bwrap"])
+def test_an_extension_keeps_no_warm_sandboxes_unless_it_says_so(text: str, name: str) -> None:
+    item = parse(text, name)
     assert isinstance(item, ExtensionConfig)
     assert item.warm == 0
-    warm = parse(DOCKER + "  warm: 3\n", "ext.docker")
+    warm = parse(text + "  warm: 3\n", name)
     assert isinstance(warm, ExtensionConfig)
     assert warm.warm == 3
 
@@ -440,9 +441,9 @@ def test_a_docker_config_keeps_no_warm_containers_unless_it_says_so() -> None:
         (DOCKER + "  warm: -1\n", r"f\.yaml:7:9: config\.warm: must be between 0 and 8"),
         (DOCKER + "  warm: true\n", r"f\.yaml:7:9: config\.warm: must be an integer"),
         (DOCKER + '  warm: "2"\n', r"f\.yaml:7:9: config\.warm: must be an integer"),
-        (EXT + "  warm: 1\n", r"f\.yaml:6:3: config\.warm: unknown key"),
+        (EXT + "  warm: 9\n", r"f\.yaml:6:9: config\.warm: must be between 0 and 8"),
     ],
-    ids=["too-many", "negative", "boolean", "string", "bwrap-has-none"],
+    ids=["too-many", "negative", "boolean", "string", "bwrap-too-many"],
 )
 def test_bad_warm_counts_are_refused(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):

@@ -12,12 +12,12 @@ from sandboxer.commands import warm
 
 
 def request(*, count: int = 2, assignment: Any = None, delivery: Any = None) -> Any:
-    # Only ext.docker accepts config.warm (an ext.bwrap file that says it is refused:
-    # tests/unit/test_config.py), so the extension's count alone says whether a profile keeps any.
+    # The extension's count alone says whether a profile keeps any (ext.bwrap and ext.docker
+    # accept config.warm alike: tests/unit/test_config.py).
     return SimpleNamespace(extension=SimpleNamespace(warm=count), assignment=assignment, delivery=delivery)
 
 
-def test_a_plain_docker_create_may_take_one_of_the_extensions_warm_containers() -> None:
+def test_a_plain_create_may_take_one_of_the_extensions_warm_sandboxes() -> None:
     assert warm.wanted(request()) == 2
     assert warm.wanted(request(count=0)) == 0
 

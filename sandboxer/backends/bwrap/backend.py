@@ -15,17 +15,12 @@ SPOOLS = "spools"  # the sandbox directory's subdirectory of request spools
 # teardown, list and gc ask only is_running, stop and release: what else a method needs (the
 # namespace code, the plan, YAML through the config) is imported inside it.
 if TYPE_CHECKING:
-    from sandboxer.backends.bwrap import live as bwrap
     from sandboxer.backends.protocol import Observed
     from sandboxer.core.config_types import ExtensionConfig
     from sandboxer.core.plan import Plan
     from sandboxer.core.record import SandboxRecord
     from sandboxer.dirs import Dirs
-    from sandboxer.host import limits
     from sandboxer.host.registry import Registry
-
-
-NO_WARM = "ext.bwrap keeps no warm sandboxes"
 
 
 class BwrapBackend:
@@ -86,18 +81,28 @@ class BwrapBackend:
     def start(
         self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str, profile_file: str
     ) -> SandboxRecord:
-        record, live = _start(plan, registry, record)
-        if plan.workspace_in_memory:  # the clone goes into the sandbox's own tmpfs, the host keeps none
-            from sandboxer.host import workspace
+        from sandboxer.backends.bwrap.starting import start_verified
 
-            workspace.seed(
-                str(plan.workspace_source),
-                holder_pid=live.holder_pid,
-                holder_start=live.holder_start,
-                profile_file=profile_file,
-                size_mib=plan.limits.workspace_mib,
-            )
+        record, _, _, _ = start_verified(plan, registry, record)
+        self.fill_workspace(plan, record, profile_file=profile_file)
         return record
+
+    def fill_workspace(self, plan: Plan, record: SandboxRecord, *, profile_file: str) -> None:
+        """An unprivileged broker's clone goes into the sandbox's own tmpfs (the host keeps
+        none); a root broker's is already in the sized filesystem bound at /workspace."""
+        if not plan.workspace_in_memory:
+            return
+        from sandboxer.backends.bwrap import live as bwrap
+        from sandboxer.host import workspace
+
+        live = bwrap.Live.of(record.processes)
+        workspace.seed(
+            str(plan.workspace_source),
+            holder_pid=live.holder_pid,
+            holder_start=live.holder_start,
+            profile_file=profile_file,
+            size_mib=plan.limits.workspace_mib,
+        )
 
     def deliver(self, plan: Plan, record: SandboxRecord, data: bytes, target: str) -> None:
         from sandboxer.backends.bwrap import live as bwrap
@@ -166,18 +171,27 @@ class BwrapBackend:
         )
 
     def warm_fingerprint(self, plan: Plan, registry: Registry, image: str) -> str:
-        raise BackendError(NO_WARM)
+        from sandboxer.backends.bwrap import warm
+
+        return warm.fingerprint(plan, registry)
 
     def start_warm(
         self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str
     ) -> tuple[SandboxRecord, dict[str, Any]]:
-        raise BackendError(NO_WARM)
+        from sandboxer.backends.bwrap import warm
+
+        return warm.start(plan, registry, record)
 
     def warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
-        raise BackendError(NO_WARM)
+        from sandboxer.backends.bwrap import warm
+
+        return warm.problems(registry, record, plan)
 
     def taken_warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
-        raise BackendError(NO_WARM)
+        """The same checks once more: the clone wrote only into the workspace."""
+        from sandboxer.backends.bwrap import warm
+
+        return warm.problems(registry, record, plan)
 
     def admits_service_images(self) -> bool:
         """No: a namespace runs the host's own files, never an image."""
@@ -211,57 +225,3 @@ class BwrapBackend:
     def collect_orphans(self, registry: Registry) -> list[dict[str, Any]]:
         """Nothing: what a namespace leaves is collected with its sandbox's directory and record."""
         return []
-
-
-def _start(plan: Plan, registry: Registry, record: SandboxRecord) -> tuple[SandboxRecord, bwrap.Live]:
-    """Set up the limits, start the namespace inside them, record it, and refuse it unless it is
-    the plan."""
-    import hashlib
-    from dataclasses import replace
-
-    from sandboxer.backends.bwrap import namespace
-    from sandboxer.core import seccomp
-    from sandboxer.core.plan import MountKind
-    from sandboxer.core.record import PlanShare, SeccompRecord
-    from sandboxer.host import limits
-
-    limit_setup = limits.setup(plan.sandbox_id, plan.limits)
-    program = seccomp.cached_bpf(os.path.join(registry.state_dir, "parsed"), allow_ptrace=plan.allow_ptrace)
-    namespace.save_seccomp(registry.path(plan.sandbox_id), program)
-    record = replace(
-        record,
-        limits=limit_setup.recorded(plan.limits),
-        seccomp=SeccompRecord(sha256=hashlib.sha256(program).hexdigest(), allow_ptrace=plan.allow_ptrace),
-    )
-    started = plan
-    if os.geteuid() == 0 and any(m.lease is not None and m.kind is MountKind.RO_BIND for m in plan.mounts):
-        from sandboxer.host import lease_mounts
-
-        owner = record.manifest.owner_uid if record.manifest else -1
-        started = lease_mounts.stage(plan, registry.path(plan.sandbox_id), owner=owner)
-    live = namespace.start(started, seccomp_program=program, limit_setup=limit_setup)
-    record = replace(record, processes=live.processes(), plan=PlanShare.of(plan))
-    registry.write(record)
-    _verify(plan, live, limit_setup, program)
-    return record, live
-
-
-def _verify(plan: Plan, live: bwrap.Live, limit_setup: limits.LimitSetup, program: bytes) -> None:
-    """Refuse to hand out a sandbox whose observed state differs from its plan (exit 5)."""
-    from sandboxer.backends.bwrap import live as bwrap
-    from sandboxer.backends.bwrap.argv import HOLDER_TARGET
-    from sandboxer.errors import BackendError
-    from sandboxer.host.observe import differences, interfaces_from_proc, read_mountinfo
-
-    observed = bwrap.probe(
-        live, plan, procs_files=limit_setup.procs_files, rlimits=limit_setup.rlimits, seccomp=program
-    )
-    mounts = read_mountinfo(live.holder_pid)
-    problems = differences(
-        plan, mounts, interfaces_from_proc(live.holder_pid), observed, backend_files=(HOLDER_TARGET,)
-    )
-    problems += bwrap.confinement_problems(live, limit_setup)
-    if limit_setup.groups and not any(plan.sandbox_id in line for line in observed.cgroups):
-        problems.append("limits: the probe is not in the sandbox's cgroup")
-    if problems:
-        raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))

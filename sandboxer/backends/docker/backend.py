@@ -184,6 +184,9 @@ class DockerBackend:
         record, _, _ = start_docker(plan, image, registry, record)
         return record
 
+    def fill_workspace(self, plan: Plan, record: SandboxRecord, *, profile_file: str) -> None:
+        """Nothing: the clone is in the sized filesystem bound at /workspace."""
+
     def deliver(self, plan: Plan, record: SandboxRecord, data: bytes, target: str) -> None:
         from sandboxer.backends.docker import container
 

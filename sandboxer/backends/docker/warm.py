@@ -57,18 +57,7 @@ def start(
     record, probe, interfaces = start_docker(plan, image, registry, record)
     state = container.inspect(str(record.container_id)).get("State") or {}
     return record, {
-        "probe": {
-            "uid": probe.uid,
-            "gid": probe.gid,
-            "groups": list(probe.groups),
-            "cap_eff": probe.cap_eff,
-            "cap_prm": probe.cap_prm,
-            "cap_bnd": probe.cap_bnd,
-            "no_new_privs": probe.no_new_privs,
-            "env_names": list(probe.env_names),
-            "cgroups": list(probe.cgroups),
-            "seccomp": probe.seccomp,
-        },
+        "probe": probe.fields(),
         "interfaces": interfaces,
         "pid": state.get("Pid"),
         "started_at": state.get("StartedAt"),
@@ -84,19 +73,7 @@ def problems(registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]
     if record.warm is None:
         return ["it has no warm record"]
     try:
-        seen = record.warm.probe
-        probe = ProbeSeen(
-            uid=int(seen["uid"]),
-            gid=int(seen["gid"]),
-            groups=tuple(int(g) for g in seen["groups"]),
-            cap_eff=int(seen["cap_eff"]),
-            cap_prm=int(seen["cap_prm"]),
-            cap_bnd=int(seen["cap_bnd"]),
-            no_new_privs=bool(seen["no_new_privs"]),
-            env_names=tuple(str(n) for n in seen["env_names"]),
-            cgroups=tuple(str(c) for c in seen["cgroups"]),
-            seccomp=int(seen["seccomp"]),
-        )
+        probe = ProbeSeen.of_fields(record.warm.probe)
         interfaces = list(record.warm.interfaces)
     except (KeyError, TypeError, ValueError):
         return ["its warm record has an unexpected shape"]
