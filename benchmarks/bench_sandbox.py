@@ -33,9 +33,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
+
+if TYPE_CHECKING:
+    from sandboxer import Client
 
 REPO = Path(__file__).resolve().parent.parent
 SANDBOXER = [sys.executable, "-m", "sandboxer"]  # replaced by install_as_users_do() in main()
@@ -162,13 +165,12 @@ def sandbox_memory(world: World, sandbox_id: str) -> dict[str, float]:
     return {"processes": len(pids), "rss_mib": rss / 2**20, "uss_mib": uss / 2**20}
 
 
-def service(world: World, rounds: int, container: str | None) -> dict[str, Any]:
+def service(world: World, rounds: int, docker: tuple[str, str] | None) -> dict[str, Any]:
     """The broker as a service (`sandboxer serve` on the state dir's socket): the CLI through it
-    (exec, the cycle, --help), `Client.exec(["true"])` from this warm process — and, given a
-    running Docker `container`, once more alternating with `docker exec` in the same rounds —
-    and 200 concurrent execs over 20 sandboxes (each a thread with its own connection)."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    (exec, the cycle, the cycle with a warm sandbox, --help), `Client.exec(["true"])` from this
+    warm process — and, given Docker's (image, running container), once more alternating with
+    `docker exec` in the same rounds, and the warm cycle alternating with `docker run` — and 200
+    concurrent execs over 20 sandboxes (each a thread with its own connection)."""
     from sandboxer import Client
 
     path = world.state / "broker.sock"
@@ -189,43 +191,53 @@ def service(world: World, rounds: int, container: str | None) -> dict[str, Any]:
             results["service_exec_true_ms"] = timed(lambda: world.exec_true(sandbox_id), rounds)
             world.teardown(sandbox_id)
             results["service_cycle_ms"] = timed(world.cycle, max(5, rounds // 2))
+            image = docker[0] if docker is not None else None
+            warm = warm_cycles(world, "ext.bwrap", "bench", max(5, rounds // 2), image)
+            results.update({f"service_{key}": value for key, value in warm.items()})
         finally:
             world.through_service = False
         with client.create("bench") as sandbox:
             sandbox.exec(["true"])
             results["client_exec_true_ms"] = timed(lambda: sandbox.exec(["true"]), rounds)
-            if container is not None:
+            if docker is not None:
+                container = docker[1]
                 ours, theirs = [], []
                 for _ in range(rounds):
                     ours.append(timed(lambda: sandbox.exec(["true"]), 1))
                     theirs.append(timed(lambda: run(["docker", "exec", container, "true"]), 1))
                 results["client_exec_interleaved_ms"] = statistics.median(ours)
                 results["docker_exec_interleaved_ms"] = statistics.median(theirs)
-        sandboxes = [client.create("bench") for _ in range(20)]
-        try:
-
-            def one(index: int) -> tuple[int, float]:
-                start = time.perf_counter()
-                status = sandboxes[index % 20].exec(["true"]).status
-                return status, (time.perf_counter() - start) * 1000
-
-            started = time.perf_counter()
-            with ThreadPoolExecutor(max_workers=200) as pool:
-                done = list(pool.map(one, range(200)))
-            latencies = sorted(ms for _, ms in done)
-            results["service_200_execs"] = {
-                "seconds": round(time.perf_counter() - started, 2),
-                "all_succeeded": all(status == 0 for status, _ in done),
-                "p50_ms": round(latencies[99], 1),
-                "p99_ms": round(latencies[197], 1),
-            }
-        finally:
-            for sandbox in sandboxes:
-                sandbox.teardown()
+        results["service_200_execs"] = concurrent_execs(client)
         return results
     finally:
         served.terminate()
         served.wait(timeout=30)
+
+
+def concurrent_execs(client: Client) -> dict[str, Any]:
+    """200 concurrent `Client.exec(["true"])` over 20 sandboxes, each a thread with its own
+    connection: whether all succeed, and their latencies."""
+    sandboxes = [client.create("bench") for _ in range(20)]
+    try:
+
+        def one(index: int) -> tuple[int, float]:
+            start = time.perf_counter()
+            status = sandboxes[index % 20].exec(["true"]).status
+            return status, (time.perf_counter() - start) * 1000
+
+        started = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=200) as pool:
+            done = list(pool.map(one, range(200)))
+        latencies = sorted(ms for _, ms in done)
+        return {
+            "seconds": round(time.perf_counter() - started, 2),
+            "all_succeeded": all(status == 0 for status, _ in done),
+            "p50_ms": round(latencies[99], 1),
+            "p99_ms": round(latencies[197], 1),
+        }
+    finally:
+        for sandbox in sandboxes:
+            sandbox.teardown()
 
 
 def docker_references(world: World, rounds: int, results: dict[str, Any], docker: tuple[str, str] | None) -> None:
@@ -300,34 +312,36 @@ def docker_backend(world: World, image: str, rounds: int, raw: dict[str, Any]) -
     return results
 
 
-def docker_warm(world: World, image: str, rounds: int) -> dict[str, Any]:
-    """The cycle when the profile keeps a warm container (ext.docker `config.warm: 1`).
+def warm_cycles(world: World, extension: str, profile: str, rounds: int, image: str | None) -> dict[str, Any]:
+    """The cycle when the profile keeps a warm sandbox (the extension's `config.warm: 1`), as the
+    world's CLI runs it (in-process, or through the service).
 
-    Latency: before each timed cycle, and before each `docker run` it is compared with in the
-    same rounds, the background fill is waited out, so neither is measured against a container
-    start in the background. Back to back: cycles with no wait, where the fill a teardown starts
-    competes with the next create (which takes the warm container only if the fill is done).
+    Latency: before each timed cycle (and before each `docker run` it is compared with in the
+    same rounds, given an `image`) the background fill is waited out, so neither is measured
+    against a sandbox starting in the background. Back to back: cycles with no wait, where the
+    fill a teardown starts competes with the next create (which takes the warm sandbox only if
+    the fill is done).
     """
-    ext = world.config / "extensions" / "ext.docker.yaml"
+    ext = world.config / "extensions" / f"{extension}.yaml"
     cold_text = ext.read_text()
     ext.write_text(cold_text + "  warm: 1\n")
-    run(world.cli("ext", "approve", "ext.docker"))
-    run(world.cli("warm", "bench-docker"))
+    world.run("ext", "approve", extension)
+    world.run("warm", profile)
     taken: list[bool] = []
 
     def settled() -> None:
         for _ in range(600):
-            report = json.loads(run(world.cli("gc", "--json")))
+            report = json.loads(world.run("gc", "--json"))
             if report["warm"] and not report["busy"]:
-                time.sleep(0.1)  # and the fill process itself has exited
+                time.sleep(0.1)  # and a fill process has exited
                 return
             time.sleep(0.02)
-        raise RuntimeError("the warm container was never replaced")
+        raise RuntimeError("the warm sandbox was never replaced")
 
     def cycle() -> float:
-        warm_ids = set(json.loads(run(world.cli("gc", "--json")))["warm"])
+        warm_ids = set(json.loads(world.run("gc", "--json"))["warm"])
         start = time.perf_counter()
-        created = world.create("bench-docker")
+        created = world.create(profile)
         world.exec_true(created)
         receipt = world.teardown(created)
         elapsed = (time.perf_counter() - start) * 1000
@@ -337,29 +351,37 @@ def docker_warm(world: World, image: str, rounds: int) -> dict[str, Any]:
 
     def docker_run() -> float:
         start = time.perf_counter()
-        run(["docker", "run", "--rm", "--network", "none", image, "/usr/bin/true"])
+        run(["docker", "run", "--rm", "--network", "none", str(image), "/usr/bin/true"])
         return (time.perf_counter() - start) * 1000
 
     ours, theirs = [], []
     for _ in range(rounds):
         settled()
         ours.append(cycle())
-        settled()
-        theirs.append(docker_run())
+        if image is not None:
+            settled()
+            theirs.append(docker_run())
     settled()
     back_to_back = [cycle() for _ in range(rounds)]
     settled()
     ext.write_text(cold_text)
-    run(world.cli("ext", "approve", "ext.docker"))
-    run(world.cli("warm", "bench-docker"))  # warm: 0 again: the warm container goes
+    world.run("ext", "approve", extension)
+    world.run("warm", profile)  # warm: 0 again: the warm sandbox goes
     results: dict[str, Any] = {
-        "docker_warm_cycle_ms": statistics.median(ours),
-        "docker_run_interleaved_ms": statistics.median(theirs),
-        "docker_warm_back_to_back_cycle_ms": statistics.median(back_to_back),
-        "docker_warm_taken": f"{sum(taken[:rounds])}/{rounds} settled, {sum(taken[rounds:])}/{rounds} back to back",
+        "warm_cycle_ms": statistics.median(ours),
+        "warm_back_to_back_cycle_ms": statistics.median(back_to_back),
+        "warm_taken": f"{sum(taken[:rounds])}/{rounds} settled, {sum(taken[rounds:])}/{rounds} back to back",
     }
-    results["docker_warm_cycle_vs_docker_run"] = results["docker_warm_cycle_ms"] / results["docker_run_interleaved_ms"]
+    if theirs:
+        results["docker_run_interleaved_ms"] = statistics.median(theirs)
+        results["warm_cycle_vs_docker_run"] = results["warm_cycle_ms"] / results["docker_run_interleaved_ms"]
     return results
+
+
+def docker_warm(world: World, image: str, rounds: int) -> dict[str, Any]:
+    """The Docker backend's cycle with a warm container (in-process, as its other figures)."""
+    measured = warm_cycles(world, "ext.docker", "bench-docker", rounds, image)
+    return {(key if key.startswith("docker_") else f"docker_{key}"): value for key, value in measured.items()}
 
 
 def main() -> int:
@@ -402,7 +424,7 @@ def main() -> int:
         }
         docker = docker_setup()
         try:
-            results.update(service(world, rounds, docker[1] if docker is not None else None))
+            results.update(service(world, rounds, docker))
             docker_references(world, rounds, results, docker)
         finally:
             if docker is not None:
@@ -426,6 +448,8 @@ def report(results: dict[str, Any], *, as_json: bool) -> None:
         ("sandboxer --help, through the service", results["service_cli_help_ms"]),
         ("sandboxer exec ID -- true, through the service", results["service_exec_true_ms"]),
         ("create -> exec -> teardown, through the service", results["service_cycle_ms"]),
+        ("the same, warm (config.warm: 1, fill waited out)", results["service_warm_cycle_ms"]),
+        ("the same, warm, back to back", results["service_warm_back_to_back_cycle_ms"]),
         ("Client.exec(['true']) through the service", results["client_exec_true_ms"]),
     ]
     if results.get("docker") != "unavailable":
@@ -434,10 +458,12 @@ def report(results: dict[str, Any], *, as_json: bool) -> None:
             ("docker run --rm --network none IMAGE true", results["docker_run_true_ms"]),
             ("Client.exec, alternating with docker exec", results["client_exec_interleaved_ms"]),
             ("docker exec, alternating with Client.exec", results["docker_exec_interleaved_ms"]),
+            ("docker run --rm, alternating with the warm cycle", results["service_docker_run_interleaved_ms"]),
         ]
     print(f"median of {results['rounds']} runs, {results['cpus']} CPUs")
     for name, value in rows:
         print(f"  {name:45s} {value:8.1f} ms")
+    print(f"  warm sandbox taken through the service: {results['service_warm_taken']}")
     memory = results["idle_memory"]
     print(
         f"  idle sandbox: {memory['processes']} host processes, RSS {memory['rss_mib']:.1f} MiB, "
@@ -469,6 +495,7 @@ def report(results: dict[str, Any], *, as_json: bool) -> None:
         ("cycle vs docker run, in-process", results["cycle_vs_docker_run"], 1.0),
         ("exec vs docker exec, through the service", results["service_exec_vs_docker_exec"], 0.3),
         ("cycle vs docker run, through the service", results["service_cycle_vs_docker_run"], 0.5),
+        ("warm cycle vs docker run, through the service", results["service_warm_cycle_vs_docker_run"], 0.5),
         ("Client.exec vs docker exec", results["client_exec_vs_docker_exec"], 0.1),
         ("Client.exec vs docker exec, alternating", results["client_exec_vs_docker_exec_interleaved"], 0.1),
         ("idle memory (USS MiB)", memory["uss_mib"] / 8.0, 1.0),

@@ -116,7 +116,7 @@ class Backend(Protocol):
         """Every reason the warm sandbox of `record` may not become the sandbox of `plan`."""
 
     def taken_warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
-        """The final inspection of a warm sandbox a create took, once its workspace is cloned."""
+        """The final inspection of a warm sandbox a create took (after `warm_problems`)."""
 
     def admits_service_images(self) -> bool:
         """Whether a lease manifest's service_images can be honoured (an engine of images)."""

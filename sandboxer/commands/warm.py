@@ -30,22 +30,45 @@ def wanted(request: CreateRequest) -> int:
     """How many warm sandboxes the request's profile keeps; 0 when this create cannot take one.
 
     A lease manifest, or a bootstrap with suspend control, adds mounts and variables of its own to
-    the plan, so such a create always starts its own sandbox.
+    the plan, and a --ref or --branch checks out another workspace than the profile's ref: such
+    a create always starts its own sandbox.
     """
     if request.assignment is not None:
         return 0
     if request.delivery is not None and request.delivery[0].suspend_control:
         return 0
+    checkout = request.checkout
+    if checkout.ref != request.profile.workspace.ref or checkout.branch is not None:
+        return 0  # create --ref, --branch: a warm sandbox's workspace is the profile's ref
     return request.extension.warm
 
 
 def kind(request: CreateRequest, registry: Registry) -> warmpool.Kind:
     """The warm sandboxes a create of the request would take, and how to plan one."""
+    from dataclasses import replace
+
     from sandboxer.backends import backend_for
-    from sandboxer.commands.making import plan_for
+    from sandboxer.commands.making import clone_workspace, plan_for
+    from sandboxer.host import workspace
+
+    backend = backend_for(request.backend)
+    repository = request.profile.workspace.repository
 
     def planner(sandbox_id: str, known_ids: tuple[int, int] | None) -> Plan:
         return plan_for(request, registry, sandbox_id, known_ids=known_ids)
+
+    def workspace_refs(plan: Plan) -> str:
+        return workspace.refs_digest(repository, registry.path(plan.sandbox_id, workspace.GIT_HOME))
+
+    def clone(plan: Plan, record: SandboxRecord) -> SandboxRecord:
+        if not plan.workspace_in_memory:
+            # Host-side git works only in a directory of the host root's (it refuses one of
+            # another owner's): the warm sandbox's empty workspace is the host root's until the
+            # clone gives it to the sandbox user. Nothing runs in the sandbox but its holder.
+            os.chown(str(plan.workspace_source), 0, 0)
+        record = replace(record, work=clone_workspace(request, plan))
+        backend.fill_workspace(plan, record, profile_file=request.profile_file)
+        return record
 
     return warmpool.Kind(
         profile=request.profile.name,
@@ -53,8 +76,10 @@ def kind(request: CreateRequest, registry: Registry) -> warmpool.Kind:
         extension_sha256=request.extension.file_sha256,
         image=request.image,
         backend_name=request.backend,
-        backend=backend_for(request.backend),
+        backend=backend,
         planner=planner,
+        workspace_refs=workspace_refs,
+        clone=clone,
     )
 
 
@@ -64,21 +89,12 @@ def claim(request: CreateRequest, registry: Registry) -> tuple[int, SandboxRecor
 
 
 def finish(request: CreateRequest, registry: Registry, record: SandboxRecord, plan: Plan) -> SandboxRecord:
-    """The rest of a create that took a warm sandbox: clone, inspect again, deliver."""
-    from dataclasses import replace
-
+    """The rest of a create that took a warm sandbox (its workspace cloned ahead): inspect it
+    again, deliver."""
     from sandboxer.backends import backend_for
-    from sandboxer.commands.making import clone_workspace, deliver_requested
+    from sandboxer.commands.making import deliver_requested
 
-    backend = backend_for(request.backend)
-    if not plan.workspace_in_memory:
-        # Host-side git works only in a directory of the host root's (it refuses one of another
-        # owner's): the warm sandbox's empty workspace is the host root's until the clone gives
-        # it to the sandbox user. Nothing runs in the sandbox but its pid 1 meanwhile.
-        os.chown(str(plan.workspace_source), 0, 0)
-    record = replace(record, work=clone_workspace(request, plan))
-    backend.fill_workspace(plan, record, profile_file=request.profile_file)
-    problems = backend.taken_warm_problems(registry, record, plan)
+    problems = backend_for(request.backend).taken_warm_problems(registry, record, plan)
     if problems:
         raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))
     return deliver_requested(request, plan, record)

@@ -128,6 +128,7 @@ class WarmStamp:
     pid: int | None
     started_at: str | None
     since: int  # Docker: the second the Engine's exec history is asked from; bwrap: 0 (unused)
+    workspace_refs: str = ""  # workspace.refs_digest of the repository its workspace was cloned from
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

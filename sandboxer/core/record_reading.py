@@ -217,6 +217,7 @@ def _warm(part: _Reader) -> WarmStamp:
             "pid",
             "started_at",
             "since",
+            "workspace_refs",
         }
     )
     return WarmStamp(
@@ -229,6 +230,7 @@ def _warm(part: _Reader) -> WarmStamp:
         pid=part.maybe_int("pid"),
         started_at=part.maybe_text("started_at"),
         since=part.number("since"),
+        workspace_refs=part.maybe_text("workspace_refs") or "",  # a record from before: stale when taken
     )
 
 

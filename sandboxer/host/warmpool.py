@@ -1,11 +1,13 @@
 """The warm pool: sandboxes started ahead of the create that takes one.
 
-Most of a Docker create is the Engine starting the container (about 150 ms here; see
-docs/performance.md). An owner who sets `config.warm: N` in an extension (ext.docker is the one
-that accepts it) has the broker keep N sandboxes of each of its profiles started, verified and
+Most of a create is starting the sandbox and cloning its workspace (a Docker container's start
+alone is about 150 ms here; see docs/performance.md). An owner who sets `config.warm: N` in an
+extension has the broker keep N sandboxes of each of its profiles started, verified, cloned and
 idle. Each is made exactly as a create makes one, from the same plan under an id of its own,
-with one difference: its workspace is empty until a create takes it, clones the workspace into
-it, and has the backend inspect it again against the plan.
+with its workspace cloned from the profile's ref; a create that takes it has the backend
+inspect it again against the plan. A clone made earlier is the clone a create would make now
+while the repository's refs are the same (what a clone copies follows from them alone): a
+warm sandbox is stale once they changed.
 
 Registry states: `warming` (a fill is starting it) → `warm` (started, verified, idle) → taken by
 a create: `creating` → `ready`. Callers never see a warm sandbox: `list` leaves it out, and
@@ -13,8 +15,8 @@ a create: `creating` → `ready`. Callers never see a warm sandbox: `list` leave
 
 A warm sandbox is taken only while everything it was made from still holds: the approved bytes
 of the profile and of the extension (their sha256), the image, the engine's fingerprint of the
-taker's plan, and what the engine showed when it started (`Backend.warm_problems`). Anything
-else is stale: the create that meets it, the next fill, or `gc` removes it.
+taker's plan, the repository's refs, and what the engine showed when it started
+(`Backend.warm_problems`). Anything else is stale: the create that meets it, the next fill, or `gc` removes it.
 
 This module is the pool's bookkeeping over the registry; it takes plans (a `Planner`) and asks
 the sandbox's Backend for everything engine-specific. sandboxer.commands.warm is the `warm`
@@ -58,6 +60,10 @@ class Kind:
     backend_name: BackendName
     backend: Backend
     planner: Planner
+    # The repository's refs now (workspace.refs_digest), for the plan's sandbox directory.
+    workspace_refs: Callable[[Plan], str]
+    # The workspace cloned into a started warm sandbox, as a create would clone it.
+    clone: Callable[[Plan, SandboxRecord], SandboxRecord]
 
     def made_from(self, registry: Registry, plan: Plan) -> dict[str, Any]:
         """What a warm sandbox was made from, to compare with what a create would make."""
@@ -144,8 +150,11 @@ def start_one(registry: Registry, kind: Kind) -> str:
     try:
         registry.write(record)
         plan = kind.planner(sandbox_id, None)
+        refs = kind.workspace_refs(plan)  # before the clone: a change while it runs makes it stale
         record, seen = kind.backend.start_warm(plan, registry, record, image=kind.image)
-        record = replace(record, warm=WarmStamp(**kind.made_from(registry, plan), **seen), state=WARM)
+        record = kind.clone(plan, record)
+        stamp = WarmStamp(**kind.made_from(registry, plan), **seen, workspace_refs=refs)
+        record = replace(record, warm=stamp, state=WARM)
         registry.write(record)
     except BaseException:
         record = replace(record, state="failed")
@@ -165,6 +174,8 @@ def problems(registry: Registry, kind: Kind, record: SandboxRecord, plan: Plan) 
         return ["it has no warm record"]
     made_from = kind.made_from(registry, plan)
     stale = [f"stale: {key} changed" for key, value in made_from.items() if getattr(stamp, key) != value]
+    if not stale and stamp.workspace_refs != kind.workspace_refs(plan):
+        stale.append("stale: the repository's refs changed since its workspace was cloned")
     return stale or kind.backend.warm_problems(registry, record, plan)
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "check_repository",
     "clone",
     "is_commit_id",
+    "refs_digest",
     "remove_tree",
     "run_git",
     "seed",
@@ -191,6 +192,19 @@ def check_repository(repository: str, refs: tuple[str, ...], profile_file: str) 
                     raise UsageError(f"{profile_file}: {field}: not in the repository")
     finally:
         remove_tree(parent)
+
+
+def refs_digest(repository: str, git_home: str) -> str:
+    """The sha256 of every ref of `repository` (name and object id): what a clone of it copies
+    and checks out follows from them alone, so while they are the same a clone made earlier is
+    the clone a create would make now (a warm sandbox's). Host-side git as for a clone."""
+    import hashlib
+
+    with _home(git_home, repository) as home:
+        listed = _git(["for-each-ref", "--format=%(objectname) %(refname)"], home=home, cwd=repository)
+    if listed.returncode != 0:
+        raise BackendError(f"{repository}: its refs cannot be listed (git for-each-ref failed)")
+    return hashlib.sha256(listed.stdout).hexdigest()
 
 
 def is_commit_id(text: str) -> bool:

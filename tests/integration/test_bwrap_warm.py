@@ -64,7 +64,9 @@ def test_warm_fills_the_pool_and_callers_never_see_a_warm_namespace(warm: Sandbo
     assert again.json() == {"profile": PROFILE, "warm": 1, "started": [], "removed": [], "busy": False}
     record = records(warm)[warm_id]
     assert record["state"] == "warm"
-    assert os.listdir(warm.workspace_dir(warm_id)) == []  # empty until a create takes it
+    # Cloned ahead from the profile's ref, as a create clones it.
+    assert sorted(os.listdir(warm.workspace_dir(warm_id))) == [".git", "README.md"]
+    assert record["work"]["ref"] == "main"
     assert warm.run("list", "--json").json() == {"sandboxes": []}
     for command in ("inspect", "teardown"):
         refused = warm.run(command, warm_id, "--json")
@@ -106,6 +108,7 @@ def test_a_create_takes_the_warm_namespace_as_a_cold_create_would_make_it(warm: 
     assert inside.status == 0, inside.stderr
     assert inside.stdout == warm.sh(cold, script).stdout
     assert inside.stdout.splitlines() == ["1000", "1000 700", "README.md"]
+    assert records(warm)[taken]["work"] == records(warm)[cold]["work"]  # the same commit, from the same ref
     torn = warm.run("teardown", taken, "--json")
     assert torn.status == 0, torn.stderr
     assert torn.json()["residue"] == []
@@ -148,6 +151,30 @@ def test_a_changed_profile_makes_warm_namespaces_stale(warm: SandboxBroker) -> N
     assert taken != warm_id
     assert warm_id not in records(warm)
     assert warm.run("inspect", taken, "--json").json()["limits"]["pids"] == 99
+
+
+def test_a_warm_namespace_cloned_before_the_repository_moved_is_never_handed_out(warm: SandboxBroker) -> None:
+    (warm_id,) = warm_ids(warm)
+    before = records(warm)[warm_id]["work"]["base"]
+    (warm.repo / "NEW.md").write_text("new\n")
+    git = ["git", "-C", str(warm.repo), "-c", "user.name=t", "-c", "user.email=t@localhost"]
+    subprocess.run([*git, "add", "NEW.md"], check=True)
+    subprocess.run([*git, "commit", "-qm", "moved"], check=True)
+    taken = warm.create()
+    assert taken != warm_id
+    assert warm_id not in records(warm)
+    assert records(warm)[taken]["work"]["base"] != before
+    listed = warm.sh(taken, "ls /workspace")
+    assert listed.stdout.split() == ["NEW.md", "README.md"]
+
+
+def test_create_with_another_ref_never_takes_a_warm_namespace(warm: SandboxBroker) -> None:
+    (warm_id,) = warm_ids(warm)
+    made = warm.run("create", "--profile", PROFILE, "--ref", "main", "--branch", "task")
+    assert made.status == 0, made.stderr
+    warm.created.append(made.stdout.strip())
+    assert made.stdout.strip() != warm_id
+    assert warm_ids(warm) == [warm_id]  # still warm, for a create of the profile's own ref
 
 
 def test_gc_removes_warm_namespaces_of_a_revoked_profile(warm: SandboxBroker) -> None:

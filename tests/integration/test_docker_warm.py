@@ -79,10 +79,11 @@ def test_warm_fills_the_pool_and_callers_never_see_a_warm_container(warm: Sandbo
     assert record["state"] == "warm"
     workspace = warm.sandbox_dir(warm_id) / "workspace"
     seen = workspace.stat()
-    # The container root's (the daemon remaps it) and empty until a create takes it: the sandbox
-    # user (1000 inside) cannot enter it.
-    assert (seen.st_uid, seen.st_gid, seen.st_mode & 0o777) == (*_remapped_root(), 0o700)
-    assert os.listdir(workspace) == []
+    # Cloned ahead from the profile's ref, as a create clones it: the sandbox user's (1000
+    # inside, remapped by the daemon), 0700.
+    root_uid, root_gid = _remapped_root()
+    assert (seen.st_uid, seen.st_gid, seen.st_mode & 0o777) == (root_uid + 1000, root_gid + 1000, 0o700)
+    assert sorted(os.listdir(workspace)) == [".git", "README.md"]
     assert warm.run("list", "--json").json() == {"sandboxes": []}
     for command, status in (("inspect", 4), ("teardown", 4)):
         refused = warm.run(command, warm_id, "--json")

@@ -148,6 +148,7 @@ records = st.builds(
         pid=maybe_number,
         started_at=maybe_text,
         since=number,
+        workspace_refs=text,
     ),
 )
 

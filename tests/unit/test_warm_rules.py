@@ -11,10 +11,18 @@ from sandboxer.backends.docker import warm as docker_warm
 from sandboxer.commands import warm
 
 
-def request(*, count: int = 2, assignment: Any = None, delivery: Any = None) -> Any:
+def request(
+    *, count: int = 2, assignment: Any = None, delivery: Any = None, ref: str = "main", branch: str | None = None
+) -> Any:
     # The extension's count alone says whether a profile keeps any (ext.bwrap and ext.docker
     # accept config.warm alike: tests/unit/test_config.py).
-    return SimpleNamespace(extension=SimpleNamespace(warm=count), assignment=assignment, delivery=delivery)
+    return SimpleNamespace(
+        extension=SimpleNamespace(warm=count),
+        profile=SimpleNamespace(workspace=SimpleNamespace(ref="main")),
+        checkout=SimpleNamespace(ref=ref, branch=branch),
+        assignment=assignment,
+        delivery=delivery,
+    )
 
 
 def test_a_plain_create_may_take_one_of_the_extensions_warm_sandboxes() -> None:
@@ -27,10 +35,12 @@ def test_a_plain_create_may_take_one_of_the_extensions_warm_sandboxes() -> None:
     [
         {"assignment": object()},  # a lease manifest adds mounts and variables of its own
         {"delivery": (SimpleNamespace(suspend_control=True), b"")},  # a suspend dir is one more mount
+        {"ref": "release/1"},  # create --ref: another workspace than the one cloned ahead
+        {"branch": "task"},  # create --branch: the same
     ],
-    ids=["manifest", "suspend-control"],
+    ids=["manifest", "suspend-control", "ref", "branch"],
 )
-def test_creates_whose_plan_differs_never_take_one(other: dict[str, Any]) -> None:
+def test_creates_whose_plan_or_workspace_differs_never_take_one(other: dict[str, Any]) -> None:
     assert warm.wanted(request(**other)) == 0
 
 

@@ -188,10 +188,9 @@ class BwrapBackend:
         return warm.problems(registry, record, plan)
 
     def taken_warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
-        """The same checks once more: the clone wrote only into the workspace."""
-        from sandboxer.backends.bwrap import warm
-
-        return warm.problems(registry, record, plan)
+        """Nothing more: `warm_problems` ran under the create's lock just before, and the
+        workspace was cloned when the sandbox was made."""
+        return []
 
     def admits_service_images(self) -> bool:
         """No: a namespace runs the host's own files, never an image."""
