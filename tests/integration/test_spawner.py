@@ -4,6 +4,7 @@ reaped at once, and nothing of an exec outlives the spawner being killed under i
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -104,3 +105,38 @@ def _all() -> list[tuple[int, str, bytes]]:
             except OSError:
                 continue
     return found
+
+
+def test_a_root_spawner_forks_each_command_straight_into_its_sandbox(
+    served: tuple[Service, ClientSandbox, int],
+) -> None:
+    """No relay: the command is the spawner's child, in the sandbox's pid namespace and nobody's
+    else; the spawner's own children are born into its pid namespace again at once; every way a
+    command ends reaches the caller; the spawner keeps no status pipe of an ended exec."""
+    service, sandbox, spawner = served
+    own = os.readlink(f"/proc/{spawner}/ns/pid")
+    descriptors = sorted(os.listdir(f"/proc/{spawner}/fd"))
+    marker = f"1.{os.getpid() % 1000:03d}7"  # a second and a bit, and no other process's argument
+    started = threading.Thread(target=lambda: sandbox.exec(["sleep", marker]))
+    started.start()
+    deadline = time.monotonic() + 20
+    while not (ours := [pid for pid, _, cmd in _children(spawner) if marker.encode() in cmd]):
+        assert time.monotonic() < deadline, "the command never became the spawner's child"
+        time.sleep(0.02)
+    record = json.loads((service.broker.sandbox_dir(sandbox.id) / "record.json").read_text())
+    holder = int(record["holder_pid"])
+    assert os.readlink(f"/proc/{ours[0]}/ns/pid") == os.readlink(f"/proc/{holder}/ns/pid") != own
+    assert os.readlink(f"/proc/{spawner}/ns/pid_for_children") == own
+    started.join(timeout=30)
+    outcomes = [
+        (["true"], 0),
+        (["sh", "-c", "exit 7"], 7),
+        (["sh", "-c", "kill -9 $$"], 137),
+        (["no-such-program"], 127),
+    ]
+    for argv, status in outcomes:
+        assert sandbox.exec(argv).status == status, argv
+    time.sleep(0.3)
+    assert _children(spawner) == []
+    assert sorted(os.listdir(f"/proc/{spawner}/fd")) == descriptors
+    assert os.readlink(f"/proc/{spawner}/ns/pid_for_children") == own

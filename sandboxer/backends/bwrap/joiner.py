@@ -12,6 +12,10 @@ The sequence, for root and for an ordinary broker alike:
                                          environment
     A relays B's end (exit status, or 128+N for signal N); the broker waits on A.
 
+A root service's spawner needs no A (fork_command): it sets the pid namespace of its next child
+to the sandbox's, forks the command straight into it (which then takes A's steps and B's itself,
+in that order), sets it back to its own, and passes the command's end on itself.
+
 Joining the user namespace as its owner uid gives A full capabilities inside it (needed for the
 other setns calls) and none outside; B throws them all away before execve.
 
@@ -180,25 +184,83 @@ def fork_relay(entry: Entry, stdio: tuple[int, int, int], report: int, status: i
     """Fork A for `entry` (its namespaces and cgroups opened here first): its pid. A reports on
     `report` (read_report) and, when `status` is given, writes the command's exit status there
     before it ends. EntryError (125) when the sandbox cannot be opened."""
+    namespaces, cgroups = _open_sandbox(entry)
+    try:
+        relay = os.fork()
+    except OSError as exc:
+        _close_all(namespaces, cgroups)
+        raise EntryError(125, f"cannot start the command ({exc.strerror})") from None
+    if relay == 0:  # A: never returns, whatever happens in it
+        try:
+            _relay(entry, namespaces, cgroups, report, stdio, status_fd=status)
+        finally:
+            os._exit(125)
+    _close_all(namespaces, cgroups)
+    return relay
+
+
+def fork_command(entry: Entry, stdio: tuple[int, int, int], report: int, own_pid_namespace: int) -> int:
+    """A root spawner's exec, with no relay: fork the command straight into the sandbox's pid
+    namespace and let it join the rest as A does; its pid, which the caller reaps and whose end it
+    passes on. `own_pid_namespace`: this process's own, which its children are born into again
+    right after the fork. EntryError (125) when the sandbox cannot be opened.
+
+    Setting the pid namespace of one's children to another's takes CAP_SYS_ADMIN where this
+    process lives, so only a root spawner does this; the command, still root for a moment, is
+    in the sandbox's pid namespace only, and drops to the sandbox's host uid before it joins any
+    other namespace (`_enter`), exactly as A does."""
+    namespaces, cgroups = _open_sandbox(entry)
+    pid_namespace = next(fd for fd, nstype in namespaces if nstype == CLONE_NEWPID)
+    try:
+        setns(pid_namespace, CLONE_NEWPID)
+        command = os.fork()
+    except OSError as exc:
+        _own_pid_namespace_again(own_pid_namespace)
+        _close_all(namespaces, cgroups)
+        raise EntryError(125, f"cannot start the command ({exc.strerror})") from None
+    if command == 0:  # the command: never returns
+        try:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the spawner's way of reaping is not its own
+            _enter(entry, namespaces, cgroups, {report, *stdio, *cgroups, *(fd for fd, _ in namespaces)})
+            _command(entry, report, stdio)
+        except OSError as exc:
+            _report(report, f"setup 125 cannot enter the sandbox ({exc.strerror})")
+        finally:
+            os._exit(125)
+    _own_pid_namespace_again(own_pid_namespace)
+    _close_all(namespaces, cgroups)
+    _report(report, f"pid {command}")
+    return command
+
+
+def _own_pid_namespace_again(own: int) -> None:
+    """Children of this process are born into its own pid namespace again. A spawner that cannot
+    say so must not fork another exec (it would land in this sandbox): it ends, and the service
+    starts another."""
+    try:
+        setns(own, CLONE_NEWPID)
+    except OSError:
+        os._exit(70)
+
+
+def _open_sandbox(entry: Entry) -> tuple[list[tuple[int, int]], list[int]]:
+    """The sandbox's namespaces (the holder's, checked by its start time) and cgroup files,
+    opened; EntryError (125) when they cannot be."""
     namespaces: list[tuple[int, int]] = []
     cgroups: list[int] = []
     try:
         namespaces = _open_namespaces(entry.holder_pid, entry.holder_start)
         for path in entry.cgroup_procs:
             cgroups.append(os.open(path, os.O_WRONLY | os.O_CLOEXEC))
-        relay = os.fork()
     except OSError as exc:
-        for fd in [fd for fd, _ in namespaces] + cgroups:
-            os.close(fd)
+        _close_all(namespaces, cgroups)
         raise EntryError(125, f"cannot open the sandbox's namespaces or cgroups ({exc.strerror})") from None
-    if relay == 0:  # A: never returns, whatever happens in it
-        try:
-            _relay(entry, namespaces, cgroups, report, stdio, status_fd=status)
-        finally:
-            os._exit(125)
+    return namespaces, cgroups
+
+
+def _close_all(namespaces: list[tuple[int, int]], cgroups: list[int]) -> None:
     for fd in [fd for fd, _ in namespaces] + cgroups:
         os.close(fd)
-    return relay
 
 
 def read_report(report: int) -> int:
@@ -256,28 +318,10 @@ def _relay(
 ) -> None:
     """Process A: never returns."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a spawner's way of reaping is not A's: it waits for B
-    broker = os.getppid()
-    # First of all, keep only what A and B use: the broker's other descriptors (a sandbox's lock
-    # above all) must not outlive the broker in a process that is slow to follow it.
     kept = {report, *stdio, *cgroups, *(fd for fd, _ in namespaces)}
-    _keep_only(kept if status_fd is None else {*kept, status_fd})
     try:
-        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-        for fd in cgroups:
-            os.write(fd, b"0")  # "0" moves the writer; B inherits the cgroups
-            os.close(fd)
-        if os.geteuid() == 0:
-            os.setgroups([])
-            os.setresgid(entry.host_gid, entry.host_gid, entry.host_gid)
-            os.setresuid(entry.host_uid, entry.host_uid, entry.host_uid)
-        for fd, nstype in namespaces:
-            setns(fd, nstype)
-            os.close(fd)
-        # Only now: every credential change above (setresuid, setns into a user namespace)
-        # clears the parent-death signal. If the broker died meanwhile, stop here.
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != broker:
-            os._exit(125)
+        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)  # the host's, before any setns
+        _enter(entry, namespaces, cgroups, {*kept, devnull} if status_fd is None else {*kept, devnull, status_fd})
         command = os.fork()
     except OSError as exc:
         _report(report, f"setup 125 cannot enter the sandbox ({exc.strerror})")
@@ -292,6 +336,31 @@ def _relay(
     _report(report, f"pid {command}")
     os.close(report)
     _relay_end(command, devnull, status_fd)
+
+
+def _enter(entry: Entry, namespaces: list[tuple[int, int]], cgroups: list[int], kept: set[int]) -> None:
+    """In a child of the broker (or of its spawner): keep only the descriptors `kept`, join the
+    sandbox's cgroups, become its host uid and gid, and join its namespaces. OSError when one
+    step fails; exits (125) when the broker died meanwhile."""
+    broker = os.getppid()
+    # First of all, keep only what A and B use: the broker's other descriptors (a sandbox's lock
+    # above all) must not outlive the broker in a process that is slow to follow it.
+    _keep_only(kept)
+    for fd in cgroups:
+        os.write(fd, b"0")  # "0" moves the writer; its children inherit the cgroups
+        os.close(fd)
+    if os.geteuid() == 0:
+        os.setgroups([])
+        os.setresgid(entry.host_gid, entry.host_gid, entry.host_gid)
+        os.setresuid(entry.host_uid, entry.host_uid, entry.host_uid)
+    for fd, nstype in namespaces:
+        setns(fd, nstype)
+        os.close(fd)
+    # Only now: every credential change above (setresuid, setns into a user namespace) clears
+    # the parent-death signal. If the broker died meanwhile, stop here.
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != broker:
+        os._exit(125)
 
 
 def _relay_end(command: int, devnull: int, status_fd: int | None) -> None:

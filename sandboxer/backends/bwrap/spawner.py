@@ -16,7 +16,9 @@ cgroups as the service would, forks A, closes its copies and answers `{"relay": 
 `{"error": [STATUS, MESSAGE]}`. A reports to the service directly (joiner.read_report) and, once
 the command ends, writes its exit status to the status pipe before it ends: the service waits on
 that pipe (its end of file, should A be killed, says so too), never on A's pid, which the
-spawner reaps as soon as it ends (SIGCHLD). The spawner runs as the service's own account, is
+spawner reaps as soon as it ends (SIGCHLD). A root spawner forks no A: the command itself goes
+straight into its sandbox (joiner.fork_command), and the spawner writes its status when it
+reaps it; the answer's "relay" is then the command's pid. The spawner runs as the service's own account, is
 reached only through the socket the service made for it (no path), and dies with the service
 (PR_SET_PDEATHSIG).
 

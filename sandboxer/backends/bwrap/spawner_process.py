@@ -1,4 +1,5 @@
-"""The spawner process itself (spawner.py is the service's side): it forks each exec's relay.
+"""The spawner process itself (spawner.py is the service's side): it forks each exec's relay
+(as root, the command itself, straight into its sandbox: joiner.fork_command).
 
 Everything this process imports, it pays for at every fork: a fork copies its page tables, and
 the child runs every at-fork handler of what is loaded — threading's and logging's above all. So
@@ -23,6 +24,8 @@ from sandboxer.host.fdpass import receive_fds
 FDS = 6  # the request (a sealed memfd), stdin, stdout, stderr, the report and the status pipe's write ends
 MAX_REQUEST = 16 * 1024 * 1024  # an Entry: argv and environment, as large as exec's command line
 ENTRY_FIELDS = joiner.Entry.__slots__
+_own_pid_namespace: int | None = None  # root's: execs are forked straight into their sandbox
+_status_of: dict[int, int] = {}  # a command forked straight into its sandbox: its status pipe
 
 
 def serve(sock: socket.socket) -> None:
@@ -53,7 +56,17 @@ def _start(fds: list[int]) -> dict[str, Any]:
         while len(data) < size and (chunk := os.pread(request, size - len(data), len(data))):
             data += chunk
         entry = _entry(json.loads(data)["entry"])
-        return {"relay": joiner.fork_relay(entry, (stdin, stdout, stderr), report, status)}
+        if _own_pid_namespace is None:
+            return {"relay": joiner.fork_relay(entry, (stdin, stdout, stderr), report, status)}
+        # Root: the command is forked straight into the sandbox (no relay), and its end is passed
+        # on from here. SIGCHLD waits until its status pipe is known: it may end at once.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+        try:
+            command = joiner.fork_command(entry, (stdin, stdout, stderr), report, _own_pid_namespace)
+            _status_of[command] = os.dup(status)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        return {"relay": command}
     except EntryError as exc:
         return {"error": [exc.status, exc.message]}
     except (ValueError, KeyError, TypeError, OSError) as exc:
@@ -61,15 +74,25 @@ def _start(fds: list[int]) -> dict[str, Any]:
 
 
 def _reap(_signum: int = 0, _frame: object = None) -> None:
-    """Wait for every relay that ended, at once: an unreaped relay still counts against its
-    sandbox's pids limit (the service learns its status from the relay itself)."""
+    """Wait for every child that ended, at once: an unreaped one still counts against its
+    sandbox's pids limit. A relay tells the service its command's status itself; a command forked
+    straight into its sandbox has its status written to its status pipe here."""
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        fd = _status_of.pop(pid, None)
+        if fd is not None:
+            code = os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+            try:
+                os.write(fd, b"%d\n" % code)
+            except OSError:  # the service no longer waits for it
+                pass
+            finally:
+                os.close(fd)
 
 
 def main(fd: int) -> None:
@@ -81,7 +104,10 @@ def main(fd: int) -> None:
         sys.exit(0)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # the service decides; its end of the socket ends this
-    signal.signal(signal.SIGCHLD, _reap)  # each relay as it ends (the relay resets this at once)
+    global _own_pid_namespace  # noqa: PLW0603 - set once, before the first request
+    if os.geteuid() == 0:
+        _own_pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    signal.signal(signal.SIGCHLD, _reap)  # each child as it ends (each resets this at once)
     with socket.socket(fileno=fd) as sock:
         serve(sock)
 
