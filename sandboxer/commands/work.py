@@ -56,7 +56,10 @@ echo "head $head"
 echo "tree $(GIT_INDEX_FILE=$index $git write-tree)"
 echo "head_tree $head_tree"
 echo "branch $branch"
-echo "ahead $($git rev-list --count "$1..HEAD" 2>/dev/null || echo unknown)"
+if [ "$head" = "$1" ]; then ahead=0  # HEAD is the base: no commit since
+else ahead=$($git rev-list --count "$1..HEAD" 2>/dev/null || echo unknown)
+fi
+echo "ahead $ahead"
 """
 
 # The broker's git commands inside, with the sandbox's fsmonitor and hooks off.
