@@ -64,7 +64,8 @@ def kind(request: CreateRequest, registry: Registry) -> warmpool.Kind:
         if not plan.workspace_in_memory:
             # Host-side git works only in a directory of the host root's (it refuses one of
             # another owner's): the warm sandbox's empty workspace is the host root's until the
-            # clone gives it to the sandbox user. Nothing runs in the sandbox but its holder.
+            # clone gives it to the sandbox user. Nothing runs in the sandbox but its holder
+            # (bwrap) or its pid 1 (Docker).
             os.chown(str(plan.workspace_source), 0, 0)
         record = replace(record, work=clone_workspace(request, plan))
         backend.fill_workspace(plan, record, profile_file=request.profile_file)

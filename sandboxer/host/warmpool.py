@@ -16,7 +16,8 @@ a create: `creating` → `ready`. Callers never see a warm sandbox: `list` leave
 A warm sandbox is taken only while everything it was made from still holds: the approved bytes
 of the profile and of the extension (their sha256), the image, the engine's fingerprint of the
 taker's plan, the repository's refs, and what the engine showed when it started
-(`Backend.warm_problems`). Anything else is stale: the create that meets it, the next fill, or `gc` removes it.
+(`Backend.warm_problems`). Anything else is stale: the create that meets it, the next fill, or
+`gc` removes it.
 
 This module is the pool's bookkeeping over the registry; it takes plans (a `Planner`) and asks
 the sandbox's Backend for everything engine-specific. sandboxer.commands.warm is the `warm`
