@@ -6,30 +6,12 @@
         print(sb.exec(["python3", "-c", "print(1)"]).stdout)
 
 The API (docs/api.md) is imported on first use: the CLI imports this package on every command,
-and its start-up must not pay for it.
+and its start-up must not pay for it — not even for `typing`. Type checkers read the names from
+__init__.pyi, the lazy package's usual companion (Scientific Python's SPEC 1), which
+tests/unit/test_package_names.py holds to what __getattr__ below answers.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from sandboxer.api import Broker, ExecStream, Owner, Sandbox
-    from sandboxer.client import Client, ClientOwner, ClientSandbox
-    from sandboxer.results import (
-        Approval,
-        Created,
-        Dispatched,
-        Evidence,
-        ExecResult,
-        Exported,
-        GcReport,
-        MountEvidence,
-        OwnerEntry,
-        Receipt,
-        RuntimeDigest,
-        SandboxInfo,
-    )
 
 __version__ = "0.1.0"
 

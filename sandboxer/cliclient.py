@@ -30,12 +30,9 @@ import socket
 import stat
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from sandboxer.dirs import Untrusted, connect, resolve_dirs, service_socket
-
-if TYPE_CHECKING:
-    from sandboxer.host.stdio import Pumps
+from sandboxer.host.pumps import Pumps
 
 IDLE_EXIT = 600  # seconds a private service waits for its next command before it exits
 START_SECONDS = 15.0  # how long a private service may take to answer
@@ -179,8 +176,6 @@ def _forward(conn: socket.socket, argv: list[str], words: tuple[str, ...]) -> in
     Pumps.for_client) and the files it names; pass signals on; copy until the status comes;
     return it."""
     import signal
-
-    from sandboxer.host.stdio import Pumps
 
     files, opened, made = _open_files(words)
     pumps = Pumps.for_client()

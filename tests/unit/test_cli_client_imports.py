@@ -1,8 +1,7 @@
 """The `sandboxer` command is a small client: every command of every caller pays for what it
 imports, so it loads the standard library only, little of it, and of sandboxer only the
-directories' module (and, to forward a command, the stdio pumps and the errors they raise) —
-the import budget the service exists for. (The stdio pumps know the window size messages of
-exec -t: the terminal module, fcntl and termios, nothing more.)"""
+directories' module and the pumps that copy its terminal and files — the import budget the
+service exists for. (exec -t loads the terminal module too, when it needs it.)"""
 
 from __future__ import annotations
 
@@ -11,17 +10,21 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-ALLOWED_OWN = {"sandboxer", "sandboxer.__main__", "sandboxer.cliclient", "sandboxer.dirs"}
-FORWARDING = {
+ALLOWED_OWN = {
+    "sandboxer",
+    "sandboxer.__main__",
+    "sandboxer.cliclient",
+    "sandboxer.dirs",
     "sandboxer.host",
-    "sandboxer.host.stdio",
+    "sandboxer.host.pumps",
     "sandboxer.host.ready",
-    "sandboxer.host.terminal",
-    "sandboxer.errors",
 }
+EXEC_TERMINAL = {"sandboxer.host.terminal"}
 # What the service pays for once and the client must never: the command table and its parsers,
-# the HTTP server, YAML, the broker's core.
+# the HTTP server, YAML, the broker's core; and what no command it forwards needs (annotations
+# are never evaluated; only the service runs threads; only exec -t touches a terminal's modes).
 FORBIDDEN = {"typer", "click", "aiohttp", "ruamel", "pydantic", "rich", "http", "asyncio", "subprocess", "dataclasses"}
+UNNEEDED = {"typing", "threading", "termios"}
 
 
 def _loaded_by(module: str) -> list[str]:
@@ -37,11 +40,16 @@ def test_the_client_loads_no_other_sandboxer_module() -> None:
     assert {name for name in loaded if name.split(".")[0] == "sandboxer"} <= ALLOWED_OWN
 
 
-def test_forwarding_loads_only_the_stdio_pumps() -> None:
-    loaded = _loaded_by("sandboxer.host.stdio")
+def test_exec_t_loads_only_the_terminal_module_more() -> None:
+    loaded = _loaded_by("sandboxer.__main__, sandboxer.host.terminal")
     own = {name for name in loaded if name.split(".")[0] == "sandboxer"}
-    assert own <= ALLOWED_OWN | FORWARDING
+    assert own <= ALLOWED_OWN | EXEC_TERMINAL
     assert {name.split(".")[0] for name in loaded} & FORBIDDEN == set()
+
+
+def test_the_client_loads_neither_typing_nor_threading_nor_termios() -> None:
+    loaded = _loaded_by("sandboxer.__main__")
+    assert set(loaded) & UNNEEDED == set()
 
 
 def test_the_client_loads_no_third_party_or_heavy_module() -> None:

@@ -1,5 +1,5 @@
-"""What `exec` puts between the caller's stdio and the command (sandboxer.host.stdio.Pumps), in forked
-children whose fds 0-2 are set up as a caller's might be."""
+"""What `exec` puts between the caller's stdio and the command (sandboxer.host.stdio.caller_pumps),
+in forked children whose fds 0-2 are set up as a caller's might be."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import stat
 from pathlib import Path
 
 from sandboxer.errors import ExecUsage
-from sandboxer.host.stdio import Pumps
+from sandboxer.host.stdio import caller_pumps
 
 
 def _in_child(stdio: tuple[int, int, int]) -> str:
-    """What Pumps makes of these fds as 0, 1, 2: a refusal, or the file type each end given to
+    """What caller_pumps makes of these fds as 0, 1, 2: a refusal, or the file type each end given to
     the command has ('fifo' where a pipe stands in front of the caller's)."""
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -22,7 +22,7 @@ def _in_child(stdio: tuple[int, int, int]) -> str:
             for target, fd in enumerate(stdio):
                 os.dup2(fd, target)
             try:
-                pumps = Pumps.for_caller_stdio()
+                pumps = caller_pumps()
             except ExecUsage as exc:
                 answer = str(exc)
             else:

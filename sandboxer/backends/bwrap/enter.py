@@ -13,8 +13,20 @@ from typing import TYPE_CHECKING
 
 from sandboxer.errors import ExecUsage
 from sandboxer.host import procs
+from sandboxer.host.pumps import Pumps
 from sandboxer.host.ready import wait_ready
-from sandboxer.host.stdio import CALLER_GONE, CANCEL_POLL, TIMED_OUT, CallerStdio, Control, Program, Pumps, Watchdog
+from sandboxer.host.stdio import (
+    CALLER_GONE,
+    CANCEL_POLL,
+    TIMED_OUT,
+    CallerStdio,
+    Control,
+    Program,
+    Watchdog,
+    caller_pumps,
+    program_pumps,
+    terminal_pumps,
+)
 from sandboxer.host.terminal import caller_size, caller_terminal, set_size
 
 if TYPE_CHECKING:
@@ -78,11 +90,11 @@ def run(
         if isinstance(program, Program):
             raise ExecUsage("exec: -t: a terminal is for a caller's own stdio, not a program's")
         entry.tty = True
-        pumps = Pumps.for_terminal(fds[0], fds[1], control.size if control is not None else caller_size(fds))
+        pumps = terminal_pumps(fds[0], fds[1], control.size if control is not None else caller_size(fds))
     elif isinstance(program, Program):
-        pumps = Pumps.for_program(program)
+        pumps = program_pumps(program)
     else:
-        pumps = Pumps.for_caller_stdio(fds)
+        pumps = caller_pumps(fds)
     forwarder = _SignalForwarder() if program is None else None
     try:
         terminal = pumps.terminal
