@@ -1,5 +1,6 @@
 """Small filesystem primitives: atomic replacement, private directories, advisory locks, opening
-and reading files without following symlinks, and the mount points this process sees.
+and reading files without following symlinks, the mount points this process sees and unmounting
+one.
 
 Removing and copying whole trees is in `fstree`."""
 
@@ -230,6 +231,20 @@ def mount_points() -> list[str]:
         if len(fields) > 4:
             points.append(_unescape(fields[4]).decode(errors="surrogateescape"))
     return points
+
+
+def unmount(point: str, *, detach: bool = False) -> None:
+    """umount2(2) of `point` (detach: lazily, once nothing uses it any more); OSError says why not.
+    A loop device that `mount -o loop` set up for it is freed with it (the kernel's autoclear)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.umount2(point.encode(), _MNT_DETACH if detach else 0) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), point)
+
+
+_MNT_DETACH = 2
 
 
 def _unescape(field: bytes) -> bytes:

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 SPOOL_FS_OPTIONS = "size=64m,nr_inodes=4096,mode=0755"
 
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND, _MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 1 << 18
-_MNT_DETACH = 2
 
 
 def _libc() -> Any:
@@ -145,12 +144,14 @@ def unstage(sandbox_dir: str) -> list[str]:
 
 def unmount_below(directory: str) -> list[str]:
     """Unmount (lazily) every mount at or below `directory`, deepest first; what could not be."""
-    from sandboxer.host.fsutil import mount_points
+    from sandboxer.host.fsutil import mount_points, unmount
 
     left = []
     points = {p for p in mount_points() if p == directory or p.startswith(directory + "/")}
     for point in sorted(points, key=len, reverse=True):
-        if _libc().umount2(point.encode(), _MNT_DETACH) != 0:
+        try:
+            unmount(point, detach=True)
+        except OSError:
             left.append(f"mount {point}")
     return left
 

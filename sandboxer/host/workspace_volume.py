@@ -15,6 +15,7 @@ import shutil
 import subprocess
 
 from sandboxer.errors import BackendError
+from sandboxer.host import fsutil
 
 IMAGE = "workspace.img"
 MOUNT_POINT = "workspace"
@@ -42,7 +43,7 @@ def make(directory: str, *, size_mib: int) -> bool:
 
     Returns False (nothing made) for an unprivileged broker. The mount point is left empty (no
     lost+found) and root's for the clone, which hands it to the sandbox user when it is done;
-    teardown unmounts it with `unmount`.
+    teardown unmounts it with `unmount` (umount2 itself: the loop device goes with the mount).
     """
     if os.geteuid() != 0:
         return False
@@ -71,7 +72,7 @@ def unmount(directory: str) -> tuple[list[str], list[str]]:
     if not os.path.ismount(target):
         return [], []
     try:
-        _run([_tool("umount"), target], "umount")
-    except BackendError as exc:
-        return [], [f"workspace filesystem {target}: {exc.message}"]
+        fsutil.unmount(target)
+    except OSError as exc:
+        return [], [f"workspace filesystem {target}: umount failed ({exc.strerror})"]
     return [f"workspace filesystem {target}"], []
