@@ -37,7 +37,10 @@ _BRANCH = re.compile(r"[A-Za-z0-9._/+@-]{1,255}")
 _SHOWN = re.compile(r"[^ -~]")  # what a message may not quote of the sandbox's words: anything but printable ASCII
 
 # Prints the workspace's state, one "key value" line each; run by sh with the base commit as $1.
-# A private index (a copy of the real one, for its stat cache) leaves the sandbox's own alone.
+# A clean working tree (nothing staged, changed or untracked that `git add --all` would take; the
+# options override the sandbox's config that could hide any of it) is HEAD's tree; otherwise the
+# tree is written from a private index (a copy of the real one, for its stat cache), which leaves
+# the sandbox's own alone. A failed git ends the script (set -e), never reads as clean.
 STATE_SCRIPT = r"""set -eu
 export LC_ALL=C GIT_OPTIONAL_LOCKS=0 GIT_TERMINAL_PROMPT=0
 git="git -c core.fsmonitor=false -c core.hooksPath=/dev/null"
@@ -48,12 +51,18 @@ at=$($git rev-parse --absolute-git-dir 'HEAD^{commit}' 'HEAD^{tree}' --abbrev-re
 $at
 EOF
 [ "$branch" != HEAD ] || branch=
-index=$(mktemp "${TMPDIR:-/tmp}/sandboxer-index.XXXXXX")
-trap 'rm -f "$index"' EXIT
-if [ -f "$git_dir/index" ]; then cp "$git_dir/index" "$index"; else rm -f "$index"; fi
-GIT_INDEX_FILE=$index $git add --all
+changes=$($git status --porcelain --untracked-files=all --ignore-submodules=none)
+if [ -z "$changes" ]; then
+  tree=$head_tree
+else
+  index=$(mktemp "${TMPDIR:-/tmp}/sandboxer-index.XXXXXX")
+  trap 'rm -f "$index"' EXIT
+  if [ -f "$git_dir/index" ]; then cp "$git_dir/index" "$index"; else rm -f "$index"; fi
+  GIT_INDEX_FILE=$index $git add --all
+  tree=$(GIT_INDEX_FILE=$index $git write-tree)
+fi
 echo "head $head"
-echo "tree $(GIT_INDEX_FILE=$index $git write-tree)"
+echo "tree $tree"
 echo "head_tree $head_tree"
 echo "branch $branch"
 if [ "$head" = "$1" ]; then ahead=0  # HEAD is the base: no commit since
