@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from sandboxer.commands.making import CreateRequest, clone_workspace, deliver_requested, plan_for
-from sandboxer.core.record import SandboxRecord, WorkspaceFs, expiry_text, now_text
+from sandboxer.core.record import SandboxRecord, expiry_text, now_text
 from sandboxer.errors import SandboxerError, UsageError
 from sandboxer.host import activity, procs
 from sandboxer.host.destroy import destroy
@@ -114,12 +114,7 @@ def _make(request: CreateRequest, registry: Registry, record: SandboxRecord) -> 
     backend = backend_for(plan.backend)
     from sandboxer.host import workspace_volume
 
-    size = plan.limits.workspace_mib
-    if plan.workspace_in_memory:
-        record = replace(record, workspace_fs=WorkspaceFs(mib=size, enforced=True, kind="tmpfs"))
-    else:
-        bounded = workspace_volume.make(registry.path(record.id), size_mib=size)
-        record = replace(record, workspace_fs=WorkspaceFs(mib=size, enforced=bounded, kind="ext4"))
+    record = replace(record, workspace_fs=workspace_volume.prepare(plan, registry.path(record.id)))
     record = replace(record, work=clone_workspace(request, plan))
     if assignment is not None:
         record = replace(record, manifest=assignment.record(plan))

@@ -13,9 +13,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from typing import TYPE_CHECKING
 
+from sandboxer.core.record import WorkspaceFs
 from sandboxer.errors import BackendError
 from sandboxer.host import fsutil
+
+if TYPE_CHECKING:
+    from sandboxer.core.plan import Plan
 
 IMAGE = "workspace.img"
 MOUNT_POINT = "workspace"
@@ -36,6 +41,16 @@ def _run(argv: list[str], what: str) -> None:
     if done.returncode != 0:
         last = done.stderr.decode(errors="replace").strip().splitlines()
         raise BackendError(f"workspace filesystem: {what} failed ({last[-1] if last else done.returncode})")
+
+
+def prepare(plan: Plan, directory: str) -> WorkspaceFs:
+    """The workspace's filesystem for a create of `plan` whose sandbox directory is `directory`:
+    a sized tmpfs in the namespace when the plan says so (an unprivileged bwrap broker's; bwrap
+    makes it), else the ext4 image `make` mounts here, its size enforced only as root."""
+    size = plan.limits.workspace_mib
+    if plan.workspace_in_memory:
+        return WorkspaceFs(mib=size, enforced=True, kind="tmpfs")
+    return WorkspaceFs(mib=size, enforced=make(directory, size_mib=size), kind="ext4")
 
 
 def make(directory: str, *, size_mib: int) -> bool:

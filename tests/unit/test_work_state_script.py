@@ -44,16 +44,20 @@ def repo(tmp_path: Path) -> Path:
     return repo
 
 
-def _report(repo: Path) -> WorkState:
-    done = subprocess.run(
+def _run_script(repo: Path, *, check: bool) -> subprocess.CompletedProcess[str]:
+    """The work-state script in the repository, given HEAD's commit as the base."""
+    return subprocess.run(
         ["sh", "-c", STATE_SCRIPT, "sh", _git(repo, "rev-parse", "HEAD")],
         cwd=repo,
         capture_output=True,
         text=True,
         env=GIT_ENV,
-        check=True,
+        check=check,
     )
-    return _parse_state(done.stdout)
+
+
+def _report(repo: Path) -> WorkState:
+    return _parse_state(_run_script(repo, check=True).stdout)
 
 
 def _tree_git_add_all_commits(repo: Path, tmp_path: Path) -> str:
@@ -107,13 +111,6 @@ def test_a_changed_tree_is_the_one_git_add_all_commits(repo: Path, tmp_path: Pat
 def test_a_git_that_fails_ends_the_report(repo: Path) -> None:
     (repo / "a.txt").write_text("changed\n")
     (repo / ".git" / "index").write_bytes(b"DIRC not an index")
-    done = subprocess.run(
-        ["sh", "-c", STATE_SCRIPT, "sh", _git(repo, "rev-parse", "HEAD")],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        env=GIT_ENV,
-        check=False,
-    )
+    done = _run_script(repo, check=False)
     assert done.returncode != 0
     assert "tree " not in done.stdout

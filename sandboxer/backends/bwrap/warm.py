@@ -48,15 +48,9 @@ def start(plan: Plan, registry: Registry, record: SandboxRecord) -> tuple[Sandbo
     from dataclasses import replace
 
     from sandboxer.backends.bwrap.starting import start_verified
-    from sandboxer.core.record import WorkspaceFs
     from sandboxer.host import workspace_volume
 
-    size = plan.limits.workspace_mib
-    if plan.workspace_in_memory:
-        record = replace(record, workspace_fs=WorkspaceFs(mib=size, enforced=True, kind="tmpfs"))
-    else:
-        bounded = workspace_volume.make(registry.path(plan.sandbox_id), size_mib=size)
-        record = replace(record, workspace_fs=WorkspaceFs(mib=size, enforced=bounded, kind="ext4"))
+    record = replace(record, workspace_fs=workspace_volume.prepare(plan, registry.path(plan.sandbox_id)))
     record, live, probe, interfaces = start_verified(plan, registry, record)
     return record, {
         "probe": probe.fields(),
