@@ -153,9 +153,13 @@ def remove(groups: tuple[str, ...]) -> list[str]:
     """Remove cgroup directories; returns those that could not be removed."""
     left = []
     for group in groups:
-        with contextlib.suppress(OSError):
-            for name in os.listdir(group):
-                if name.startswith("exec-"):
+        try:
+            names = os.listdir(group)
+        except OSError:
+            names = []
+        for name in names:
+            if name.startswith("exec-"):  # each on its own: an exec's thread may be removing it too
+                with contextlib.suppress(OSError):
                     os.rmdir(os.path.join(group, name))
         try:
             os.rmdir(group)
