@@ -38,7 +38,7 @@ from sandboxer.results import (
     Stream,
     owner_entries,
 )
-from sandboxer.verbs import InputChunks, SandboxBase, Stdin
+from sandboxer.verbs import InputChunks, SandboxBase, Stdin, checked_signal
 
 __all__ = ["Broker", "ExecStream", "Owner", "Sandbox"]
 
@@ -158,7 +158,7 @@ class Sandbox(SandboxBase):
         """Run `argv` and yield its output as it comes: ("stdout" | "stderr", bytes) pairs; the
         exit status is the stream's `.status` once the iteration has ended."""
         return ExecStream(
-            lambda sink, cancelled: self._execute(
+            lambda sink, cancelled, signals: self._execute(
                 argv,
                 sink,
                 stdin=stdin,
@@ -168,6 +168,7 @@ class Sandbox(SandboxBase):
                 executable=executable,
                 env=env,
                 cancelled=cancelled,
+                signals=signals,
             )
         )
 
@@ -183,11 +184,13 @@ class Sandbox(SandboxBase):
         executable: str | None,
         env: Mapping[str, str] | None = None,
         cancelled: Callable[[], bool] | None = None,
+        signals: int | None = None,
     ) -> int:
         """The CLI's exec with pipes for stdio: its broker failures (status 125) raise ExecError;
         a command it cannot start ends with the CLI's status and line on stderr. A binary file as
         `stdin` is fed to the command through a pipe as it reads; `cancelled` saying yes kills
-        the exec (status 137)."""
+        the exec (status 137); `signals` is a pipe's read end whose bytes are signals for the
+        command (sandboxer.host.stdio.Program)."""
         from sandboxer.commands import execute
         from sandboxer.errors import ExecUsage
         from sandboxer.host.stdio import Program
@@ -202,7 +205,7 @@ class Sandbox(SandboxBase):
             options["timeout"] = repr(float(timeout))
         with fed(stdin) as source:
             try:
-                program = Program(source, sink, cancelled)
+                program = Program(source, sink, cancelled, signals)
                 return execute.execute(self.broker.dirs, options, list(argv), program, exec_env=env)
             except ExecUsage as exc:
                 raise ExecError(str(exc)) from None
@@ -296,20 +299,35 @@ def fed(stdin: Stdin) -> Iterator[bytes | int]:
 class ExecStream:
     """An exec's output as an iterator of ("stdout" | "stderr", bytes); `.status` is its exit
     status once the iteration has ended. The exec runs in a thread of its own meanwhile; leaving
-    the iteration early kills it (as the service does when its client stops listening)."""
+    the iteration early kills it (as the service does when its client stops listening), and
+    `signal` sends its command a signal while it runs (as a CLI client's Ctrl-C does)."""
 
-    def __init__(self, run: Callable[[ExecSink, Callable[[], bool]], int]) -> None:
+    def __init__(self, run: Callable[[ExecSink, Callable[[], bool], int], int]) -> None:
         self._run = run
         self.status: int | None = None
+        self._signals: int | None = None  # the write end of the exec's signals while it runs
+        self._lock = threading.Lock()
+
+    def signal(self, signum: int) -> bool:
+        """Send SIGINT, SIGTERM or SIGHUP to the command and its session (on Docker it ends the
+        exec, status 128+N, as a CLI client's does); False when the exec is not running."""
+        checked_signal(signum)
+        with self._lock:
+            if self._signals is None:
+                return False
+            os.write(self._signals, bytes([signum]))
+            return True
 
     def __iter__(self) -> Iterator[tuple[Stream, bytes]]:
         chunks: queue.Queue[tuple[Stream, bytes] | None] = queue.Queue()
         failure: list[BaseException] = []
         left = threading.Event()  # the iteration ended before the exec did
+        signals, sender = os.pipe2(os.O_CLOEXEC)  # the exec reads its end as the caller's: closed after it
+        self._signals = sender
 
         def work() -> None:
             try:
-                self.status = self._run(lambda stream, chunk: chunks.put((stream, chunk)), left.is_set)
+                self.status = self._run(lambda stream, chunk: chunks.put((stream, chunk)), left.is_set, signals)
             except BaseException as exc:  # handed to the iterating thread
                 failure.append(exc)
             finally:
@@ -323,6 +341,10 @@ class ExecStream:
         finally:
             left.set()  # no effect once the exec has ended
             worker.join()
+            with self._lock:
+                self._signals = None
+            os.close(sender)
+            os.close(signals)
         if failure:
             raise failure[0]
 

@@ -18,6 +18,7 @@ import contextlib
 import http.client
 import json
 import os
+import signal
 import socket as socketlib
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -39,7 +40,7 @@ from sandboxer.results import (
     owner_entries,
 )
 from sandboxer.service import frames
-from sandboxer.verbs import InputChunks, SandboxBase, Stdin
+from sandboxer.verbs import InputChunks, SandboxBase, Stdin, checked_signal
 
 __all__ = ["Client", "ClientExecStream", "ClientOwner", "ClientSandbox"]
 
@@ -104,7 +105,8 @@ class Client:
         self.owner = ClientOwner(self)
 
     def _request(self, method: str, path: str, body: Any = None, *, timeout: float | None = None) -> Any:
-        connection = _UnixConnection(self.socket, timeout or self.timeout)
+        seconds = timeout or self.timeout
+        connection = _UnixConnection(self.socket, seconds)
         try:
             payload = None if body is None else json.dumps(body).encode()
             headers = {"Content-Type": "application/json"} if payload is not None else {}
@@ -112,6 +114,10 @@ class Client:
                 connection.request(method, path, body=payload, headers=headers)
                 response = connection.getresponse()
                 data = response.read()
+            except TimeoutError:
+                raise errors.BackendError(
+                    f"the broker service at {self.socket} did not answer within {seconds:g} s"
+                ) from None
             except OSError as exc:
                 raise errors.BackendError(
                     f"the broker service at {self.socket} does not answer ({exc.strerror or exc})",
@@ -299,7 +305,8 @@ class ClientOwner:
 
 
 class ClientExecStream:
-    """An exec's frames as ("stdout" | "stderr", bytes) pairs; `.status` at the end."""
+    """An exec's frames as ("stdout" | "stderr", bytes) pairs; `.status` at the end. `signal`
+    sends its command a signal while it runs (from another thread, or between two chunks)."""
 
     def __init__(self, client: Client, sandbox_id: str, options: bytes, stdin: Stdin) -> None:
         self._client = client
@@ -307,8 +314,32 @@ class ClientExecStream:
         self._options = options  # the body's first line
         self._stdin = stdin
         self.status: int | None = None
+        self._started = False
+        self._named = threading.Event()  # the answer has named the exec (_exec_id), or it ended
+        self._exec_id: str | None = None
+
+    def signal(self, signum: int) -> bool:
+        """Send SIGINT, SIGTERM or SIGHUP to the command and its session (on Docker it ends the
+        exec, status 128+N, as a CLI client's does); False when the exec is not running."""
+        checked_signal(signum)
+        if not self._started or not self._named.wait(self._client.timeout) or self._exec_id is None:
+            return False
+        body = {"signal": signal.Signals(signum).name}
+        try:
+            self._client._request("POST", f"{self._path}/{self._exec_id}/signal", body)
+        except errors.NotFoundError:
+            return False  # it has just ended
+        return True
 
     def __iter__(self) -> Iterator[tuple[Stream, bytes]]:
+        self._started = True
+        try:
+            yield from self._frames()
+        finally:
+            self._exec_id = None
+            self._named.set()
+
+    def _frames(self) -> Iterator[tuple[Stream, bytes]]:
         connection = _UnixConnection(self._client.socket, None)  # an exec takes as long as it takes
         response: http.client.HTTPResponse | None = None
         body = _Body(self._options, self._stdin)
@@ -326,6 +357,8 @@ class ClientExecStream:
             if response.status >= 400:
                 data = response.read()
                 _raise_for(json.loads(data) if data else None, response.status)
+            self._exec_id = response.getheader(frames.EXEC_HEADER)
+            self._named.set()
             reader = frames.FrameReader()
             while chunk := response.read1(65536):
                 for kind, payload in reader.feed(chunk):

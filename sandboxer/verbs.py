@@ -16,6 +16,17 @@ from sandboxer.results import Created, ExecResult, Exported, OutputStream, Recei
 Stdin = bytes | BinaryIO
 
 
+def checked_signal(signum: int) -> int:
+    """`signum` when a caller may send it to an exec's command (SIGINT, SIGTERM, SIGHUP: what a
+    CLI client passes on), else UsageError (2)."""
+    from sandboxer.errors import UsageError
+    from sandboxer.host.stdio import FORWARDED
+
+    if signum not in FORWARDED:
+        raise UsageError(f"signal: {signum} is not one an exec's command may be sent (SIGINT, SIGTERM or SIGHUP)")
+    return signum
+
+
 class InputChunks:
     """A caller's binary file as an exec's input: its chunks as they come, until its end or until
     stop(). A file with a descriptor is read from the descriptor (not through the file object's

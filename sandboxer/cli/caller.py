@@ -240,11 +240,12 @@ def list_(ctx: typer.Context, json: JsonOption = False) -> None:
     result = list_sandboxes(dirs_of(ctx))
     if rules is not None:
         result = visible(result, rules.own_ids())
-    rows = [("ID", "PROFILE", "BACKEND", "STATUS", "CREATED")]
+    rows = [("ID", "PROFILE", "BACKEND", "STATUS", "CREATED", "EXPIRES")]
     rows += [
-        (e["id"], str(e["profile"]), str(e["backend"]), e["status"], str(e["created_at"])) for e in result["sandboxes"]
+        (e["id"], str(e["profile"]), str(e["backend"]), e["status"], str(e["created_at"]), e["expires_at"] or "-")
+        for e in result["sandboxes"]
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     table = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
     print_result(result, table if result["sandboxes"] else "no sandboxes", json)
 

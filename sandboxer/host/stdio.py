@@ -32,19 +32,28 @@ class Program:
     body into it), and `output(stream, chunk)` receives what it writes as it arrives ("stdout" or
     "stderr"). Signals to the calling process are its own business then: none are forwarded.
     `cancelled`, when given, is asked a few times a second: once it says yes (the service's
-    client went away), everything the exec started is killed and it ends with CALLER_GONE."""
+    client went away), everything the exec started is killed and it ends with CALLER_GONE.
+    `signals`, when given, is a pipe's read end on which the program sends signals for the
+    command, a byte each (SIGINT, SIGTERM, SIGHUP: as a CLI client's connection carries them,
+    see Control); its end, like the client's, means the program went away."""
 
-    __slots__ = ("cancelled", "output", "stdin")
+    __slots__ = ("cancelled", "output", "signals", "stdin")
 
     def __init__(
         self,
         stdin: bytes | int,
         output: Callable[[Stream, bytes], None],
         cancelled: Callable[[], bool] | None = None,
+        signals: int | None = None,
     ) -> None:
         self.stdin = stdin
         self.output = output
         self.cancelled = cancelled
+        self.signals = signals
+
+    def control(self) -> Control | None:
+        """The program's signals as a CLI client's are read (None: it sends none)."""
+        return None if self.signals is None else Control(self.signals)
 
 
 class Watchdog:

@@ -23,7 +23,7 @@ from sandboxer.host.fsutil import CallerFile
 from sandboxer.host.registry import ID_PATTERN
 from sandboxer.service.access import CALLS_PER_CALLER, Access, CallerSlots, Refused, admit, visible
 from sandboxer.service.audit import AuditLog
-from sandboxer.service.exec_route import exec_command
+from sandboxer.service.exec_route import SIGNALLING, exec_command, signal_exec
 from sandboxer.service.http import (
     AUDIT,
     DIRS,
@@ -103,6 +103,7 @@ def make_app(dirs: Dirs, *, workers: Executor, slots: CallerSlots) -> web.Applic
     app[DIRS] = dirs
     app[AUDIT] = audit
     app[EXECS] = set()  # each running exec's `gone`: set when the service stops (serve.py)
+    app[SIGNALLING] = {}
     app[WORKERS] = workers
     app[PENDING_EXPORTS] = PendingExports()
     _add_routes(app)
@@ -118,6 +119,7 @@ def _add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/sandboxes/{id}", inspect, name="inspect")
     app.router.add_delete("/v1/sandboxes/{id}", teardown, name="teardown")
     app.router.add_post("/v1/sandboxes/{id}/exec", exec_command, name="exec")
+    app.router.add_post("/v1/sandboxes/{id}/exec/{exec}/signal", signal_exec, name="exec-signal")
     app.router.add_post("/v1/sandboxes/{id}/dispatch", dispatch_tool, name="dispatch-tool")
     app.router.add_post("/v1/sandboxes/{id}/export", export, name="export")
     app.router.add_post("/v1/sandboxes/{id}/export/confirm", export_confirm, name="export-confirm")

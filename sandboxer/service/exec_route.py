@@ -1,8 +1,10 @@
-"""The exec route: `POST /v1/sandboxes/{id}/exec`.
+"""The exec route, `POST /v1/sandboxes/{id}/exec`, and its signals,
+`POST /v1/sandboxes/{id}/exec/{exec}/signal`.
 
 The body is one line of JSON options, then the command's stdin, streamed into it as it comes;
 the answer is frames (frames.py), streamed as the command writes — neither is ever held whole.
-The command's own cgroup, session and descendants are killed when the client goes away.
+The command's own cgroup, session and descendants are killed when the client goes away. The
+answer's `Sandboxer-Exec` header names the exec for its signals, which only its caller may send.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import concurrent.futures
 import json
 import os
+import secrets
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -19,15 +22,29 @@ import aiohttp
 from aiohttp import web
 
 from sandboxer.dirs import Dirs
-from sandboxer.errors import ExecError, ExecUsage, SandboxerError, UsageError
-from sandboxer.host.stdio import CANCEL_POLL
+from sandboxer.errors import BackendError, ExecError, ExecUsage, NotFoundError, SandboxerError, UsageError
+from sandboxer.host.stdio import CANCEL_POLL, FORWARDED
 from sandboxer.service import frames
-from sandboxer.service.http import DIRS, EXECS, WORKERS, checked, error_document, in_worker
+from sandboxer.service.http import BODY_SECONDS, DIRS, EXECS, WORKERS, checked, error_document, in_worker, json_body
 
 EXEC_FIELDS = {"argv", "cwd", "timeout", "consumer", "executable", "env"}
 MAX_OPTIONS = 1024 * 1024  # exec's first line, its options
 OUTPUT_FRAMES = 64  # exec output frames (up to 64 KiB each) queued for a slow client before the command waits
 _NOT_RUN: dict[str, Any] = {"error": error_document(ExecError("exec: the service could not run it"))}
+SIGNAL_NAMES = {signum.name: signum for signum in FORWARDED}  # what a CLI client passes on, too
+
+
+class Signalling:
+    """A running exec's way to its command's signals: who may send them (the exec's caller) and
+    the write end of the pipe the exec reads them from (a byte each, as from a CLI client)."""
+
+    def __init__(self, uid: int, sandbox_id: str, fd: int) -> None:
+        self.uid = uid
+        self.sandbox_id = sandbox_id
+        self.fd = fd
+
+
+SIGNALLING = web.AppKey("signalling", dict[str, Signalling])  # exec token -> its signals, while it runs
 
 
 async def exec_command(request: web.Request) -> web.StreamResponse:
@@ -40,8 +57,17 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
         request, request["access"].require_own, sandbox_id, ExecError(f"exec: no such sandbox: {sandbox_id}")
     )
 
-    response = web.StreamResponse(headers={"Content-Type": frames.CONTENT_TYPE})
-    await response.prepare(request)
+    token = secrets.token_hex(16)
+    signals_r, signals_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    signalling = request.app[SIGNALLING]
+    signalling[token] = Signalling(request["access"].peer.uid, sandbox_id, signals_w)
+    response = web.StreamResponse(headers={"Content-Type": frames.CONTENT_TYPE, frames.EXEC_HEADER: token})
+    try:
+        await response.prepare(request)
+    except BaseException:
+        _forget(signalling, token)
+        os.close(signals_r)
+        raise
     output = _Output(asyncio.get_running_loop())
     running: set[threading.Event] = request.app[EXECS]
     running.add(output.gone)
@@ -58,6 +84,7 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
                 stdin_r,
                 output.sink,
                 cancelled=output.gone.is_set,
+                signals=signals_r,
                 exec_env=exec_env,
             )
             result = {"status": status}
@@ -65,6 +92,7 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
             result = {"error": error_document(exc)}
         finally:
             os.close(stdin_r)  # input the command never read is refused from now on
+            os.close(signals_r)
             output.put(result)  # the end frame goes out as soon as the loop has it
 
     done = output.loop.run_in_executor(request.app[WORKERS], run)  # as long as the command runs
@@ -80,9 +108,34 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
         raise
     finally:
         running.discard(output.gone)
+        _forget(signalling, token)  # its end, once the exec is over (or cancelled), is no kill
     await done
     await feeding
     return response
+
+
+def _forget(signalling: dict[str, Signalling], token: str) -> None:
+    entry = signalling.pop(token, None)
+    if entry is not None:
+        os.close(entry.fd)
+
+
+async def signal_exec(request: web.Request) -> web.Response:
+    """`{"signal": "SIGINT" | "SIGTERM" | "SIGHUP"}` for the running exec the path names, from
+    its own caller; for anyone else, and once it has ended, it is not found."""
+    body = await json_body(request, {"signal"}, {"signal"})
+    name = body["signal"]
+    if not isinstance(name, str) or name not in SIGNAL_NAMES:
+        raise UsageError(f"signal: must be one of {', '.join(SIGNAL_NAMES)}")
+    token, sandbox_id = request.match_info["exec"], request.match_info["id"]
+    entry = request.app[SIGNALLING].get(token)
+    if entry is None or entry.sandbox_id != sandbox_id or entry.uid != request["access"].peer.uid:
+        raise NotFoundError(f"no such exec: {token[:64]}")
+    try:
+        os.write(entry.fd, bytes([SIGNAL_NAMES[name]]))
+    except BlockingIOError:
+        raise BackendError("signal: the exec has not taken the signals sent before it yet") from None
+    return web.json_response({"signal": name})
 
 
 class _Output:
@@ -158,13 +211,17 @@ def _exec_options(head: bytes, sandbox_id: str) -> tuple[list[str], dict[str, st
 async def _first_line(request: web.Request) -> tuple[bytes, bytes]:
     """The body's first line (the options), and what came after it in the same reads."""
     data = b""
-    while b"\n" not in data:
-        if len(data) > MAX_OPTIONS:
-            raise UsageError(f"exec: the options line is longer than {MAX_OPTIONS} bytes")
-        chunk = await request.content.readany()
-        if not chunk:
-            break
-        data += chunk
+    try:
+        async with asyncio.timeout(BODY_SECONDS):
+            while b"\n" not in data:
+                if len(data) > MAX_OPTIONS:
+                    raise UsageError(f"exec: the options line is longer than {MAX_OPTIONS} bytes")
+                chunk = await request.content.readany()
+                if not chunk:
+                    break
+                data += chunk
+    except TimeoutError:
+        raise UsageError(f"exec: the options line took longer than {BODY_SECONDS:g} s to arrive") from None
     head, _, rest = data.partition(b"\n")
     return head, rest
 
@@ -222,17 +279,18 @@ def _execute(
     sink: Any,
     *,
     cancelled: Callable[[], bool],
+    signals: int,
     exec_env: dict[str, str],
 ) -> int:
     """The CLI's exec with the program's stdio (as the embedded API runs it), killed once
-    `cancelled` says the client went away."""
+    `cancelled` says the client went away; `signals` carries the client's for the command."""
     from sandboxer.commands import execute
     from sandboxer.errors import EntryError
     from sandboxer.host.stdio import Program
 
     try:
         # An HTTP client sends no environment: a provider launch inherits nothing through it.
-        program = Program(stdin, sink, cancelled)
+        program = Program(stdin, sink, cancelled, signals)
         return execute.execute(dirs, options, argv, program, caller_env={}, exec_env=exec_env)
     except ExecUsage as exc:
         raise ExecError(str(exc)) from None

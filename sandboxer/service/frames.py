@@ -14,6 +14,7 @@ STDOUT, STDERR, END = 1, 2, 3
 HEADER = struct.Struct(">BI")
 MAX_FRAME = 1 << 20  # no chunk of output is larger than this (a pipe read is 64 KiB)
 CONTENT_TYPE = "application/vnd.sandboxer.exec-frames"
+EXEC_HEADER = "Sandboxer-Exec"  # the answer's header naming the exec, for its signals
 
 
 def frame(kind: int, payload: bytes) -> bytes:

@@ -17,6 +17,13 @@ from sandboxer.errors import SandboxerError, UsageError
 from sandboxer.service.audit import AuditLog
 
 HTTP_STATUS = {2: 400, 3: 403, 4: 404, 5: 500, 6: 409, 75: 409, 125: 500}
+# A client slower than this is dropped, so that a slow sender (slow-loris) holds nothing for long:
+# the head of each request (aiohttp's keep-alive timer, which runs from the connection's start
+# and from each response, and closes a connection that has not sent a whole head by then), and a
+# JSON body. Streams (exec's stdin, put's archive) go at their sender's pace, within the caller's
+# share of requests (CallerSlots).
+HEAD_SECONDS = 10.0
+BODY_SECONDS = 10.0
 
 # What the application holds for its routes.
 DIRS = web.AppKey("dirs", Dirs)  # the config and state directories it answers for
@@ -78,9 +85,12 @@ async def in_worker(request: web.Request, function: Callable[..., Any], *args: A
 async def json_body(request: web.Request, allowed: set[str], required: set[str]) -> dict[str, Any]:
     """The request's JSON object: no other fields than `allowed`, all of `required`."""
     try:
-        body = await request.json()
+        async with asyncio.timeout(BODY_SECONDS):
+            body = await request.json()
     except ValueError:
         raise UsageError("the request body is not JSON") from None
+    except TimeoutError:
+        raise UsageError(f"the request body took longer than {BODY_SECONDS:g} s to arrive") from None
     return checked(body, allowed, required)
 
 

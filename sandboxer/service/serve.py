@@ -182,6 +182,7 @@ async def _run(
     from sandboxer.service.access import CallerSlots
     from sandboxer.service.app import make_app
     from sandboxer.service.connections import Activity, Connections
+    from sandboxer.service.http import HEAD_SECONDS
     from sandboxer.service.lifetimes import REAP_EVERY, Reaper
 
     # Commands run as long as they take (an exec as long as its command): they have a pool of
@@ -196,7 +197,9 @@ async def _run(
     install_thread_streams()  # a CLI client's command prints on the client's own descriptors
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=SHORT_WORKERS, thread_name_prefix="sandboxer"))
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=SHUTDOWN_GRACE)
+    runner = web.AppRunner(
+        app, handle_signals=False, access_log=None, shutdown_timeout=SHUTDOWN_GRACE, keepalive_timeout=HEAD_SECONDS
+    )
     await runner.setup()
     serving = Serving(dirs=dirs, audit=app[AUDIT], commands=commands)
     connections = Connections(listener, runner.server, serving, activity=activity, slots=slots, workers=workers)

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from sandboxer import Broker, Client
+from sandboxer import Broker, Client, ClientSandbox
 from sandboxer.errors import ExecError, NotFoundError, SandboxerError, UsageError
 from tests.integration.conftest import UNPRIVILEGED_UID, SandboxBroker, backend_profile_text
 
@@ -97,8 +97,11 @@ def service(sbx: SandboxBroker) -> Iterator[Service]:
 
 
 def test_the_client_drives_a_whole_sandbox_life(service: Service) -> None:
+    from sandboxer.service.app import API_DOCUMENT
+
     client = Client(str(service.socket))
     assert client.version()["api"] == "v1"
+    assert client._request("GET", "/v1/openapi.json") == json.loads(API_DOCUMENT.read_text())
     with client.create(service.broker.profile) as sandbox:
         result = sandbox.exec(["sh", "-c", "cat; echo warning >&2; exit 3"], stdin=b"hello\n")
         assert (result.status, result.stdout, result.stderr) == (3, b"hello\n", b"warning\n")
@@ -206,6 +209,25 @@ def make_other_state(broker: SandboxBroker) -> Path:
     other = broker.root / "other-state"
     other.mkdir(mode=0o700)
     return other
+
+
+def test_an_idle_service_exits_but_never_while_an_exec_runs(sb_root: SandboxBroker) -> None:
+    """`serve --idle-exit 2` (a private service's, with 600): an exec twice as long keeps it; two
+    seconds after the last request it exits 0 and takes its socket with it; the sandbox stays."""
+    started = Service(sb_root, _socket_dir(sb_root) / "broker.sock", "--idle-exit", "2").start()
+    assert started.process is not None
+    try:
+        client = Client(str(started.socket))
+        sandbox = client.create(sb_root.profile)
+        assert sandbox.exec(["sleep", "4"]).status == 0
+        assert started.process.poll() is None  # busy all along: not idle
+        assert started.process.wait(timeout=30) == 0
+        assert "idle, exiting" in started.log.read_text()
+        assert not started.socket.exists()
+        assert sb_root.exec(sandbox.id, "echo", "kept").stdout == "kept\n"
+        assert sb_root.run("teardown", sandbox.id).status == 0
+    finally:
+        started.stop()
 
 
 def test_sigterm_leaves_sandboxes_running_for_the_next_service(sbx: SandboxBroker) -> None:
@@ -326,6 +348,82 @@ def test_bad_requests_get_one_clear_error_and_nothing_is_made(sb_root: SandboxBr
         started.stop()
 
 
+def _trickle(path: Path, head: bytes, give_up: float) -> tuple[float, bytes]:
+    """Send `head`, then one byte every half second, never finishing: (seconds until the service
+    closed the connection, what it answered before)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(str(path))
+        started = time.monotonic()
+        sock.sendall(head)
+        sock.settimeout(0.5)
+        answer = b""
+        while time.monotonic() - started < give_up:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                try:
+                    sock.sendall(b"x")
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+                continue
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            answer += chunk
+        return time.monotonic() - started, answer
+
+
+def _open_descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_slow_clients_are_dropped_and_hold_nothing(sb_root: SandboxBroker) -> None:
+    """A request head, a JSON body and an exec's options line each have 10 s to arrive (slow-loris);
+    the service answers others meanwhile, and afterwards holds no more descriptors than before."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sandboxer.service.http import BODY_SECONDS, HEAD_SECONDS
+
+    started = Service(sb_root, _socket_dir(sb_root) / "broker.sock").start()
+    try:
+        assert started.process is not None
+        client = Client(str(started.socket))
+        with client.create(sb_root.profile) as sandbox:
+            assert sandbox.exec(["true"]).status == 0
+            before = _open_descriptors(started.process.pid)
+            give_up = 3 * max(HEAD_SECONDS, BODY_SECONDS)
+            heads = {
+                "head": b"GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\nX-Slow: ",
+                "body": b"POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nContent-Length: 4096\r\n\r\n{",
+                "exec": f"POST /v1/sandboxes/{sandbox.id}/exec HTTP/1.1\r\nHost: x\r\n"
+                "Content-Length: 4096\r\n\r\n{".encode(),
+            }
+            with ThreadPoolExecutor(max_workers=len(heads)) as pool:
+                slow = {name: pool.submit(_trickle, started.socket, head, give_up) for name, head in heads.items()}
+                time.sleep(1)
+                assert [item.id for item in client.list()] == [sandbox.id]  # answered while they trickle
+                assert sandbox.exec(["echo", "served"]).stdout == b"served\n"
+                ended = {name: future.result() for name, future in slow.items()}
+            seconds, answer = ended["head"]
+            assert seconds < give_up, "a slow request head was never dropped"
+            assert answer == b""  # no request, no answer: the connection is closed
+            for name, what in (("body", "the request body"), ("exec", "exec: the options line")):
+                seconds, answer = ended[name]
+                assert seconds < give_up, f"a slow {name} was never answered"
+                status_line, _, rest = answer.partition(b"\r\n")
+                assert status_line.startswith(b"HTTP/1.1 400"), answer
+                document = json.loads(rest.partition(b"\r\n\r\n")[2])
+                assert document["error"]["message"] == f"{what} took longer than {BODY_SECONDS:g} s to arrive"
+            deadline = time.monotonic() + 10
+            while _open_descriptors(started.process.pid) > before and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert _open_descriptors(started.process.pid) <= before
+            assert sandbox.exec(["true"]).status == 0
+    finally:
+        started.stop()
+
+
 @pytest.fixture(scope="module")
 def callers() -> Iterator[tuple[pwd.struct_passwd, pwd.struct_passwd]]:
     """Two real accounts, A and B (B in a group of its own making), removed afterwards."""
@@ -385,6 +483,22 @@ def _drive(account: pwd.struct_passwd, service: Service, *ops: list[object], gro
     return results
 
 
+def _answers_on(
+    account: pwd.struct_passwd, service: Service, theirs: str, unknown: str, *, groups: bool = False
+) -> dict[str, list[object]]:
+    """What `account` is answered for inspect, exec and teardown of another's sandbox `theirs` and
+    of the `unknown` id, each id written as ID."""
+    ops = [["inspect", "ID"], ["exec", "ID", ["true"]], ["teardown", "ID"]]
+    return {
+        name: json.loads(
+            json.dumps(_drive(account, service, *[[*op[:1], sandbox, *op[2:]] for op in ops], groups=groups)).replace(
+                sandbox, "ID"
+            )
+        )
+        for name, sandbox in (("theirs", theirs), ("unknown", unknown))
+    }
+
+
 def test_grants_admit_a_caller_to_its_profiles_and_to_its_own_sandboxes_only(
     sb_root: SandboxBroker, callers: tuple[pwd.struct_passwd, pwd.struct_passwd]
 ) -> None:
@@ -413,13 +527,7 @@ def test_grants_admit_a_caller_to_its_profiles_and_to_its_own_sandboxes_only(
         # The owner's sandbox, and one that does not exist, answer A alike: nothing leaks.
         theirs = owner.create(sb_root.profile).id
         unknown = "0123456789abcdef01234567"
-        ops = [["inspect", "ID"], ["exec", "ID", ["true"]], ["teardown", "ID"]]
-        seen = {
-            name: json.loads(
-                json.dumps(_drive(a, started, *[[*op[:1], sandbox, *op[2:]] for op in ops])).replace(sandbox, "ID")
-            )
-            for name, sandbox in (("theirs", theirs), ("unknown", unknown))
-        }
+        seen = _answers_on(a, started, theirs, unknown)
         assert seen["theirs"] == seen["unknown"]
         assert seen["theirs"][0] == ["NotFoundError", 4, "no such sandbox: ID"]
         assert seen["theirs"][1] == ["ExecError", 125, "exec: no such sandbox: ID"]
@@ -427,10 +535,9 @@ def test_grants_admit_a_caller_to_its_profiles_and_to_its_own_sandboxes_only(
         assert _drive(a, started, ["list"]) == [[mine]]
         assert sorted(item.id for item in owner.list()) == sorted([mine, theirs])  # owners see everything
 
-        assert (
-            _drive(b, started, ["list"], ["create", sb_root.profile])
-            == [["PolicyError", 3, f"uid {b.pw_uid} is not granted this broker"]] * 2
-        )
+        not_granted = ["PolicyError", 3, f"uid {b.pw_uid} is not granted this broker"]
+        assert _drive(b, started, ["list"], ["create", sb_root.profile]) == [not_granted] * 2
+        assert _answers_on(b, started, mine, unknown) == {"theirs": [not_granted] * 3, "unknown": [not_granted] * 3}
 
         # One byte more and nobody is granted until an owner approves the new bytes; then B is,
         # through a group the kernel reports for its connection.
@@ -443,6 +550,9 @@ def test_grants_admit_a_caller_to_its_profiles_and_to_its_own_sandboxes_only(
         assert _drive(a, started, ["list"]) == [[mine]]
         assert _drive(b, started, ["list"], groups=True) == [[]]
         assert _drive(b, started, ["list"], groups=False)[0][:2] == ["PolicyError", 3]  # not without the group
+        # B, a granted caller now, on A's sandbox: exactly as on one that does not exist.
+        assert _answers_on(b, started, mine, unknown, groups=True) == seen
+        assert _drive(a, started, ["exec", mine, ["true"]]) == [[0, "", ""]]  # untouched
 
         assert _drive(a, started, ["teardown", mine]) == [[]]
         assert owner.sandbox(theirs).teardown().residue == ()
@@ -499,6 +609,10 @@ def test_a_sandbox_ends_with_its_ttl_and_a_callers_ttl_with_its_grant(
         listed = {item.id: item.expires_at for item in client.list()}
         assert listed[lasting.id] is None
         assert listed[short.id] is not None
+        table = sb_root.run("list").stdout.splitlines()
+        assert table[0].split() == ["ID", "PROFILE", "BACKEND", "STATUS", "CREATED", "EXPIRES"]
+        expires = {line.split()[0]: line.split()[-1] for line in table[1:]}
+        assert expires == {short.id: listed[short.id], lasting.id: "-"}
         deadline = time.monotonic() + 20
         while short.id in {item.id for item in client.list()}:
             assert time.monotonic() < deadline, "the expired sandbox was not torn down"
@@ -609,16 +723,74 @@ def test_many_waiting_execs_do_not_starve_another(sb_root: SandboxBroker) -> Non
         started.stop()
 
 
+def _count_processes(sandbox: ClientSandbox, name: str) -> int:
+    """How many processes in the sandbox are called `name` (read by the shell itself: no process
+    of the count's own is counted)."""
+    count = 'n=0; for p in /proc/[0-9]*; do read c < $p/comm 2>/dev/null && [ "$c" = "$1" ] && n=$((n+1)); done'
+    result = sandbox.exec(["sh", "-c", count + "; echo $n", "sh", name])
+    assert result.status == 0, result
+    return int(result.stdout)
+
+
+def test_two_hundred_open_execs_do_not_starve_another(sb_root: SandboxBroker) -> None:
+    """200 connections, each an exec of `cat` whose stdin stays open (each holds a worker and a
+    process): one more exec still runs; when their clients hang up, all 200 end and the service
+    holds no more descriptors than before."""
+    started = Service(sb_root, _socket_dir(sb_root) / "broker.sock").start()
+    try:
+        assert started.process is not None
+        client = Client(str(started.socket))
+        with client.create(sb_root.profile) as sandbox:
+            assert sandbox.exec(["true"]).status == 0
+            before = _open_descriptors(started.process.pid)
+            options = json.dumps({"argv": ["cat"]}).encode() + b"\n"
+            request = (
+                f"POST /v1/sandboxes/{sandbox.id}/exec HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            ).encode() + b"%x\r\n%b\r\n" % (len(options), options)  # the options, and a stdin never ended
+            held: list[socket.socket] = []
+            try:
+                for _ in range(200):
+                    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    held.append(sock)
+                    sock.connect(str(started.socket))
+                    sock.sendall(request)
+                for sock in held:  # each exec's answer has begun: its command is starting
+                    sock.settimeout(60)
+                    head = b""
+                    while b"\r\n" not in head and (chunk := sock.recv(64)):
+                        head += chunk
+                    assert head.startswith(b"HTTP/1.1 200"), head
+                deadline = time.monotonic() + 60
+                while (running := _count_processes(sandbox, "cat")) < 200 and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                assert running == 200
+                result = sandbox.exec(["echo", "through"])
+                assert (result.status, result.stdout) == (0, b"through\n")
+            finally:
+                for sock in held:
+                    sock.close()
+            deadline = time.monotonic() + 60
+            while _count_processes(sandbox, "cat") and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert _count_processes(sandbox, "cat") == 0
+            while _open_descriptors(started.process.pid) > before and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert _open_descriptors(started.process.pid) <= before
+    finally:
+        started.stop()
+
+
 def test_a_service_killed_mid_create_leaves_nothing_gc_cannot_finish(sb_root: SandboxBroker) -> None:
     import threading
 
     path = _socket_dir(sb_root) / "broker.sock"
     first = Service(sb_root, path).start()
+    live = Client(str(path)).create(sb_root.profile)  # running before the kill: the next service adopts it
     outcome: list[object] = []
     creating = threading.Thread(target=lambda: outcome.append(_create_or_error(Client(str(path)), sb_root.profile)))
     creating.start()
     deadline = time.monotonic() + 20
-    while not list((sb_root.state / "sandboxes").glob("*/record.json")):  # the create is under way
+    while len(list((sb_root.state / "sandboxes").glob("*/record.json"))) < 2:  # the create is under way
         assert time.monotonic() < deadline, "no create started"
         time.sleep(0.005)
     first.stop(signal.SIGKILL)
@@ -627,9 +799,14 @@ def test_a_service_killed_mid_create_leaves_nothing_gc_cannot_finish(sb_root: Sa
     collected = sb_root.run("gc", "--json")
     assert collected.status == 0, collected
     assert json.loads(collected.stdout)["collected"] or (outcome and not isinstance(outcome[0], Exception))
+    assert live.id not in [item["id"] for item in json.loads(collected.stdout)["collected"]]
     second = Service(sb_root, path).start()  # the dead socket is replaced
     try:
         client = Client(str(path))
+        assert live.id in [item.id for item in client.list()]
+        adopted = client.sandbox(live.id)
+        assert adopted.exec(["echo", "adopted"]).stdout == b"adopted\n"
+        assert adopted.teardown().residue == ()
         for item in client.list():
             client.sandbox(item.id).teardown()
         assert client.list() == []
@@ -767,6 +944,72 @@ def test_leaving_an_exec_stream_early_kills_the_exec(sbx_root: SandboxBroker, fr
         while _running_marker(sbx_root, sandbox.id, f"sleep {marker}"):
             assert time.monotonic() < deadline, "the exec outlived the iteration that left it"
             time.sleep(0.2)
+
+
+@pytest.mark.parametrize("front", ["embedded", "client"])
+def test_a_programs_signal_reaches_the_exec_as_a_cli_clients_does(sbx_root: SandboxBroker, front: str) -> None:
+    """`stream.signal(SIGINT)` while the exec runs: bwrap passes it to the command, which traps it;
+    Docker's Engine cannot, so the exec is killed (130) — as for a CLI client's Ctrl-C. Before the
+    iteration and after it there is nothing to signal; SIGKILL is no signal a caller sends."""
+    script = 'trap "echo caught; exit 3" INT; echo ready; while :; do sleep 0.1; done'
+    with _through(front, sbx_root) as broker, broker.create(sbx_root.profile) as sandbox:
+        stream = sandbox.exec_stream(["sh", "-c", script], timeout=60)
+        assert stream.signal(signal.SIGINT) is False  # not started
+        with pytest.raises(UsageError) as refused:
+            stream.signal(signal.SIGKILL)
+        assert refused.value.message == (
+            f"signal: {int(signal.SIGKILL)} is not one an exec's command may be sent (SIGINT, SIGTERM or SIGHUP)"
+        )
+        out = b""
+        for kind, chunk in stream:
+            out += chunk if kind == "stdout" else b""
+            if out == b"ready\n":
+                assert stream.signal(signal.SIGINT) is True
+        assert (stream.status, out) == ((3, b"ready\ncaught\n") if sbx_root.backend == "bwrap" else (130, b"ready\n"))
+        assert stream.signal(signal.SIGINT) is False  # ended
+        assert sandbox.exec(["true"]).status == 0
+
+
+def test_only_an_execs_own_caller_may_signal_it(
+    sb_root: SandboxBroker, callers: tuple[pwd.struct_passwd, pwd.struct_passwd]
+) -> None:
+    """Another account that knows the exec's name and its sandbox is answered as for no exec; a
+    name that is not a running exec's, and a signal that is not one of the three, are refused."""
+    a, _ = callers
+    (sb_root.config / "grants.yaml").write_text(
+        f"grants:\n  - users: [{a.pw_name}]\n    profiles: [{sb_root.profile}]\n"
+        "    max_sandboxes: 1\n    max_ttl_seconds: 3600\n"
+    )
+    assert sb_root.run("ext", "approve", "grants").status == 0
+    started = Service(sb_root, _socket_dir(sb_root) / "broker.sock").start()
+    try:
+        owner = Client(str(started.socket))
+        with owner.create(sb_root.profile) as sandbox:
+            stream = sandbox.exec_stream(["sh", "-c", "echo ready; sleep 30"], timeout=60)
+            chunks = iter(stream)
+            assert next(chunks) == ("stdout", b"ready\n")
+            exec_id = stream._exec_id
+            assert exec_id is not None
+            assert len(exec_id) == 32
+            path = f"/v1/sandboxes/{sandbox.id}/exec/{exec_id}/signal"
+            code = (
+                "import json\nfrom sandboxer import Client\nfrom sandboxer.errors import SandboxerError\n"
+                f"try:\n    Client({str(started.socket)!r})._request('POST', {path!r}, {{'signal': 'SIGTERM'}})\n"
+                "except SandboxerError as exc:\n    print(json.dumps([type(exc).__name__, exc.status, exc.message]))\n"
+            )
+            done = _as_account(a, code)
+            assert json.loads(done.stdout) == ["NotFoundError", 4, f"no such exec: {exec_id}"], done.stderr
+            with pytest.raises(NotFoundError) as unknown:
+                owner._request("POST", f"/v1/sandboxes/{sandbox.id}/exec/{'0' * 32}/signal", {"signal": "SIGTERM"})
+            assert unknown.value.message == f"no such exec: {'0' * 32}"
+            with pytest.raises(UsageError) as bad:
+                owner._request("POST", path, {"signal": "SIGKILL"})
+            assert bad.value.message == "signal: must be one of SIGINT, SIGTERM, SIGHUP"
+            assert stream.signal(signal.SIGTERM) is True  # its own caller's: the command ends
+            assert list(chunks) == []
+            assert stream.status == 128 + signal.SIGTERM
+    finally:
+        started.stop()
 
 
 def test_the_systemd_units_verify(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from sandboxer.cliclient import IDLE_EXIT
 from tests.integration.conftest import UNPRIVILEGED_UID, SandboxBroker, _bwrap_broker, _cleanup, services_of
 from tests.integration.test_service import Service, _running_marker, callers  # noqa: F401 - a fixture
 
@@ -293,6 +294,9 @@ def test_an_unprivileged_users_client_starts_its_private_service(sb_user: Sandbo
     services = services_of(sb_user.state)
     assert len(services) == 1
     assert os.stat(f"/proc/{services[0]}").st_uid == UNPRIVILEGED_UID
+    with open(f"/proc/{services[0]}/cmdline", "rb") as cmdline:
+        argv = cmdline.read().split(b"\0")
+    assert argv[argv.index(b"--idle-exit") + 1] == str(IDLE_EXIT).encode()  # it goes when unused
     sandbox_id = sb_user.create()
     assert sb_user.exec(sandbox_id, "echo", "private").stdout == "private\n"
     assert services_of(sb_user.state) == services  # the same one answered

@@ -43,6 +43,8 @@ def run(
     resized: Callable[[tuple[int, int]], None] = lambda size: execs.resize(exec_id, size)  # noqa: E731
     if caller is not None and caller.control is not None:
         cancelled = _client_gone(caller.control, resized if tty else None)
+    elif isinstance(program, Program) and (control := program.control()) is not None:
+        cancelled = _program_gone(program, control)
     gated = timeout is not None or cancelled is not None  # its own cgroup, to kill all of it
     apart = ("consumer" in options and "executable" in options) or options.get("caller_env") == "1"
     try:
@@ -144,6 +146,13 @@ def _client_gone(control: Control, resize: Callable[[tuple[int, int]], None] | N
         return control.gone
 
     return gone
+
+
+def _program_gone(program: Program, control: Control) -> Callable[[], bool]:
+    """`cancelled` for a program that sends signals: a signal interrupts the exec, as a CLI
+    client's does; the program's cancel, or the end of its signals' pipe, cancels it."""
+    signalled = _client_gone(control, None)
+    return lambda: signalled() or (program.cancelled is not None and program.cancelled())
 
 
 def container_groups(container_id: str) -> list[str]:
