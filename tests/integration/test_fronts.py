@@ -409,6 +409,39 @@ def test_the_environment_inside_is_the_plans(case: Case, sandbox: str) -> None:
     )
 
 
+CONFINEMENT = """
+import os, socket
+def is_open(fd):
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+inherited = [fd for fd in range(3, 1024) if is_open(fd)]  # before this script opens anything
+with open("/proc/self/status") as stream:
+    fields = dict(line.split(":", 1) for line in stream.read().splitlines())
+keys = ("Seccomp", "NoNewPrivs", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
+print(os.getuid(), os.getgid(), inherited, os.getsid(0) == os.getpid())
+print(" ".join(fields[key].strip() for key in keys))
+print(sorted(name for _, name in socket.if_nameindex()))
+"""
+
+
+def test_the_command_is_confined_alike(case: Case, sandbox: str) -> None:
+    """Whichever front starts it, the command is not root, holds no capability and no descriptor
+    past 0-2, runs with no_new_privs under the syscall filter in a session of its own, and sees
+    loopback only."""
+    answer = case.front.exec(sandbox, ["python3", "-I", "-c", CONFINEMENT])
+    assert answer[0::2] == (0, b""), answer
+    ids, privileges, interfaces = answer[1].decode().splitlines()
+    uid, gid, inherited = ids.split(" ", 2)
+    assert "0" not in (uid, gid)
+    assert inherited == "[] True"  # nothing inherited; the session's leader
+    assert privileges == "2 1 " + " ".join(["0000000000000000"] * 5)
+    assert interfaces == "['lo']"
+    same_as_cli(case, "confined", answer, lambda cli: cli.exec(sandbox, ["python3", "-I", "-c", CONFINEMENT]), sandbox)
+
+
 def test_inspect_says_the_sandbox_matches_its_plan(case: Case, sandbox: str) -> None:
     evidence = case.front.inspect(sandbox)
     assert (evidence["id"], evidence["backend"], evidence["status"]) == (sandbox, case.backend, "running")
