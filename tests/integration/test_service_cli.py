@@ -38,6 +38,35 @@ def served(sbx_root: SandboxBroker) -> Iterator[SandboxBroker]:
         started.stop()
 
 
+def test_every_commands_help_is_the_same_through_the_service(sb_root: SandboxBroker) -> None:
+    """`sandboxer --help` and each command's and subcommand's `--help` (exec's too): through the
+    service exactly as in-process."""
+    from tests.integration.test_cli_table import _command_paths, _root
+
+    started = Service(sb_root, sb_root.state / "broker.sock").start()
+    try:
+        for path in [(), *_command_paths(_root())]:
+            sb_root.through_service = True
+            through = sb_root.run(*path, "--help")
+            sb_root.through_service = False
+            direct = sb_root.run(*path, "--help")
+            assert (through.status, through.stdout, through.stderr) == (direct.status, direct.stdout, direct.stderr)
+            assert through.status == 0, (path, through.stderr)
+            assert through.stdout.startswith(" ".join(("Usage: sandboxer", *path))), (path, through.stdout)
+    finally:
+        sb_root.through_service = False
+        started.stop()
+    # The service ran each but those that always run in the client's own process.
+    forwarded = [path for path in [(), *_command_paths(_root())] if not _in_own_process(path)]
+    assert audited(sb_root) == [("cli " + " ".join(path), 0) for path in forwarded]
+
+
+def _in_own_process(words: tuple[str, ...]) -> bool:
+    from sandboxer.cliclient import FILE_CHECKS, OWN_PROCESS
+
+    return words[:1] == ("serve",) or words[:1] in {(name,) for name in OWN_PROCESS} or words[:2] in FILE_CHECKS
+
+
 def audited(broker: SandboxBroker) -> list[tuple[str, int]]:
     """(verb, status) of every line of the audit log."""
     log = broker.state / "audit.log"
