@@ -378,6 +378,28 @@ def _open_descriptors(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+@contextlib.contextmanager
+def _served_sandbox(broker: SandboxBroker) -> Iterator[tuple[Service, ClientSandbox, int]]:
+    """A service of the test's own and a sandbox through it (torn down after): and how many
+    descriptors the service holds once both have been used."""
+    started = Service(broker, _socket_dir(broker) / "broker.sock").start()
+    try:
+        assert started.process is not None
+        with Client(str(started.socket)).create(broker.profile) as sandbox:
+            assert sandbox.exec(["true"]).status == 0
+            yield started, sandbox, _open_descriptors(started.process.pid)
+    finally:
+        started.stop()
+
+
+def _descriptors_settle(pid: int, before: int) -> int:
+    """The service's open descriptors, once back to `before` (or after 10 s)."""
+    deadline = time.monotonic() + 10
+    while (count := _open_descriptors(pid)) > before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return count
+
+
 def test_slow_clients_are_dropped_and_hold_nothing(sb_root: SandboxBroker) -> None:
     """A request head, a JSON body and an exec's options line each have 10 s to arrive (slow-loris);
     the service answers others meanwhile, and afterwards holds no more descriptors than before."""
@@ -385,43 +407,33 @@ def test_slow_clients_are_dropped_and_hold_nothing(sb_root: SandboxBroker) -> No
 
     from sandboxer.service.http import BODY_SECONDS, HEAD_SECONDS
 
-    started = Service(sb_root, _socket_dir(sb_root) / "broker.sock").start()
-    try:
+    with _served_sandbox(sb_root) as (started, sandbox, before):
         assert started.process is not None
-        client = Client(str(started.socket))
-        with client.create(sb_root.profile) as sandbox:
-            assert sandbox.exec(["true"]).status == 0
-            before = _open_descriptors(started.process.pid)
-            give_up = 3 * max(HEAD_SECONDS, BODY_SECONDS)
-            heads = {
-                "head": b"GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\nX-Slow: ",
-                "body": b"POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nContent-Length: 4096\r\n\r\n{",
-                "exec": f"POST /v1/sandboxes/{sandbox.id}/exec HTTP/1.1\r\nHost: x\r\n"
-                "Content-Length: 4096\r\n\r\n{".encode(),
-            }
-            with ThreadPoolExecutor(max_workers=len(heads)) as pool:
-                slow = {name: pool.submit(_trickle, started.socket, head, give_up) for name, head in heads.items()}
-                time.sleep(1)
-                assert [item.id for item in client.list()] == [sandbox.id]  # answered while they trickle
-                assert sandbox.exec(["echo", "served"]).stdout == b"served\n"
-                ended = {name: future.result() for name, future in slow.items()}
-            seconds, answer = ended["head"]
-            assert seconds < give_up, "a slow request head was never dropped"
-            assert answer == b""  # no request, no answer: the connection is closed
-            for name, what in (("body", "the request body"), ("exec", "exec: the options line")):
-                seconds, answer = ended[name]
-                assert seconds < give_up, f"a slow {name} was never answered"
-                status_line, _, rest = answer.partition(b"\r\n")
-                assert status_line.startswith(b"HTTP/1.1 400"), answer
-                document = json.loads(rest.partition(b"\r\n\r\n")[2])
-                assert document["error"]["message"] == f"{what} took longer than {BODY_SECONDS:g} s to arrive"
-            deadline = time.monotonic() + 10
-            while _open_descriptors(started.process.pid) > before and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert _open_descriptors(started.process.pid) <= before
-            assert sandbox.exec(["true"]).status == 0
-    finally:
-        started.stop()
+        give_up = 3 * max(HEAD_SECONDS, BODY_SECONDS)
+        heads = {
+            "head": b"GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\nX-Slow: ",
+            "body": b"POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nContent-Length: 4096\r\n\r\n{",
+            "exec": f"POST /v1/sandboxes/{sandbox.id}/exec HTTP/1.1\r\nHost: x\r\n"
+            "Content-Length: 4096\r\n\r\n{".encode(),
+        }
+        with ThreadPoolExecutor(max_workers=len(heads)) as pool:
+            slow = {name: pool.submit(_trickle, started.socket, head, give_up) for name, head in heads.items()}
+            time.sleep(1)
+            assert [item.id for item in Client(str(started.socket)).list()] == [sandbox.id]  # answered meanwhile
+            assert sandbox.exec(["echo", "served"]).stdout == b"served\n"
+            ended = {name: future.result() for name, future in slow.items()}
+        seconds, answer = ended["head"]
+        assert seconds < give_up, "a slow request head was never dropped"
+        assert answer == b""  # no request, no answer: the connection is closed
+        for name, what in (("body", "the request body"), ("exec", "exec: the options line")):
+            seconds, answer = ended[name]
+            assert seconds < give_up, f"a slow {name} was never answered"
+            status_line, _, rest = answer.partition(b"\r\n")
+            assert status_line.startswith(b"HTTP/1.1 400"), answer
+            document = json.loads(rest.partition(b"\r\n\r\n")[2])
+            assert document["error"]["message"] == f"{what} took longer than {BODY_SECONDS:g} s to arrive"
+        assert _descriptors_settle(started.process.pid, before) <= before
+        assert sandbox.exec(["true"]).status == 0
 
 
 @pytest.fixture(scope="module")
@@ -736,48 +748,39 @@ def test_two_hundred_open_execs_do_not_starve_another(sb_root: SandboxBroker) ->
     """200 connections, each an exec of `cat` whose stdin stays open (each holds a worker and a
     process): one more exec still runs; when their clients hang up, all 200 end and the service
     holds no more descriptors than before."""
-    started = Service(sb_root, _socket_dir(sb_root) / "broker.sock").start()
-    try:
+    with _served_sandbox(sb_root) as (started, sandbox, before):
         assert started.process is not None
-        client = Client(str(started.socket))
-        with client.create(sb_root.profile) as sandbox:
-            assert sandbox.exec(["true"]).status == 0
-            before = _open_descriptors(started.process.pid)
-            options = json.dumps({"argv": ["cat"]}).encode() + b"\n"
-            request = (
-                f"POST /v1/sandboxes/{sandbox.id}/exec HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-            ).encode() + b"%x\r\n%b\r\n" % (len(options), options)  # the options, and a stdin never ended
-            held: list[socket.socket] = []
-            try:
-                for _ in range(200):
-                    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                    held.append(sock)
-                    sock.connect(str(started.socket))
-                    sock.sendall(request)
-                for sock in held:  # each exec's answer has begun: its command is starting
-                    sock.settimeout(60)
-                    head = b""
-                    while b"\r\n" not in head and (chunk := sock.recv(64)):
-                        head += chunk
-                    assert head.startswith(b"HTTP/1.1 200"), head
-                deadline = time.monotonic() + 60
-                while (running := _count_processes(sandbox, "cat")) < 200 and time.monotonic() < deadline:
-                    time.sleep(0.2)
-                assert running == 200
-                result = sandbox.exec(["echo", "through"])
-                assert (result.status, result.stdout) == (0, b"through\n")
-            finally:
-                for sock in held:
-                    sock.close()
+        options = json.dumps({"argv": ["cat"]}).encode() + b"\n"
+        request = (
+            f"POST /v1/sandboxes/{sandbox.id}/exec HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        ).encode() + b"%x\r\n%b\r\n" % (len(options), options)  # the options, and a stdin never ended
+        held: list[socket.socket] = []
+        try:
+            for _ in range(200):
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                held.append(sock)
+                sock.connect(str(started.socket))
+                sock.sendall(request)
+            for sock in held:  # each exec's answer has begun: its command is starting
+                sock.settimeout(60)
+                head = b""
+                while b"\r\n" not in head and (chunk := sock.recv(64)):
+                    head += chunk
+                assert head.startswith(b"HTTP/1.1 200"), head
             deadline = time.monotonic() + 60
-            while _count_processes(sandbox, "cat") and time.monotonic() < deadline:
+            while (running := _count_processes(sandbox, "cat")) < 200 and time.monotonic() < deadline:
                 time.sleep(0.2)
-            assert _count_processes(sandbox, "cat") == 0
-            while _open_descriptors(started.process.pid) > before and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert _open_descriptors(started.process.pid) <= before
-    finally:
-        started.stop()
+            assert running == 200
+            result = sandbox.exec(["echo", "through"])
+            assert (result.status, result.stdout) == (0, b"through\n")
+        finally:
+            for sock in held:
+                sock.close()
+        deadline = time.monotonic() + 60
+        while _count_processes(sandbox, "cat") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _count_processes(sandbox, "cat") == 0
+        assert _descriptors_settle(started.process.pid, before) <= before
 
 
 def test_a_service_killed_mid_create_leaves_nothing_gc_cannot_finish(sb_root: SandboxBroker) -> None:
