@@ -21,6 +21,7 @@ FIGURES = (
     ("client_exec_true_ms", "Client.exec"),
     ("cycle_ms", "bwrap cycle"),
     ("service_cycle_ms", "bwrap cycle, CLI client"),
+    ("service_warm_cycle_ms", "bwrap warm cycle, CLI client"),
     ("docker_exec_true_ms", "docker exec"),
     ("docker_backend_exec_ms", "Docker backend exec"),
     ("docker_run_true_ms", "docker run --rm"),
@@ -56,7 +57,7 @@ def main() -> None:
             x = j + (i - (len(versions) - 1) / 2) * width
             ax.bar(x, statistics.median(values), width, color=f"C{i}", label=label if j == 0 else None)
             ax.plot([x] * len(values), values, "k.", markersize=4)
-    ax.set_xticks(range(len(figures)), [name for _, name in figures], rotation=15)
+    ax.set_xticks(range(len(figures)), [name for _, name in figures], rotation=30, ha="right")
     ax.set_ylabel("median wall time (ms)")
     ax.legend()
     ax.set_title(args.title)
