@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from sandboxer.dirs import Dirs, resolve_dirs
-from sandboxer.errors import EntryError, ExecError, NotFoundError, ResidueError
+from sandboxer.errors import BackendError, EntryError, ExecError, NotFoundError, ResidueError
 from sandboxer.results import (
     Approval,
     Created,
@@ -315,38 +315,55 @@ class ExecStream:
         with self._lock:
             if self._signals is None:
                 return False
-            os.write(self._signals, bytes([signum]))
+            try:
+                os.write(self._signals, bytes([signum]))
+            except BlockingIOError:
+                raise BackendError("signal: the exec has not taken the signals sent before it yet") from None
             return True
 
     def __iter__(self) -> Iterator[tuple[Stream, bytes]]:
         chunks: queue.Queue[tuple[Stream, bytes] | None] = queue.Queue()
         failure: list[BaseException] = []
         left = threading.Event()  # the iteration ended before the exec did
-        signals, sender = os.pipe2(os.O_CLOEXEC)  # the exec reads its end as the caller's: closed after it
-        self._signals = sender
-
-        def work() -> None:
-            try:
-                self.status = self._run(lambda stream, chunk: chunks.put((stream, chunk)), left.is_set, signals)
-            except BaseException as exc:  # handed to the iterating thread
-                failure.append(exc)
-            finally:
-                chunks.put(None)
-
-        worker = threading.Thread(target=work, name="sandboxer-exec", daemon=True)
-        worker.start()
+        # The exec reads the signals' end as a CLI client's connection: its end is the caller's
+        # going away, so the write end is closed only after the exec.
+        signals, sender = os.pipe2(os.O_CLOEXEC)
+        worker: threading.Thread | None = None
         try:
+            os.set_blocking(sender, False)
+            worker = threading.Thread(
+                target=self._work, args=(chunks, failure, left, signals), name="sandboxer-exec", daemon=True
+            )
+            worker.start()
+            with self._lock:
+                self._signals = sender
             while (item := chunks.get()) is not None:
                 yield item
         finally:
             left.set()  # no effect once the exec has ended
-            worker.join()
+            if worker is not None and worker.ident is not None:  # it started
+                worker.join()
             with self._lock:
                 self._signals = None
             os.close(sender)
             os.close(signals)
         if failure:
             raise failure[0]
+
+    def _work(
+        self,
+        chunks: queue.Queue[tuple[Stream, bytes] | None],
+        failure: list[BaseException],
+        left: threading.Event,
+        signals: int,
+    ) -> None:
+        """The exec, on its own thread: its output into `chunks`, then None."""
+        try:
+            self.status = self._run(lambda stream, chunk: chunks.put((stream, chunk)), left.is_set, signals)
+        except BaseException as exc:  # handed to the iterating thread
+            failure.append(exc)
+        finally:
+            chunks.put(None)
 
 
 class Owner:

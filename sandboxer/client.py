@@ -322,16 +322,20 @@ class ClientExecStream:
         """Send SIGINT, SIGTERM or SIGHUP to the command and its session (on Docker it ends the
         exec, status 128+N, as a CLI client's does); False when the exec is not running."""
         checked_signal(signum)
-        if not self._started or not self._named.wait(self._client.timeout) or self._exec_id is None:
+        if not self._started or not self._named.wait(self._client.timeout):
+            return False
+        exec_id = self._exec_id
+        if exec_id is None:
             return False
         body = {"signal": signal.Signals(signum).name}
         try:
-            self._client._request("POST", f"{self._path}/{self._exec_id}/signal", body)
+            self._client._request("POST", f"{self._path}/{exec_id}/signal", body)
         except errors.NotFoundError:
             return False  # it has just ended
         return True
 
     def __iter__(self) -> Iterator[tuple[Stream, bytes]]:
+        self._named.clear()
         self._started = True
         try:
             yield from self._frames()

@@ -18,11 +18,14 @@ Stream = Literal["stdout", "stderr"]
 
 
 class OutputStream(Protocol):
-    """An exec's output as it arrives: ("stdout" | "stderr", bytes); `.status` once it ended."""
+    """An exec's output as it arrives: ("stdout" | "stderr", bytes); `.status` once it ended;
+    `signal(signum)` for its command while it runs (False when it does not)."""
 
     status: int | None
 
     def __iter__(self) -> Iterator[tuple[Stream, bytes]]: ...
+
+    def signal(self, signum: int) -> bool: ...
 
 
 def _frozen(value: Any) -> Any:

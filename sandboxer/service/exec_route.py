@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import json
 import os
 import secrets
@@ -57,61 +58,94 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
         request, request["access"].require_own, sandbox_id, ExecError(f"exec: no such sandbox: {sandbox_id}")
     )
 
-    token = secrets.token_hex(16)
-    signals_r, signals_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-    signalling = request.app[SIGNALLING]
-    signalling[token] = Signalling(request["access"].peer.uid, sandbox_id, signals_w)
-    response = web.StreamResponse(headers={"Content-Type": frames.CONTENT_TYPE, frames.EXEC_HEADER: token})
-    try:
-        await response.prepare(request)
-    except BaseException:
-        _forget(signalling, token)
-        os.close(signals_r)
-        raise
+    signals = _ExecSignals(request, sandbox_id)
     output = _Output(asyncio.get_running_loop())
     running: set[threading.Event] = request.app[EXECS]
     running.add(output.gone)
-    stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
-    feeding = asyncio.create_task(_feed(request, rest, stdin_w))
-
-    def run() -> None:
-        result = _NOT_RUN  # should _execute raise what no SandboxerError is
-        try:
-            status = _execute(
-                request.app[DIRS],
-                cli_options,
-                argv,
-                stdin_r,
-                output.sink,
-                cancelled=output.gone.is_set,
-                signals=signals_r,
-                exec_env=exec_env,
-            )
-            result = {"status": status}
-        except SandboxerError as exc:
-            result = {"error": error_document(exc)}
-        finally:
-            os.close(stdin_r)  # input the command never read is refused from now on
-            os.close(signals_r)
-            output.put(result)  # the end frame goes out as soon as the loop has it
-
-    done = output.loop.run_in_executor(request.app[WORKERS], run)  # as long as the command runs
+    stdin_r: int | None = None
+    feeding: asyncio.Task[None] | None = None
     try:
-        result = await output.relay(request, response)
-        request["exit_status"] = result.get("status", result.get("error", {}).get("status"))
-        if not output.gone.is_set():
-            await response.write(frames.end(result))
-            await response.write_eof()
-    except BaseException:  # the request was cancelled: the exec ends too
-        output.gone.set()
-        feeding.cancel()
-        raise
+        response = web.StreamResponse(headers={"Content-Type": frames.CONTENT_TYPE, frames.EXEC_HEADER: signals.token})
+        await response.prepare(request)
+        stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
+        feeding = asyncio.create_task(_feed(request, rest, stdin_w))  # it closes stdin_w
+        run = functools.partial(
+            _run, request.app[DIRS], cli_options, argv, exec_env, stdin=stdin_r, signals=signals.read_end, output=output
+        )
+        done = output.loop.run_in_executor(request.app[WORKERS], run)  # as long as the command runs
+        signals.taken, stdin_r = True, None  # the exec's thread closes its ends now
+        try:
+            result = await output.relay(request, response)
+            request["exit_status"] = result.get("status", result.get("error", {}).get("status"))
+            if not output.gone.is_set():
+                await response.write(frames.end(result))
+                await response.write_eof()
+        except BaseException:  # the request was cancelled: the exec ends too
+            output.gone.set()
+            feeding.cancel()
+            raise
+        await done
+        await feeding
+        return response
     finally:
         running.discard(output.gone)
-        _forget(signalling, token)  # its end, once the exec is over (or cancelled), is no kill
-    await done
-    await feeding
-    return response
+        signals.close()
+        if stdin_r is not None:  # the exec's thread never began
+            os.close(stdin_r)
+            if feeding is not None:
+                feeding.cancel()
+
+
+def _run(
+    dirs: Dirs,
+    cli_options: dict[str, str],
+    argv: list[str],
+    exec_env: dict[str, str],
+    *,
+    stdin: int,
+    signals: int,
+    output: _Output,
+) -> None:
+    """The exec, in a worker thread: its result (the end frame's document) goes to `output` last;
+    it closes the command's `stdin` and `signals` read ends when it is done with them."""
+    result = _NOT_RUN  # should _execute raise what no SandboxerError is
+    try:
+        status = _execute(
+            dirs,
+            cli_options,
+            argv,
+            stdin,
+            output.sink,
+            cancelled=output.gone.is_set,
+            signals=signals,
+            exec_env=exec_env,
+        )
+        result = {"status": status}
+    except SandboxerError as exc:
+        result = {"error": error_document(exc)}
+    finally:
+        os.close(stdin)  # input the command never read is refused from now on
+        os.close(signals)
+        output.put(result)  # the end frame goes out as soon as the loop has it
+
+
+class _ExecSignals:
+    """An exec's signal pipe, and its entry in the service's registry (SIGNALLING) from the
+    answer's head to the exec's end: `read_end` is the exec's, closed by its thread once `taken`."""
+
+    def __init__(self, request: web.Request, sandbox_id: str) -> None:
+        self.token = secrets.token_hex(16)
+        self.read_end, write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self.taken = False
+        self._registry = request.app[SIGNALLING]
+        self._registry[self.token] = Signalling(request["access"].peer.uid, sandbox_id, write_end)
+
+    def close(self) -> None:
+        """No more signals: the write end goes (once the exec is over, or cancelled: its end is no
+        kill then), and the read end too if no exec took it."""
+        _forget(self._registry, self.token)
+        if not self.taken:
+            os.close(self.read_end)
 
 
 def _forget(signalling: dict[str, Signalling], token: str) -> None:
@@ -135,6 +169,8 @@ async def signal_exec(request: web.Request) -> web.Response:
         os.write(entry.fd, bytes([SIGNAL_NAMES[name]]))
     except BlockingIOError:
         raise BackendError("signal: the exec has not taken the signals sent before it yet") from None
+    except BrokenPipeError:  # it has just ended: its thread no longer reads them
+        raise NotFoundError(f"no such exec: {token[:64]}") from None
     return web.json_response({"signal": name})
 
 

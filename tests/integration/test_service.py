@@ -1015,6 +1015,60 @@ def test_only_an_execs_own_caller_may_signal_it(
         started.stop()
 
 
+AT_ITS_LIMIT = """
+import json, signal, socket, sys
+from sandboxer import Client
+from sandboxer.errors import SandboxerError
+path, profile = sys.argv[1], sys.argv[2]
+client = Client(path)
+sandbox = client.create(profile)
+stream = sandbox.exec_stream(["sh", "-c", "echo ready; sleep 30"], timeout=60)
+chunks = iter(stream)
+next(chunks)  # the exec runs: one request of this account's 32 under way
+held = []
+for _ in range(31):  # CLI requests that never go on: the other 31
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(path)
+    socket.send_fds(conn, [b"\\0{"], [0, 1, 2])
+    held.append(conn)
+try:
+    client.list()
+    busy = None
+except SandboxerError as exc:
+    busy = [type(exc).__name__, exc.message]
+sent = stream.signal(signal.SIGTERM)
+list(chunks)
+for conn in held:
+    conn.close()
+sandbox.teardown()
+print(json.dumps([busy, sent, stream.status]))
+"""
+
+
+def test_a_caller_at_its_limit_can_still_signal_its_exec(
+    sb_root: SandboxBroker, callers: tuple[pwd.struct_passwd, pwd.struct_passwd]
+) -> None:
+    """A granted caller with its 32 requests under way (one of them the exec) is refused a 33rd
+    (429), yet its exec's signal goes through: a signal is short and is for the very requests
+    that hold the slots."""
+    a, _ = callers
+    (sb_root.config / "grants.yaml").write_text(
+        f"grants:\n  - users: [{a.pw_name}]\n    profiles: [{sb_root.profile}]\n"
+        "    max_sandboxes: 1\n    max_ttl_seconds: 3600\n"
+    )
+    assert sb_root.run("ext", "approve", "grants").status == 0
+    started = Service(sb_root, _socket_dir(sb_root) / "broker.sock").start()
+    try:
+        code = f"import sys\nsys.argv[1:] = [{str(started.socket)!r}, {sb_root.profile!r}]\n" + AT_ITS_LIMIT
+        done = _as_account(a, code)
+        assert done.returncode == 0, done.stderr
+        busy, sent, status = json.loads(done.stdout)
+        assert busy == ["PolicyError", f"uid {a.pw_uid} has 32 requests under way (the service's limit per caller)"]
+        assert (sent, status) == (True, 128 + signal.SIGTERM)
+    finally:
+        started.stop()
+
+
 def test_the_systemd_units_verify(tmp_path: Path) -> None:
     """contrib/'s units as systemd reads them (systemd-analyze verify), with ExecStart pointing at
     this checkout's console script."""
