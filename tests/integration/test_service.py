@@ -973,18 +973,23 @@ def test_a_programs_signal_reaches_the_exec_as_a_cli_clients_does(sbx_root: Sand
         assert sandbox.exec(["true"]).status == 0
 
 
+def _granted_one_sandbox(broker: SandboxBroker, account: pwd.struct_passwd) -> Service:
+    """Grants (approved) `account` one sandbox of the broker's profile; a service started for it."""
+    (broker.config / "grants.yaml").write_text(
+        f"grants:\n  - users: [{account.pw_name}]\n    profiles: [{broker.profile}]\n"
+        "    max_sandboxes: 1\n    max_ttl_seconds: 3600\n"
+    )
+    assert broker.run("ext", "approve", "grants").status == 0
+    return Service(broker, _socket_dir(broker) / "broker.sock").start()
+
+
 def test_only_an_execs_own_caller_may_signal_it(
     sb_root: SandboxBroker, callers: tuple[pwd.struct_passwd, pwd.struct_passwd]
 ) -> None:
     """Another account that knows the exec's name and its sandbox is answered as for no exec; a
     name that is not a running exec's, and a signal that is not one of the three, are refused."""
     a, _ = callers
-    (sb_root.config / "grants.yaml").write_text(
-        f"grants:\n  - users: [{a.pw_name}]\n    profiles: [{sb_root.profile}]\n"
-        "    max_sandboxes: 1\n    max_ttl_seconds: 3600\n"
-    )
-    assert sb_root.run("ext", "approve", "grants").status == 0
-    started = Service(sb_root, _socket_dir(sb_root) / "broker.sock").start()
+    started = _granted_one_sandbox(sb_root, a)
     try:
         owner = Client(str(started.socket))
         with owner.create(sb_root.profile) as sandbox:
@@ -1052,12 +1057,7 @@ def test_a_caller_at_its_limit_can_still_signal_its_exec(
     (429), yet its exec's signal goes through: a signal is short and is for the very requests
     that hold the slots."""
     a, _ = callers
-    (sb_root.config / "grants.yaml").write_text(
-        f"grants:\n  - users: [{a.pw_name}]\n    profiles: [{sb_root.profile}]\n"
-        "    max_sandboxes: 1\n    max_ttl_seconds: 3600\n"
-    )
-    assert sb_root.run("ext", "approve", "grants").status == 0
-    started = Service(sb_root, _socket_dir(sb_root) / "broker.sock").start()
+    started = _granted_one_sandbox(sb_root, a)
     try:
         code = f"import sys\nsys.argv[1:] = [{str(started.socket)!r}, {sb_root.profile!r}]\n" + AT_ITS_LIMIT
         done = _as_account(a, code)
