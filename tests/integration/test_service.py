@@ -1088,6 +1088,44 @@ def test_the_systemd_units_verify(tmp_path: Path) -> None:
     assert checked.stderr == ""
 
 
+def test_the_units_bounding_set_leaves_the_broker_all_it_needs(sb_root: SandboxBroker) -> None:
+    """The root service without the capabilities the unit takes out of its bounding set (setpriv
+    drops them as systemd would): a sandbox's whole life still works, and the service holds none."""
+    unit = (Path(__file__).parents[2] / "contrib" / "sandboxer.service").read_text()
+    line = next(line for line in unit.splitlines() if line.startswith("CapabilityBoundingSet=~"))
+    dropped = line.split("~", 1)[1].split()
+    assert "CAP_SYS_MODULE" in dropped
+    path = _socket_dir(sb_root) / "bounded.sock"
+    log = sb_root.root / "bounded.log"
+    bounding = ",".join("-" + name.removeprefix("CAP_").lower() for name in dropped)
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            ["setpriv", "--bounding-set", bounding, "--", *sb_root.argv("serve", "--socket", str(path))],
+            stdout=out,
+            stderr=out,
+            env=sb_root.env(),
+        )
+    try:
+        deadline = time.monotonic() + 20
+        while not _answers(path):
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the service never answered"
+            time.sleep(0.05)
+        with open(f"/proc/{process.pid}/status") as status:
+            bounding_set = int(next(row for row in status if row.startswith("CapBnd:")).split()[1], 16)
+        numbers = {"CAP_SYS_MODULE": 16, "CAP_SYS_RAWIO": 17, "CAP_SYS_BOOT": 22, "CAP_SYS_TIME": 25}
+        assert not any(bounding_set >> numbers[name] & 1 for name in dropped if name in numbers)
+        client = Client(str(path))
+        with client.create(sb_root.profile) as sandbox:
+            assert sandbox.exec(["echo", "bounded"]).stdout == b"bounded\n"
+            assert sandbox.inspect().matches_plan is True
+        assert sandbox.teardown().residue == ()
+        assert client.list() == []
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+
+
 def test_socket_activation_serves_the_socket_it_is_given(sb_root: SandboxBroker) -> None:
     """As systemd starts it from sandboxer.socket (systemd-socket-activate passes the socket)."""
     path = _socket_dir(sb_root) / "activated.sock"
