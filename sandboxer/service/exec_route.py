@@ -35,17 +35,31 @@ _NOT_RUN: dict[str, Any] = {"error": error_document(ExecError("exec: the service
 SIGNAL_NAMES = {signum.name: signum for signum in FORWARDED}  # what a CLI client passes on, too
 
 
-class Signalling:
-    """A running exec's way to its command's signals: who may send them (the exec's caller) and
-    the write end of the pipe the exec reads them from (a byte each, as from a CLI client)."""
+class ExecSignals:
+    """A running exec's signals: a pipe the exec reads them from (a byte each, as from a CLI
+    client), who may send them (the exec's caller), and its entry in the service's registry
+    (SIGNALLING) from the answer's head to the exec's end. `read_end` is the exec's: its thread
+    closes it once `taken`."""
 
-    def __init__(self, uid: int, sandbox_id: str, fd: int) -> None:
-        self.uid = uid
+    def __init__(self, request: web.Request, sandbox_id: str) -> None:
+        self.token = secrets.token_hex(16)
+        self.uid = request["access"].peer.uid
         self.sandbox_id = sandbox_id
-        self.fd = fd
+        self.read_end, self.write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self.taken = False
+        self._registry = request.app[SIGNALLING]
+        self._registry[self.token] = self
+
+    def close(self) -> None:
+        """No more signals: the write end goes (once the exec is over, or cancelled: its end is no
+        kill then), and the read end too if no exec took it."""
+        del self._registry[self.token]
+        os.close(self.write_end)
+        if not self.taken:
+            os.close(self.read_end)
 
 
-SIGNALLING = web.AppKey("signalling", dict[str, Signalling])  # exec token -> its signals, while it runs
+SIGNALLING = web.AppKey("signalling", dict[str, ExecSignals])  # exec token -> its signals, while it runs
 
 
 async def exec_command(request: web.Request) -> web.StreamResponse:
@@ -58,7 +72,7 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
         request, request["access"].require_own, sandbox_id, ExecError(f"exec: no such sandbox: {sandbox_id}")
     )
 
-    signals = _ExecSignals(request, sandbox_id)
+    signals = ExecSignals(request, sandbox_id)
     output = _Output(asyncio.get_running_loop())
     running: set[threading.Event] = request.app[EXECS]
     running.add(output.gone)
@@ -129,31 +143,6 @@ def _run(
         output.put(result)  # the end frame goes out as soon as the loop has it
 
 
-class _ExecSignals:
-    """An exec's signal pipe, and its entry in the service's registry (SIGNALLING) from the
-    answer's head to the exec's end: `read_end` is the exec's, closed by its thread once `taken`."""
-
-    def __init__(self, request: web.Request, sandbox_id: str) -> None:
-        self.token = secrets.token_hex(16)
-        self.read_end, write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        self.taken = False
-        self._registry = request.app[SIGNALLING]
-        self._registry[self.token] = Signalling(request["access"].peer.uid, sandbox_id, write_end)
-
-    def close(self) -> None:
-        """No more signals: the write end goes (once the exec is over, or cancelled: its end is no
-        kill then), and the read end too if no exec took it."""
-        _forget(self._registry, self.token)
-        if not self.taken:
-            os.close(self.read_end)
-
-
-def _forget(signalling: dict[str, Signalling], token: str) -> None:
-    entry = signalling.pop(token, None)
-    if entry is not None:
-        os.close(entry.fd)
-
-
 async def signal_exec(request: web.Request) -> web.Response:
     """`{"signal": "SIGINT" | "SIGTERM" | "SIGHUP"}` for the running exec the path names, from
     its own caller; for anyone else, and once it has ended, it is not found."""
@@ -166,7 +155,7 @@ async def signal_exec(request: web.Request) -> web.Response:
     if entry is None or entry.sandbox_id != sandbox_id or entry.uid != request["access"].peer.uid:
         raise NotFoundError(f"no such exec: {token[:64]}")
     try:
-        os.write(entry.fd, bytes([SIGNAL_NAMES[name]]))
+        os.write(entry.write_end, bytes([SIGNAL_NAMES[name]]))
     except BlockingIOError:
         raise BackendError("signal: the exec has not taken the signals sent before it yet") from None
     except BrokenPipeError:  # it has just ended: its thread no longer reads them

@@ -75,7 +75,9 @@ def run(
     )
     caller = program if isinstance(program, CallerStdio) else None
     cancelled = program.cancelled if isinstance(program, Program) else None
-    control = caller.control if caller is not None else program.control() if isinstance(program, Program) else None
+    control = caller.control if caller is not None else None
+    if isinstance(program, Program):
+        control = program.control()  # the signals a program sends, as a CLI client's are read
     watched = cancelled is not None or control is not None  # the caller may go away
     exec_group = _exec_group(record) if timeout is not None or watched else None
     if exec_group is not None:
