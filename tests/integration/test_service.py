@@ -101,7 +101,7 @@ def test_the_client_drives_a_whole_sandbox_life(service: Service) -> None:
 
     client = Client(str(service.socket))
     assert client.version()["api"] == "v1"
-    assert client._request("GET", "/v1/openapi.json") == json.loads(API_DOCUMENT.read_text())
+    assert client.service.request("GET", "/v1/openapi.json") == json.loads(API_DOCUMENT.read_text())
     with client.create(service.broker.profile) as sandbox:
         result = sandbox.exec(["sh", "-c", "cat; echo warning >&2; exit 3"], stdin=b"hello\n")
         assert (result.status, result.stdout, result.stderr) == (3, b"hello\n", b"warning\n")
@@ -321,7 +321,7 @@ def test_bad_requests_get_one_clear_error_and_nothing_is_made(sb_root: SandboxBr
     try:
         client = Client(str(started.socket))
         with pytest.raises(UsageError) as unknown:
-            client._request("POST", "/v1/sandboxes", {"profile": sb_root.profile, "privileged": True})
+            client.service.request("POST", "/v1/sandboxes", {"profile": sb_root.profile, "privileged": True})
         assert unknown.value.message.startswith("privileged: unknown field")
         with pytest.raises(SandboxerError) as unknown_profile:
             client.create("no-such-profile")
@@ -1002,16 +1002,18 @@ def test_only_an_execs_own_caller_may_signal_it(
             path = f"/v1/sandboxes/{sandbox.id}/exec/{exec_id}/signal"
             code = (
                 "import json\nfrom sandboxer import Client\nfrom sandboxer.errors import SandboxerError\n"
-                f"try:\n    Client({str(started.socket)!r})._request('POST', {path!r}, {{'signal': 'SIGTERM'}})\n"
+                f"client = Client({str(started.socket)!r})\n"
+                f"try:\n    client.service.request('POST', {path!r}, {{'signal': 'SIGTERM'}})\n"
                 "except SandboxerError as exc:\n    print(json.dumps([type(exc).__name__, exc.status, exc.message]))\n"
             )
             done = _as_account(a, code)
             assert json.loads(done.stdout) == ["NotFoundError", 4, f"no such exec: {exec_id}"], done.stderr
+            unknown_path = f"/v1/sandboxes/{sandbox.id}/exec/{'0' * 32}/signal"
             with pytest.raises(NotFoundError) as unknown:
-                owner._request("POST", f"/v1/sandboxes/{sandbox.id}/exec/{'0' * 32}/signal", {"signal": "SIGTERM"})
+                owner.service.request("POST", unknown_path, {"signal": "SIGTERM"})
             assert unknown.value.message == f"no such exec: {'0' * 32}"
             with pytest.raises(UsageError) as bad:
-                owner._request("POST", path, {"signal": "SIGKILL"})
+                owner.service.request("POST", path, {"signal": "SIGKILL"})
             assert bad.value.message == "signal: must be one of SIGINT, SIGTERM, SIGHUP"
             assert stream.signal(signal.SIGTERM) is True  # its own caller's: the command ends
             assert list(chunks) == []

@@ -108,7 +108,7 @@ def test_bad_owner_and_dispatch_bodies_get_status_2_and_change_nothing(sb_root: 
             ),
         ):
             with pytest.raises(UsageError) as refused:
-                client._request("POST", path, body)
+                client.service.request("POST", path, body)
             assert refused.value.status == 2
             assert refused.value.message.startswith(message), (path, body, refused.value.message)
         assert client.owner.list() == before  # the profile is still approved
