@@ -74,7 +74,8 @@ def root_pid(record: ExecView) -> int | None:
 def enter_for(name: object) -> Enter:
     """How `sandboxer exec` runs a command in a sandbox of this backend: exec's own entry, which
     loads none of the backend's create-time code. It is called as
-    `enter(record, options, command, env, timeout, *, program, state_dir) -> status`."""
+    `enter(record, options, command, env, timeout, *, program, state_dir, limits) -> status`, and
+    removes a cgroup made for the exec through `limits` (host/limit_events.py: it keeps the counts)."""
     from sandboxer.errors import ExecUsage
 
     match name:

@@ -132,7 +132,9 @@ def execute(
     limits = LimitWatch(record, limit_groups(record))
     started = time.monotonic()
     with activity.in_use(os.path.join(dirs.state, "sandboxes", options["id"])):
-        status = int(enter(record, options, command, env, timeout, program=program, state_dir=dirs.state))
+        status = int(
+            enter(record, options, command, env, timeout, program=program, state_dir=dirs.state, limits=limits)
+        )
     # Why it died, on the broker's lines: a limit that acted meanwhile, and the timeout (124 from
     # a command of its own, GNU timeout's, ends before the deadline and is left alone).
     why = limits.why(status)

@@ -7,8 +7,8 @@ program's own "No space left on device" names neither.
 The kernel counts, per cgroup, the processes the memory limit killed (`oom_kill` in cgroup v1's
 memory.oom_control, v2's memory.events) and the forks the pids limit refused (`max` in
 pids.events). They are read before and after an exec: a count that grew names the limit that
-stopped it. The counts are the sandbox's, so an exec running beside another that hit a limit is
-told about it too. Without cgroups (the rlimit mechanism) there is nothing to count: an
+stopped it. The counts are the sandbox's, its exec groups' included, so an exec running beside
+another that hit a limit is told about it too. Without cgroups (the rlimit mechanism) there is nothing to count: an
 allocation past RLIMIT_AS fails inside, where the program says so itself.
 """
 
@@ -30,6 +30,9 @@ class Counts:
     oom_kills: int
     pid_refusals: int
 
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(self.oom_kills + other.oom_kills, self.pid_refusals + other.pid_refusals)
+
 
 class LimitWatch:
     """The counts of one sandbox's cgroups, taken when an exec starts; why() after it ended."""
@@ -38,10 +41,22 @@ class LimitWatch:
         self._view = view
         self._groups = groups  # the sandbox's cgroup directories (sandboxer.backends.limit_groups)
         self._before = _counts(self._groups)
+        self._gone = Counts(oom_kills=0, pid_refusals=0)  # of the exec's own groups, removed since
+
+    def remove_group(self, group: str) -> None:
+        """Remove an exec's own cgroup below the sandbox's, keeping what it counted: the kernel
+        counts a refused fork in the group that forked, and the count goes with the group. One a
+        background process of the exec still runs in stays, and is counted where it is."""
+        counts = _counts([group])
+        try:
+            os.rmdir(group)
+        except OSError:
+            return
+        self._gone += counts
 
     def why(self, status: int) -> list[str]:
         """The broker's lines for the limits that acted during the exec (none: none did)."""
-        after = _counts(self._groups)
+        after = _counts(self._groups) + self._gone
         lines = []
         if after.oom_kills > self._before.oom_kills:
             limit = f"the memory limit ({self._view.memory_mib} MiB)"
@@ -52,11 +67,15 @@ class LimitWatch:
 
 
 def _counts(groups: list[str]) -> Counts:
+    """The counts of the sandbox's groups and of every group below them: an exec's own group
+    (made to find all of an exec's processes) counts the forks refused in it itself, not its
+    parent, whose pids.max refused them (cgroup v1)."""
     oom = refused = 0
     for group in groups:
-        for name in _MEMORY_FILES:
-            oom += _field(os.path.join(group, name), "oom_kill")
-        refused += _field(os.path.join(group, _PIDS_FILE), "max")
+        for directory, _, _ in os.walk(group):
+            for name in _MEMORY_FILES:
+                oom += _field(os.path.join(directory, name), "oom_kill")
+            refused += _field(os.path.join(directory, _PIDS_FILE), "max")
     return Counts(oom_kills=oom, pid_refusals=refused)
 
 

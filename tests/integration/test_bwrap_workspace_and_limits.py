@@ -62,13 +62,18 @@ def _mechanism(broker: SandboxBroker, sandbox_id: str) -> str:
 
 
 def test_pids_limit_stops_a_fork_flood(sbx: SandboxBroker) -> None:
+    """The sandbox's pids limit refuses a fork flood, and the broker says so — also for an exec
+    with --timeout, which runs in a pids group of its own below the sandbox's (the kernel counts
+    the refusals there, and the group is gone when the exec ends)."""
     sb = sbx
     sandbox_id = limited(sb, "few-pids", "  pids: 24\n")
-    flood = sb.sh(sandbox_id, "n=0; for i in $(seq 60); do sleep 3 & n=$((n+1)); done 2>/dev/null; wait; echo $n")
-    assert flood.status != 0, flood  # the shell could not fork all 60 (it exits 2 on a failed fork)
-    assert flood.stdout.strip() != "60"
-    if _mechanism(sb, sandbox_id) != "rlimit":  # a cgroup's pids.max refused, and the broker says so
-        assert flood.stderr.endswith("sandboxer: exec: the pids limit (24) refused a new process\n"), flood.stderr
+    script = "n=0; for i in $(seq 60); do sleep 3 & n=$((n+1)); done 2>/dev/null; wait; echo $n"
+    for options in ((), ("--timeout", "60")):
+        flood = sb.exec(sandbox_id, "/bin/sh", "-c", script, options=options)
+        assert flood.status != 0, flood  # the shell could not fork all 60 (it exits 2 on a failed fork)
+        assert flood.stdout.strip() != "60"
+        if _mechanism(sb, sandbox_id) != "rlimit":  # a cgroup's pids.max refused, and the broker says so
+            assert flood.stderr.endswith("sandboxer: exec: the pids limit (24) refused a new process\n"), flood
     # With room to spare the same kind of work succeeds.
     roomy = limited(sb, "more-pids", "  pids: 512\n")
     fine = sb.sh(roomy, "for i in $(seq 30); do sleep 0.2 & done; wait; echo done")

@@ -4,7 +4,6 @@ a caller's stdio or a program's, and is waited for, its --timeout enforced.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
@@ -32,6 +31,7 @@ from sandboxer.host.terminal import caller_size, caller_terminal, set_size
 if TYPE_CHECKING:
     from sandboxer.backends.bwrap.started import Started
     from sandboxer.core.record_exec import ExecView
+    from sandboxer.host.limit_events import LimitWatch
 
 
 def _check_running(record: ExecView, sandbox_id: str) -> tuple[int, int]:
@@ -52,6 +52,7 @@ def run(
     *,
     program: Program | CallerStdio | None,
     state_dir: str,
+    limits: LimitWatch,
 ) -> int:
     """exec by joining the sandbox's namespaces (joiner); `program` None is this process's stdio."""
     holder_pid, holder_start = _check_running(record, options["id"])
@@ -114,8 +115,7 @@ def run(
             forwarder.restore()
         pumps.close()
         if exec_group is not None:
-            with contextlib.suppress(OSError):
-                os.rmdir(exec_group)  # kept while a background process of this exec still runs
+            limits.remove_group(exec_group)  # kept while a background process of this exec still runs
 
 
 def _seccomp_program(state_dir: str, sandbox_id: str) -> bytes:

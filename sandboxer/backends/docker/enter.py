@@ -20,6 +20,7 @@ from sandboxer.host.terminal import caller_size, caller_terminal
 
 if TYPE_CHECKING:
     from sandboxer.core.record_exec import ExecView
+    from sandboxer.host.limit_events import LimitWatch
 
 
 def run(
@@ -31,6 +32,7 @@ def run(
     *,
     program: Program | CallerStdio | None,
     state_dir: str,
+    limits: LimitWatch,
 ) -> int:
     """exec through the Engine API; statuses as on bwrap (env -i gives 126/127 for us).
     `program` None is this process's stdio."""
@@ -114,8 +116,7 @@ def run(
         if isinstance(program, Program) and not isinstance(program.stdin, int):
             os.close(stdin)  # the memfd made for the program's input
         for group in groups:
-            with contextlib.suppress(OSError):
-                os.rmdir(group)  # kept while a background process of this exec still runs
+            limits.remove_group(group)  # kept while a background process of this exec still runs
 
 
 def _streams(program: Program | CallerStdio | None) -> tuple[int, Callable[[int, bytes], None]]:
