@@ -21,6 +21,7 @@ import pytest
 from sandboxer.api import Broker, Owner
 from sandboxer.errors import SandboxerError
 from tests.conftest import REPO, Result, make_repository
+from tests.integration.services import Service
 from tests.samples import profile_yaml
 
 UNPRIVILEGED_UID = 65534
@@ -60,6 +61,7 @@ class SandboxBroker:
     # The CLI's commands go to the service for the state dir (an unprivileged user's client starts
     # its private one); otherwise they run in the CLI's own process (SANDBOXER_NO_SERVICE=1).
     through_service: bool = False
+    service: Service | None = None  # the service a fixture started for the CLI (its state dir's socket)
 
     def argv(self, *args: str) -> list[str]:
         """The full command line of one CLI run."""
@@ -314,21 +316,29 @@ def docker_root(runtime_dir: Path, base_image: str) -> Iterator[SandboxBroker]:
         _cleanup(broker)
 
 
-@pytest.fixture(params=["bwrap-root", "bwrap-user", "docker"])
+@pytest.fixture(params=["bwrap-root", "bwrap-user", "docker-service"])
 def sbx(request: pytest.FixtureRequest, runtime_dir: Path) -> Iterator[SandboxBroker]:
-    """A ready broker for the behaviour both backends share: bwrap as root, bwrap as a user,
-    and Docker."""
+    """A ready broker for the behaviour both backends share, each variant through another front:
+    bwrap as root (the CLI in-process), bwrap as a user (the CLI a client of the private service
+    it starts), and Docker (the CLI a client of a root service on the state dir's socket)."""
     _require_tools()
     variant = request.param
-    if variant == "docker":
+    if variant == "docker-service":
         image = request.getfixturevalue("base_image")
         broker = make_broker(runtime_dir, as_user=False)
         add_docker(broker, image)
+        broker.service = Service(broker, broker.state / "broker.sock").start()
+        broker.through_service = True
     else:
         broker = _bwrap_broker(runtime_dir, as_user=variant == "bwrap-user")
     try:
         yield broker
+        if broker.service is not None:  # not given way to a test's own: it answered the whole test
+            assert broker.service.process is not None
+            assert broker.service.process.poll() is None, broker.service.log.read_text()
     finally:
+        if broker.service is not None:
+            broker.service.stop()
         _cleanup(broker)
 
 

@@ -24,7 +24,7 @@ import pytest
 
 from sandboxer import Broker
 from tests.integration.conftest import REPO, SandboxBroker, backend_profile_text
-from tests.integration.test_service import Service
+from tests.integration.services import Service
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "-c", "init.defaultBranch=main"]
 PROFILE = "agent"

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.integration.conftest import SandboxBroker
-from tests.integration.test_service import Service
+from tests.integration.services import Service
 
 
 class Terminal:

@@ -32,7 +32,7 @@ from sandboxer.client import ClientSandbox
 from sandboxer.errors import SandboxerError
 from sandboxer.results import thawed
 from tests.integration.conftest import SandboxBroker
-from tests.integration.test_service import Service
+from tests.integration.services import Service
 
 FRONTS = ["cli", "cli-service", "client", "embedded"]
 UNKNOWN_ID = "0" * 24

@@ -27,55 +27,10 @@ import pytest
 from sandboxer import Broker, Client, ClientSandbox
 from sandboxer.errors import ExecError, NotFoundError, SandboxerError, UsageError
 from tests.integration.conftest import UNPRIVILEGED_UID, SandboxBroker, backend_profile_text
+from tests.integration.services import Service, answers
 
 OTHER_ACCOUNT = "sbxsvcother"
 CALLER_A, CALLER_B, CALLER_GROUP = "sbxsvca", "sbxsvcb", "sbxsvcgrp"
-
-
-class Service:
-    """One `sandboxer serve` process for a broker's directories."""
-
-    def __init__(self, broker: SandboxBroker, socket_path: Path, *options: str) -> None:
-        self.broker = broker
-        self.socket = socket_path
-        self.options = options  # more `serve` options
-        self.log = broker.root / f"serve-{time.monotonic_ns()}.log"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Service:
-        # This service, on its own socket, is the one the test talks to: the broker's CLI runs
-        # in-process beside it (an unprivileged one would start a private service otherwise).
-        self.broker.through_service = False
-        with self.log.open("wb") as log:
-            self.process = subprocess.Popen(
-                self.broker.argv("serve", "--socket", str(self.socket), *self.options),
-                stdout=log,
-                stderr=log,
-                env=self.broker.env(),
-            )
-        deadline = time.monotonic() + 20
-        while not _answers(self.socket):
-            assert self.process.poll() is None, self.log.read_text()
-            assert time.monotonic() < deadline, "the service never answered"
-            time.sleep(0.05)
-        return self
-
-    def stop(self, signum: int = signal.SIGTERM) -> int:
-        assert self.process is not None
-        if self.process.poll() is None:
-            self.process.send_signal(signum)
-        return self.process.wait(timeout=30)
-
-
-def _answers(path: Path) -> bool:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(str(path))
-    except OSError:
-        return False
-    finally:
-        probe.close()
-    return True
 
 
 def _socket_dir(broker: SandboxBroker) -> Path:
@@ -1109,7 +1064,7 @@ def test_the_units_bounding_set_leaves_the_broker_all_it_needs(sb_root: SandboxB
         )
     try:
         deadline = time.monotonic() + 20
-        while not _answers(path):
+        while not answers(path):
             assert process.poll() is None, log.read_text()
             assert time.monotonic() < deadline, "the service never answered"
             time.sleep(0.05)

@@ -22,8 +22,9 @@ import pytest
 from sandboxer import Client
 from sandboxer.errors import SandboxerError
 from tests.integration.conftest import SandboxBroker
+from tests.integration.services import Service
 from tests.integration.test_bootstrap_cli_and_delivery import TARGET, document, new_credential, rendered
-from tests.integration.test_service import Service, _as_account, callers  # noqa: F401 - a fixture
+from tests.integration.test_service import _as_account, callers  # noqa: F401 - a fixture
 from tests.integration.test_service_cli import _cli_as
 
 

@@ -21,7 +21,8 @@ import pytest
 
 from sandboxer.cliclient import IDLE_EXIT
 from tests.integration.conftest import UNPRIVILEGED_UID, SandboxBroker, _bwrap_broker, _cleanup, services_of
-from tests.integration.test_service import Service, _running_marker, callers  # noqa: F401 - a fixture
+from tests.integration.services import Service
+from tests.integration.test_service import _running_marker, callers  # noqa: F401 - a fixture
 
 REPO = Path(__file__).resolve().parents[2]
 

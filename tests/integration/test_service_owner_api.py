@@ -16,8 +16,9 @@ from sandboxer import Broker, Client
 from sandboxer.errors import NotFoundError, NotPendingError, UsageError
 from tests.integration import test_service
 from tests.integration.conftest import Endpoints, SandboxBroker, log_lines
+from tests.integration.services import Service
 from tests.integration.test_dispatch_tool import LEASE, envelope, setup, spool
-from tests.integration.test_service import Service, _as_account, _socket_dir
+from tests.integration.test_service import _as_account, _socket_dir
 
 callers = test_service.callers  # the fixture making accounts A and B
 UNKNOWN_ID = "0123456789abcdef01234567"

@@ -18,7 +18,7 @@ from sandboxer import Client
 from sandboxer.client import ClientSandbox
 from sandboxer.errors import UsageError
 from tests.integration.conftest import SandboxBroker
-from tests.integration.test_service import Service
+from tests.integration.services import Service
 
 
 def _children(pid: int) -> list[tuple[int, str, bytes]]:

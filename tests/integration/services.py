@@ -1,0 +1,64 @@
+"""A `sandboxer serve` process for a test broker's directories, started and stopped by the test."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tests.integration.conftest import SandboxBroker
+
+
+class Service:
+    """One `sandboxer serve` process for a broker's directories."""
+
+    def __init__(self, broker: SandboxBroker, socket_path: Path, *options: str) -> None:
+        self.broker = broker
+        self.socket = socket_path
+        self.options = options  # more `serve` options
+        self.log = broker.root / f"serve-{time.monotonic_ns()}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Service:
+        # This service, on its own socket, is the one the test talks to: the broker's CLI runs
+        # in-process beside it (an unprivileged one would start a private service otherwise),
+        # and the service a fixture started for the broker's CLI gives way to it.
+        self.broker.through_service = False
+        if self.broker.service is not None:
+            self.broker.service.stop()
+            self.broker.service = None
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                self.broker.argv("serve", "--socket", str(self.socket), *self.options),
+                stdout=log,
+                stderr=log,
+                env=self.broker.env(),
+            )
+        deadline = time.monotonic() + 20
+        while not answers(self.socket):
+            assert self.process.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, "the service never answered"
+            time.sleep(0.05)
+        return self
+
+    def stop(self, signum: int = signal.SIGTERM) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+        return self.process.wait(timeout=30)
+
+
+def answers(path: Path) -> bool:
+    """Whether something accepts connections on the socket at `path`."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
