@@ -224,7 +224,8 @@ def _bwrap_broker(runtime_dir: Path, *, as_user: bool) -> SandboxBroker:
 
     The root broker's CLI runs each command in-process (SANDBOXER_NO_SERVICE=1); the user's is
     what an unprivileged user gets by default: a client of the private service it starts. So the
-    behaviour every test checks on both holds for the embedded CLI and the CLI client alike."""
+    behaviour every test checks on both holds for the embedded CLI and the CLI client alike. (A
+    fixture may make the root broker's CLI a client of a root service too: `_serve`.)"""
     if os.geteuid() != 0:
         if not as_user:
             pytest.skip("the root broker variant needs root (CI runs as root)")
@@ -236,15 +237,38 @@ def _bwrap_broker(runtime_dir: Path, *, as_user: bool) -> SandboxBroker:
     return broker
 
 
-@pytest.fixture(params=MODES)
-def sb(request: pytest.FixtureRequest, runtime_dir: Path) -> Iterator[SandboxBroker]:
-    """A ready broker, once as root and once as an unprivileged user."""
-    _require_tools()
-    broker = _bwrap_broker(runtime_dir, as_user=request.param == "user")
+def _serve(broker: SandboxBroker) -> None:
+    """Make the broker's CLI a client of a root service on its state dir's socket, started here."""
+    broker.service = Service(broker, broker.state / "broker.sock").start()
+    broker.through_service = True
+
+
+@contextlib.contextmanager
+def _ready(broker: SandboxBroker) -> Iterator[SandboxBroker]:
+    """The broker for one test; afterwards its service (unless a test's own took its place) must
+    still be running — it answered the whole test — and everything the test made is removed."""
     try:
         yield broker
+        if broker.service is not None:
+            assert broker.service.process is not None
+            assert broker.service.process.poll() is None, broker.service.log.read_text()
     finally:
+        if broker.service is not None:
+            broker.service.stop()
         _cleanup(broker)
+
+
+@pytest.fixture(params=["root-service", "user"])
+def sb(request: pytest.FixtureRequest, runtime_dir: Path) -> Iterator[SandboxBroker]:
+    """A ready bwrap broker, once as root, its CLI a client of a root service (the one root runs
+    from contrib/), and once as an unprivileged user, its CLI a client of the private service it
+    starts."""
+    _require_tools()
+    broker = _bwrap_broker(runtime_dir, as_user=request.param == "user")
+    if request.param == "root-service":
+        _serve(broker)
+    with _ready(broker):
+        yield broker
 
 
 @pytest.fixture
@@ -327,19 +351,11 @@ def sbx(request: pytest.FixtureRequest, runtime_dir: Path) -> Iterator[SandboxBr
         image = request.getfixturevalue("base_image")
         broker = make_broker(runtime_dir, as_user=False)
         add_docker(broker, image)
-        broker.service = Service(broker, broker.state / "broker.sock").start()
-        broker.through_service = True
+        _serve(broker)
     else:
         broker = _bwrap_broker(runtime_dir, as_user=variant == "bwrap-user")
-    try:
+    with _ready(broker):
         yield broker
-        if broker.service is not None:  # not given way to a test's own: it answered the whole test
-            assert broker.service.process is not None
-            assert broker.service.process.poll() is None, broker.service.log.read_text()
-    finally:
-        if broker.service is not None:
-            broker.service.stop()
-        _cleanup(broker)
 
 
 @pytest.fixture(params=["bwrap-root", "docker"])
