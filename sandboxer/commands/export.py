@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from sandboxer.commands.work import GIT, GIT_SECONDS, WorkState, git_inside, ready_work, work_state
 from sandboxer.errors import BackendError, SandboxerError, UsageError
 from sandboxer.host.fstree import remove_tree
+from sandboxer.host.hostgit import run_git
 from sandboxer.host.registry import Registry
-from sandboxer.host.workspace import is_commit_id, run_git
+from sandboxer.host.workspace import is_commit_id
 
 if TYPE_CHECKING:
     from sandboxer.core.record import SandboxRecord, WorkRecord

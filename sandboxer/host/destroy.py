@@ -7,7 +7,7 @@ import os
 from dataclasses import replace
 
 from sandboxer.core.record import SandboxRecord
-from sandboxer.host import workspace
+from sandboxer.host import hostgit, workspace
 from sandboxer.host.registry import Registry
 
 
@@ -18,7 +18,7 @@ def destroy(registry: Registry, sandbox_id: str, record: SandboxRecord | None) -
     from sandboxer.backends import backend_for
 
     # A create killed mid-clone: git died with it, a helper of git may still write below.
-    stray = workspace.stop_git(registry.path(sandbox_id, workspace.GIT_HOME))
+    stray = hostgit.stop_git(registry.path(sandbox_id, workspace.GIT_HOME))
     if record is None:
         return _destroy_unrecorded(registry, sandbox_id, stray)
     record = replace(record, id=sandbox_id)

@@ -1,11 +1,11 @@
 """The workspace: a fresh Git clone of the profile's repository, made on the host side safely.
 
-Host-side git runs with no system or global configuration, hooks disabled and no templates;
-`--no-local` makes git copy objects through its transport instead of hard-linking into the
-owner's repository. Its HOME is a directory inside the sandbox's own (`git-home`, 0700), so what a
-killed clone leaves goes with the sandbox; every git process gets SIGKILL when its broker dies
-and runs in a process group of its own. The finished clone has no remote and no reflog: nothing
-in it names the owner's repository. Host-side git never runs inside a clone after a sandbox used it.
+Host-side git runs as sandboxer/host/hostgit.py runs it: no system or global configuration,
+hooks disabled, no templates, in a process group of its own, killed with its broker. `--no-local`
+makes git copy objects through its transport instead of hard-linking into the owner's
+repository. Its HOME is a directory inside the sandbox's own (`git-home`, 0700), so what a killed
+clone leaves goes with the sandbox. The finished clone has no remote and no reflog: nothing in it
+names the owner's repository. Host-side git never runs inside a clone after a sandbox used it.
 An unprivileged broker's sandbox keeps its workspace in a sized tmpfs of its own: the clone is
 made on the host as above and then copied in (`seed`).
 """
@@ -15,16 +15,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from sandboxer.errors import BackendError, SandboxerError, UsageError
 from sandboxer.host.fstree import remove_tree
-
-if TYPE_CHECKING:
-    import subprocess
+from sandboxer.host.hostgit import run_git
 
 __all__ = [
     "GIT_HOME",
@@ -34,80 +30,10 @@ __all__ = [
     "is_commit_id",
     "refs_digest",
     "remove_tree",
-    "run_git",
     "seed",
-    "stop_git",
 ]
 
 GIT_HOME = "git-home"  # in the sandbox's directory: HOME of host-side git while it clones
-GIT_TIMEOUT = 300  # seconds
-PR_SET_PDEATHSIG = 1
-
-
-def _git(args: list[str], *, home: str, cwd: str | None = None) -> subprocess.CompletedProcess[bytes]:
-    import signal
-    import subprocess  # here, not at import: teardown uses this module without running git
-
-    git = shutil.which("git", path="/usr/bin:/bin:/usr/local/bin")
-    if git is None:
-        raise BackendError("git is not installed", hint="apt-get install -y git")
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "HOME": home,
-        "LANG": "C",
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": os.path.join(home, "gitconfig"),  # also how stop_git finds them
-        "GIT_TERMINAL_PROMPT": "0",
-        "GIT_ASKPASS": "/bin/false",
-    }
-    argv = [git, "-c", "core.hooksPath=/dev/null", "-c", "protocol.file.allow=always", *args]
-    child = subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        process_group=0,  # its helpers (upload-pack, pack-objects, index-pack) share one group to kill
-        preexec_fn=_dies_with(os.getpid()),  # noqa: PLW1509 - one prctl through ctypes: takes no lock (docs/api.md)
-    )
-    try:
-        out, err = child.communicate(timeout=GIT_TIMEOUT)
-    except BaseException as exc:  # a timeout, ^C, anything: none of its processes outlives this call
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)
-        child.communicate()
-        if isinstance(exc, subprocess.TimeoutExpired):
-            raise BackendError(f"git {args[0]} did not finish within {GIT_TIMEOUT} s") from None
-        raise
-    return subprocess.CompletedProcess(argv, child.returncode, out, err)
-
-
-def run_git(args: list[str], *, home: str, cwd: str | None = None) -> subprocess.CompletedProcess[bytes]:
-    """Host-side git as the clone runs it: no system or global config, no hooks, HOME `home`
-    (a directory of the broker's own), killed with the broker. Never in a clone a sandbox used."""
-    return _git(args, home=home, cwd=cwd)
-
-
-def _dies_with(broker: int) -> Callable[[], None]:
-    """What a host-side git runs between fork and exec: SIGKILL once `broker` dies.
-
-    A broker killed during a clone must not leave git writing into a directory gc is removing.
-    The death signal is armed first and the parent checked after: a broker already gone before
-    the signal was armed is noticed too.
-    """
-    import ctypes
-    import signal
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    kill = int(signal.SIGKILL)
-
-    def arm() -> None:
-        armed = prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(kill), 0, 0, 0) == 0
-        if not armed or os.getppid() != broker:
-            os.kill(os.getpid(), kill)
-
-    return arm
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,14 +82,14 @@ def clone(
             identity=identity,
         )
         # Before any sandbox code runs in it: no remote, no "clone: from <path>" reflog entry.
-        if _git(["remote", "remove", "origin"], home=home, cwd=destination).returncode != 0:
+        if run_git(["remote", "remove", "origin"], home=home, cwd=destination).returncode != 0:
             raise BackendError(f"{profile_file}: workspace.repository: the clone's remote cannot be removed")
         # The reflogs are files of their own (git's "files" ref store): a fresh clone's hold only
         # that entry, and the sandbox's git starts new ones.
         logs = os.path.join(destination, ".git", "logs")
         if os.path.lexists(logs):
             remove_tree(logs)
-        head = _git(["rev-parse", "--verify", "HEAD^{commit}"], home=home, cwd=destination)
+        head = run_git(["rev-parse", "--verify", "HEAD^{commit}"], home=home, cwd=destination)
         base = head.stdout.decode(errors="replace").strip()
         if head.returncode != 0 or not is_commit_id(base):
             raise BackendError(f"{profile_file}: {checkout.ref_field}: the clone has no commit checked out")
@@ -186,7 +112,7 @@ def check_repository(repository: str, refs: tuple[str, ...], profile_file: str) 
             for index, ref in enumerate(refs):
                 if "*" in ref:
                     continue
-                found = _git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], home=home, cwd=repository)
+                found = run_git(["rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], home=home, cwd=repository)
                 if found.returncode != 0:
                     field = "workspace.ref" if index == 0 else f"workspace.refs[{index - 1}]"
                     raise UsageError(f"{profile_file}: {field}: not in the repository")
@@ -201,7 +127,7 @@ def refs_digest(repository: str, git_home: str) -> str:
     import hashlib
 
     with _home(git_home, repository) as home:
-        listed = _git(["for-each-ref", "--format=%(objectname) %(refname)"], home=home, cwd=repository)
+        listed = run_git(["for-each-ref", "--format=%(objectname) %(refname)"], home=home, cwd=repository)
     if listed.returncode != 0:
         raise BackendError(f"{repository}: its refs cannot be listed (git for-each-ref failed)")
     return hashlib.sha256(listed.stdout).hexdigest()
@@ -280,18 +206,18 @@ def _fetch(
     clone_args = ["clone", "--quiet", "--no-local", "--template="]
     clone_args += ["--config", f"user.name={name}", "--config", f"user.email={email}"]  # the new clone's own
     if branch is None:
-        fast = _git([*clone_args, "--branch", ref, "--", repository, destination], home=home)
+        fast = run_git([*clone_args, "--branch", ref, "--", repository, destination], home=home)
         if fast.returncode == 0:
             return
         _discard(destination, keep_directory=bound)
     if not _is_repository_root(repository, home):
         raise UsageError(f"{profile_file}: workspace.repository: not a Git repository")
-    if _git([*clone_args, "--no-checkout", "--", repository, destination], home=home).returncode != 0:
+    if run_git([*clone_args, "--no-checkout", "--", repository, destination], home=home).returncode != 0:
         raise BackendError(f"{profile_file}: workspace.repository: git clone failed")
     # A commit id or a tag as it is; a branch of the repository is a remote-tracking one here.
     commit = None
     for name in (ref, f"refs/remotes/origin/{ref}"):
-        found = _git(["rev-parse", "--verify", "--quiet", f"{name}^{{commit}}"], home=home, cwd=destination)
+        found = run_git(["rev-parse", "--verify", "--quiet", f"{name}^{{commit}}"], home=home, cwd=destination)
         if found.returncode == 0:
             commit = found.stdout.decode().strip()
             break
@@ -299,17 +225,17 @@ def _fetch(
         raise checkout.missing(f"{profile_file}: {ref_field}: not found in the repository")
     if branch is not None and checkout.fresh_branch:
         for taken in (f"refs/heads/{branch}", f"refs/remotes/origin/{branch}"):
-            if _git(["rev-parse", "--verify", "--quiet", taken], home=home, cwd=destination).returncode == 0:
+            if run_git(["rev-parse", "--verify", "--quiet", taken], home=home, cwd=destination).returncode == 0:
                 raise checkout.missing(
                     f"{profile_file}: {checkout.branch_field}: {branch} is a branch of the repository already"
                 )
     switch = ["checkout", "--quiet", "-b", branch, commit] if branch else ["checkout", "--quiet", "--detach", commit]
-    if _git(switch, home=home, cwd=destination).returncode != 0:
+    if run_git(switch, home=home, cwd=destination).returncode != 0:
         what = f"{checkout.branch_field}: cannot be created" if branch else f"{ref_field}: checkout failed"
         raise BackendError(f"{profile_file}: {what}")
     # git checkout exits 0 when it could not write files (a full workspace filesystem leaves
     # them empty or cut short): the work tree must match what was checked out.
-    if _git(["diff", "--quiet"], home=home, cwd=destination).returncode != 0:
+    if run_git(["diff", "--quiet"], home=home, cwd=destination).returncode != 0:
         raise BackendError(f"{profile_file}: {ref_field}: checkout failed{_full(destination)}")
 
 
@@ -338,12 +264,12 @@ def _is_repository_root(repository: str, home: str) -> bool:
     """Whether `repository` is a bare repository or the top of a work tree (not a subdirectory)."""
     if not os.path.isdir(repository):
         return False
-    bare = _git(["-C", repository, "rev-parse", "--is-bare-repository"], home=home)
+    bare = run_git(["-C", repository, "rev-parse", "--is-bare-repository"], home=home)
     if bare.returncode != 0:
         return False
     if bare.stdout.strip() == b"true":
         return True
-    top = _git(["-C", repository, "rev-parse", "--show-toplevel"], home=home)
+    top = run_git(["-C", repository, "rev-parse", "--show-toplevel"], home=home)
     return top.returncode == 0 and os.path.realpath(top.stdout.decode().strip()) == os.path.realpath(repository)
 
 
@@ -362,52 +288,3 @@ def _finish(destination: str, owner: tuple[int, int] | None) -> None:
                     if entry.is_dir(follow_symlinks=False):
                         below.append(entry.path)
         os.lchown(destination, uid, gid)
-
-
-def stop_git(git_home: str) -> list[int]:
-    """SIGKILL every host-side git a clone with HOME `git_home` left running; the pids that
-    survive.
-
-    Its broker died mid-clone: git itself got SIGKILL with it, but a helper it started (an
-    index-pack resolving deltas, a pack-objects on the owner's repository) may still run and
-    write below the sandbox's directory. They are found by the environment every one of them
-    inherits, among our own uid's processes, and signalled through a pidfd so that a recycled
-    pid is never hit.
-    """
-    if not os.path.isdir(git_home):  # the clone finished, or never began
-        return []
-    import signal
-
-    from sandboxer.host import procs
-
-    marker = f"GIT_CONFIG_GLOBAL={os.path.join(git_home, 'gitconfig')}".encode()
-    found: list[int] = []
-    for _ in range(3):  # a helper may fork once more between a scan and its signal
-        found = [pid for pid in procs.all_pids() if _has_environment(pid, marker)]
-        for pid in found:
-            try:
-                pidfd = os.pidfd_open(pid)
-            except OSError:
-                continue
-            try:
-                if _has_environment(pid, marker):  # still that process, now pinned by the pidfd
-                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            except OSError:
-                pass
-            finally:
-                os.close(pidfd)
-        found = procs.wait_gone(found, 5.0)
-        if not found:
-            return []
-    return found
-
-
-def _has_environment(pid: int, entry: bytes) -> bool:
-    """Whether the process `pid`, one of our uid's, was started with `entry` in its environment."""
-    try:
-        if os.stat(f"/proc/{pid}").st_uid != os.geteuid():
-            return False
-        with open(f"/proc/{pid}/environ", "rb") as stream:
-            return entry in stream.read().split(b"\0")
-    except OSError:
-        return False

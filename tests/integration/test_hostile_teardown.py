@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sandboxer.host import workspace
+from sandboxer.host import hostgit
 from tests.integration.conftest import UNPRIVILEGED_UID, SandboxBroker, profile_text
 from tests.integration.test_bwrap_lifecycle import cgroups_of, processes_naming
 
@@ -267,10 +267,10 @@ def test_stop_git_kills_what_ran_with_that_git_home_and_nothing_else(tmp_path: P
         env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "GIT_CONFIG_GLOBAL": str(home / "gitconfig")}
         started.append(subprocess.Popen(["sleep", "300"], env=env, start_new_session=True, stdin=subprocess.DEVNULL))
     try:
-        assert workspace.stop_git(str(ours)) == []
+        assert hostgit.stop_git(str(ours)) == []
         assert started[0].wait(timeout=10) == -signal.SIGKILL
         assert started[1].poll() is None
-        assert workspace.stop_git(str(tmp_path / "c" / "git-home")) == []  # no such directory: nothing to do
+        assert hostgit.stop_git(str(tmp_path / "c" / "git-home")) == []  # no such directory: nothing to do
     finally:
         for proc in started:
             proc.kill()
