@@ -569,7 +569,8 @@ def test_an_unknown_id_is_unknown_on_every_verb(case: Case) -> None:
 
 def test_list_and_teardown_follow_the_sandboxs_life(case: Case) -> None:
     """list shows the sandbox, then not; teardown leaves no residue and no directory; the id is
-    then unknown to exec, inspect and a second teardown, with the same answers as the CLI's."""
+    then unknown to exec, inspect, a second teardown and get (the Python API's handle of the
+    sandbox too), with the same answers as the CLI's."""
     front = case.front
     assert front.list() == []
     sandbox_id = front.create(case.broker.profile)
@@ -579,12 +580,15 @@ def test_list_and_teardown_follow_the_sandboxs_life(case: Case) -> None:
     assert front.teardown(sandbox_id) == []
     assert not case.broker.sandbox_dir(sandbox_id).exists()
     assert front.list() == []
+    copy = str(case.broker.root / "copy")
     after = [
         failure(front, lambda: front.exec(sandbox_id, ["true"])),
         refusal(lambda: front.inspect(sandbox_id)),
+        refusal(lambda: front.get(sandbox_id, "/workspace/README.md", copy)),
         refusal(lambda: front.teardown(sandbox_id)),
     ]
-    assert [status for status, _ in after] == [125, 4, 4], after
+    assert [status for status, _ in after] == [125, 4, 4, 4], after
+    assert not os.path.lexists(copy)
     same_as_cli(
         case,
         "gone",
@@ -592,6 +596,7 @@ def test_list_and_teardown_follow_the_sandboxs_life(case: Case) -> None:
         lambda cli: [
             failure(cli, lambda: cli.exec(sandbox_id, ["true"])),
             refusal(lambda: cli.inspect(sandbox_id)),
+            refusal(lambda: cli.get(sandbox_id, "/workspace/README.md", copy)),
             refusal(lambda: cli.teardown(sandbox_id)),
         ],
         sandbox_id,
@@ -688,7 +693,7 @@ def test_put_and_get_round_trip_files_and_directories(case: Case, sandbox: str) 
     go in with their bytes and modes, run there, and come out the same; a destination that is
     not a normalized path or not writable, a local source that does not exist, a source missing
     inside and a local destination that exists are refused (2) with the CLI's line, and no local
-    file is left of them."""
+    file is left of them; an unknown id is unknown (4) to put and get alike."""
     front, local = case.front, case.broker.root / "local"
     tree = local / "tree"
     (tree / "sub").mkdir(parents=True)
@@ -737,6 +742,11 @@ def test_put_and_get_round_trip_files_and_directories(case: Case, sandbox: str) 
     ]
     assert sorted(os.listdir(out)) == ["one.bin", "tree"]
     same_as_cli(case, "put-get", refused_, refusals, sandbox)
+    unknown = [
+        refusal(lambda: front.put(UNKNOWN_ID, str(local / "one.bin"), "/workspace/x")),
+        refusal(lambda: front.get(UNKNOWN_ID, "/workspace/one.bin", str(out / "x"))),
+    ]
+    assert unknown == [(4, f"sandboxer: no such sandbox: {UNKNOWN_ID}")] * 2
 
 
 @contextlib.contextmanager
