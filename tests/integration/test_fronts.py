@@ -67,7 +67,7 @@ class Front(Protocol):
 
     def create(self, profile: str) -> str: ...
 
-    def create_json(self, profile: str, *, ttl: float | None = None, manifest: str | None = None) -> dict[str, Any]: ...
+    def create_json(self, profile: str, *, ttl: float | None = None) -> dict[str, Any]: ...
 
     def exec(
         self,
@@ -123,9 +123,8 @@ class Cli:
     def create(self, profile: str) -> str:
         return self.checked("create", "--profile", profile).decode().strip()
 
-    def create_json(self, profile: str, *, ttl: float | None = None, manifest: str | None = None) -> dict[str, Any]:
+    def create_json(self, profile: str, *, ttl: float | None = None) -> dict[str, Any]:
         options = [] if ttl is None else [f"--ttl={ttl!r}"]  # with `=`: a negative value is no option
-        options += [] if manifest is None else ["--manifest", manifest]
         document: dict[str, Any] = json.loads(self.checked("create", "--profile", profile, *options, "--json"))
         return document
 
@@ -194,9 +193,9 @@ class Api:
     def create(self, profile: str) -> str:
         return str(self.create_json(profile)["id"])
 
-    def create_json(self, profile: str, *, ttl: float | None = None, manifest: str | None = None) -> dict[str, Any]:
+    def create_json(self, profile: str, *, ttl: float | None = None) -> dict[str, Any]:
         with refused():
-            sandbox = self.api.create(profile, ttl=ttl, manifest=manifest)
+            sandbox = self.api.create(profile, ttl=ttl)
         self.handles[sandbox.id] = sandbox
         assert sandbox.created is not None
         document: dict[str, Any] = thawed(sandbox.created.json)
