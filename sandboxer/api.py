@@ -213,6 +213,10 @@ class Sandbox(SandboxBase):
                 sink("stderr", f"sandboxer: exec: {exc.message}\n".encode())
                 return exc.status
 
+    def _require_known(self) -> None:
+        """NotFoundError (4) when the broker has no such sandbox (any more)."""
+        self.broker.sandbox(self.id)
+
     def export(self, format: str, destination: str) -> Exported:
         """Take the sandbox's work out to the new local `destination` (sandboxer.verbs)."""
         from sandboxer.commands.export import check_format, discard_quarantine, finished, prepare

@@ -147,6 +147,11 @@ class ClientSandbox(SandboxBase):
     def inspect(self) -> Evidence:
         return Evidence.from_json(self.client.service.request("GET", f"/v1/sandboxes/{self.id}"))
 
+    def _require_known(self) -> None:
+        """NotFoundError (4) unless the service lists the sandbox for this caller."""
+        if self.id not in {info.id for info in self.client.list()}:
+            raise errors.NotFoundError(f"no such sandbox: {self.id}")
+
     def dispatch_tool(self, lease: str, request_id: str, wait_seconds: int = 0) -> Dispatched:
         """Relay the request `request_id` of the tool-request lease `lease` to its endpoint, waiting
         up to `wait_seconds` for it; NotPendingError (75, retryable) when it is not there yet."""

@@ -142,6 +142,7 @@ class SandboxBase:
         the sandbox, as its user (sandboxer.transfer)."""
         from sandboxer.transfer import put
 
+        self._require_known()
         put(self.exec, source, destination)
 
     def get(self, source: str, destination: str) -> None:
@@ -149,4 +150,10 @@ class SandboxBase:
         regular files and directories only (sandboxer.transfer)."""
         from sandboxer.transfer import get
 
+        self._require_known()
         get(self.exec_stream, source, destination)
+
+    def _require_known(self) -> None:
+        """NotFoundError (4) when the broker has no such sandbox (any more): put and get say so
+        as cp does, not as the exec they run would (125)."""
+        raise NotImplementedError

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from sandboxer.cli.options import access, caller_path
-from sandboxer.errors import NotFoundError, UsageError
+from sandboxer.errors import UsageError
 from sandboxer.invocation import current
 
 if TYPE_CHECKING:
@@ -75,10 +75,7 @@ def sandbox_of(dirs: Dirs, sandbox_id: str) -> Sandbox | ClientSandbox:
             probe.close()
             from sandboxer.client import Client
 
-            client = Client(path)
-            if sandbox_id not in {info.id for info in client.list()}:  # as Broker.sandbox says it
-                raise NotFoundError(f"no such sandbox: {sandbox_id}")
-            return client.sandbox(sandbox_id)
+            return Client(path).sandbox(sandbox_id)  # put and get check that it is there
     from sandboxer.api import Broker
 
     return Broker(config_dir=dirs.config, state_dir=dirs.state).sandbox(sandbox_id)

@@ -12,15 +12,20 @@ compared as the (status, line) pair the CLI would print for it.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dataclasses
+import datetime
 import hashlib
 import json
 import os
+import signal
+import stat
 import subprocess
 import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -62,6 +67,8 @@ class Front(Protocol):
 
     def create(self, profile: str) -> str: ...
 
+    def create_json(self, profile: str, *, ttl: float | None = None) -> dict[str, Any]: ...
+
     def exec(
         self,
         sandbox_id: str,
@@ -75,9 +82,17 @@ class Front(Protocol):
 
     def list(self) -> list[str]: ...
 
+    def listing(self) -> builtins.list[dict[str, Any]]: ...
+
     def teardown(self, sandbox_id: str, *, discard: bool = False) -> builtins.list[str]: ...
 
     def export(self, sandbox_id: str, fmt: str, destination: str) -> dict[str, Any]: ...
+
+    def put(self, sandbox_id: str, source: str, destination: str) -> None: ...
+
+    def get(self, sandbox_id: str, source: str, destination: str) -> None: ...
+
+    def gc(self) -> dict[str, Any]: ...
 
 
 class Cli:
@@ -108,6 +123,11 @@ class Cli:
     def create(self, profile: str) -> str:
         return self.checked("create", "--profile", profile).decode().strip()
 
+    def create_json(self, profile: str, *, ttl: float | None = None) -> dict[str, Any]:
+        options = [] if ttl is None else [f"--ttl={ttl!r}"]  # with `=`: a negative value is no option
+        document: dict[str, Any] = json.loads(self.checked("create", "--profile", profile, *options, "--json"))
+        return document
+
     def exec(
         self,
         sandbox_id: str,
@@ -129,7 +149,11 @@ class Cli:
         return document
 
     def list(self) -> list[str]:
-        return [entry["id"] for entry in json.loads(self.checked("list", "--json"))["sandboxes"]]
+        return [entry["id"] for entry in self.listing()]
+
+    def listing(self) -> builtins.list[dict[str, Any]]:
+        entries: list[dict[str, Any]] = json.loads(self.checked("list", "--json"))["sandboxes"]
+        return entries
 
     def teardown(self, sandbox_id: str, *, discard: bool = False) -> builtins.list[str]:
         options = ["--discard"] if discard else []
@@ -137,6 +161,16 @@ class Cli:
 
     def export(self, sandbox_id: str, fmt: str, destination: str) -> dict[str, Any]:
         document: dict[str, Any] = json.loads(self.checked("export", sandbox_id, f"--{fmt}", destination, "--json"))
+        return document
+
+    def put(self, sandbox_id: str, source: str, destination: str) -> None:
+        self.checked("cp", source, f"{sandbox_id}:{destination}")
+
+    def get(self, sandbox_id: str, source: str, destination: str) -> None:
+        self.checked("cp", f"{sandbox_id}:{source}", destination)
+
+    def gc(self) -> dict[str, Any]:
+        document: dict[str, Any] = json.loads(self.checked("gc", "--json"))
         return document
 
 
@@ -157,10 +191,15 @@ class Api:
             return self.handles.get(sandbox_id) or self.api.sandbox(sandbox_id)
 
     def create(self, profile: str) -> str:
+        return str(self.create_json(profile)["id"])
+
+    def create_json(self, profile: str, *, ttl: float | None = None) -> dict[str, Any]:
         with refused():
-            sandbox = self.api.create(profile)
+            sandbox = self.api.create(profile, ttl=ttl)
         self.handles[sandbox.id] = sandbox
-        return sandbox.id
+        assert sandbox.created is not None
+        document: dict[str, Any] = thawed(sandbox.created.json)
+        return document
 
     def exec(
         self,
@@ -180,8 +219,11 @@ class Api:
         return document
 
     def list(self) -> list[str]:
+        return [entry["id"] for entry in self.listing()]
+
+    def listing(self) -> builtins.list[dict[str, Any]]:
         with refused():
-            return [info.id for info in self.api.list()]
+            return [dataclasses.asdict(info) for info in self.api.list()]
 
     def teardown(self, sandbox_id: str, *, discard: bool = False) -> builtins.list[str]:
         # A second teardown names the id afresh: the handle would give its receipt again (docs/api.md).
@@ -194,6 +236,19 @@ class Api:
     def export(self, sandbox_id: str, fmt: str, destination: str) -> dict[str, Any]:
         with refused():
             document: dict[str, Any] = thawed(dataclasses.asdict(self.sandbox(sandbox_id).export(fmt, destination)))
+        return document
+
+    def put(self, sandbox_id: str, source: str, destination: str) -> None:
+        with refused():
+            self.sandbox(sandbox_id).put(source, destination)
+
+    def get(self, sandbox_id: str, source: str, destination: str) -> None:
+        with refused():
+            self.sandbox(sandbox_id).get(source, destination)
+
+    def gc(self) -> dict[str, Any]:
+        with refused():
+            document: dict[str, Any] = thawed(dataclasses.asdict(self.api.gc()))
         return document
 
 
@@ -513,7 +568,8 @@ def test_an_unknown_id_is_unknown_on_every_verb(case: Case) -> None:
 
 def test_list_and_teardown_follow_the_sandboxs_life(case: Case) -> None:
     """list shows the sandbox, then not; teardown leaves no residue and no directory; the id is
-    then unknown to exec, inspect and a second teardown, with the same answers as the CLI's."""
+    then unknown to exec, inspect, a second teardown and get (the Python API's handle of the
+    sandbox too), with the same answers as the CLI's."""
     front = case.front
     assert front.list() == []
     sandbox_id = front.create(case.broker.profile)
@@ -523,12 +579,15 @@ def test_list_and_teardown_follow_the_sandboxs_life(case: Case) -> None:
     assert front.teardown(sandbox_id) == []
     assert not case.broker.sandbox_dir(sandbox_id).exists()
     assert front.list() == []
+    copy = str(case.broker.root / "copy")
     after = [
         failure(front, lambda: front.exec(sandbox_id, ["true"])),
         refusal(lambda: front.inspect(sandbox_id)),
+        refusal(lambda: front.get(sandbox_id, "/workspace/README.md", copy)),
         refusal(lambda: front.teardown(sandbox_id)),
     ]
-    assert [status for status, _ in after] == [125, 4, 4], after
+    assert [status for status, _ in after] == [125, 4, 4, 4], after
+    assert not os.path.lexists(copy)
     same_as_cli(
         case,
         "gone",
@@ -536,6 +595,7 @@ def test_list_and_teardown_follow_the_sandboxs_life(case: Case) -> None:
         lambda cli: [
             failure(cli, lambda: cli.exec(sandbox_id, ["true"])),
             refusal(lambda: cli.inspect(sandbox_id)),
+            refusal(lambda: cli.get(sandbox_id, "/workspace/README.md", copy)),
             refusal(lambda: cli.teardown(sandbox_id)),
         ],
         sandbox_id,
@@ -616,3 +676,155 @@ def test_teardown_discard_removes_work_nobody_exported(case: Case, sandbox: str)
     _commit_and_change(case, sandbox)
     assert case.front.teardown(sandbox, discard=True) == []
     assert not case.broker.sandbox_dir(sandbox).exists()
+
+
+def _tree(root: Path) -> dict[str, tuple[int, bytes | None]]:
+    """Every path below `root` (itself as "."): its permission bits, and a file's bytes."""
+    found: dict[str, tuple[int, bytes | None]] = {}
+    for path in [root, *sorted(root.rglob("*"))]:
+        mode = stat.S_IMODE(path.lstat().st_mode)
+        found[str(path.relative_to(root))] = (mode, path.read_bytes() if path.is_file() else None)
+    return found
+
+
+def test_put_and_get_round_trip_files_and_directories(case: Case, sandbox: str) -> None:
+    """A directory (an executable script, binary data, a private subdirectory) and a single file
+    go in with their bytes and modes, run there, and come out the same; a destination that is
+    not a normalized path or not writable, a local source that does not exist, a source missing
+    inside and a local destination that exists are refused (2) with the CLI's line, and no local
+    file is left of them; an unknown id is unknown (4) to put and get alike."""
+    front, local = case.front, case.broker.root / "local"
+    tree = local / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "run.sh").write_bytes(b"#!/bin/sh\necho ran\n")
+    (tree / "data.bin").write_bytes(hashlib.shake_256(b"put").digest(300_000) + b"\0\xff")
+    (tree / "sub" / "deep.txt").write_bytes(b"deep\n")
+    (local / "one.bin").write_bytes(b"one\0")
+    modes = {"tree/run.sh": 0o750, "tree/data.bin": 0o640, "tree/sub/deep.txt": 0o600, "tree/sub": 0o700}
+    for name, mode in {**modes, "tree": 0o750, "one.bin": 0o604}.items():
+        (local / name).chmod(mode)
+
+    front.put(sandbox, str(tree), "/workspace/in/tree")
+    front.put(sandbox, str(local / "one.bin"), "/workspace/one.bin")
+    script = "cd /workspace/in && find tree ../one.bin -printf '%m %p\\n' | LC_ALL=C sort && sha256sum tree/data.bin"
+    inside = front.exec(sandbox, ["sh", "-c", script + " && tree/run.sh"])
+    shown = sorted(f"{mode:o} {name}" for name, mode in {**modes, "tree": 0o750, "../one.bin": 0o604}.items())
+    data_sum = hashlib.sha256((tree / "data.bin").read_bytes()).hexdigest()
+    assert inside == (0, "".join(f"{line}\n" for line in [*shown, f"{data_sum}  tree/data.bin", "ran"]).encode(), b"")
+    out = case.broker.root / "out"
+    out.mkdir()
+    front.get(sandbox, "/workspace/in/tree", str(out / "tree"))
+    front.get(sandbox, "/workspace/one.bin", str(out / "one.bin"))
+    assert _tree(out / "tree") == _tree(tree)
+    assert _tree(out / "one.bin") == _tree(local / "one.bin")
+
+    def refusals(front: Front) -> list[tuple[int, str]]:
+        return [
+            refusal(lambda: front.put(sandbox, str(local / "one.bin"), "/workspace/../etc/x")),
+            refusal(lambda: front.put(sandbox, str(local / "one.bin"), "/usr/one.bin")),
+            refusal(lambda: front.put(sandbox, str(local / "nothing"), "/workspace/nothing")),
+            refusal(lambda: front.get(sandbox, "/workspace/nothing", str(out / "nothing"))),
+            refusal(lambda: front.get(sandbox, "/workspace/one.bin", str(out / "one.bin"))),
+        ]
+
+    refused_ = refusals(front)
+    tar_failed = "tar in the sandbox failed (tar"
+    assert case.normal(refused_) == [
+        (
+            2,
+            "sandboxer: put: '/workspace/../etc/x' must be a normalized absolute path inside the sandbox, other than /",
+        ),
+        (2, f"sandboxer: put: /usr/one.bin: {tar_failed}: one.bin: Cannot open: Read-only file system)"),
+        (2, "sandboxer: put: <root>/local/nothing: no such file or directory"),
+        (2, f"sandboxer: get: /workspace/nothing: {tar_failed}: nothing: Cannot stat: No such file or directory)"),
+        (2, "sandboxer: get: <root>/out/one.bin: exists; give a path that does not"),
+    ]
+    assert sorted(os.listdir(out)) == ["one.bin", "tree"]
+    same_as_cli(case, "put-get", refused_, refusals, sandbox)
+    unknown = [
+        refusal(lambda: front.put(UNKNOWN_ID, str(local / "one.bin"), "/workspace/x")),
+        refusal(lambda: front.get(UNKNOWN_ID, "/workspace/one.bin", str(out / "x"))),
+    ]
+    assert unknown == [(4, f"sandboxer: no such sandbox: {UNKNOWN_ID}")] * 2
+
+
+@contextlib.contextmanager
+def _processes_killed(case: Case, sandbox_id: str) -> Iterator[str]:
+    """The sandbox's processes killed under it, as an OOM kill or a host's kill -9 would: its
+    init (bwrap), its container (Docker); it is then listed `dead`. Yields how a receipt names
+    its container (or "")."""
+    record = json.loads((case.broker.sandbox_dir(sandbox_id) / "record.json").read_text())
+    if case.backend == "docker":
+        subprocess.run(["docker", "kill", record["container_id"]], capture_output=True, check=True)
+        namespace = None
+    else:
+        # Held open until gc is done, so that the kernel cannot give the dead pid namespace's
+        # inode number to a new one (test_bwrap_lifecycle shows why that matters).
+        namespace = os.open(f"/proc/{record['holder_pid']}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        os.kill(record["init_pid"], signal.SIGKILL)
+    try:
+        deadline = time.monotonic() + 20
+        while {e["id"]: e["status"] for e in case.reference.listing()}[sandbox_id] != "dead":
+            assert time.monotonic() < deadline, f"{sandbox_id} never died"
+            time.sleep(0.05)
+        yield str(record.get("container_id") or "")[:12]
+    finally:
+        if namespace is not None:
+            os.close(namespace)
+
+
+def _gc_after_a_death(case: Case, front: Front, healthy: str) -> tuple[dict[str, Any], str]:
+    """gc through `front` once a new sandbox's processes died: its report (ids named), and the
+    dead sandbox's id."""
+    dead = front.create(case.broker.profile)
+    case.broker.created.append(dead)
+    with _processes_killed(case, dead) as container:
+        report = front.gc()
+    return case.normal(report, *filter(None, (dead, healthy, container))), dead
+
+
+def test_gc_collects_a_dead_sandbox_and_spares_a_running_one(case: Case, sandbox: str) -> None:
+    """A sandbox whose processes died is collected with an empty residue and its directory gone;
+    the running one is named healthy and still runs; a second gc finds nothing to collect. The
+    report is the CLI's on every front."""
+    report, dead = _gc_after_a_death(case, case.front, sandbox)
+    assert [(receipt["id"], receipt["residue"]) for receipt in report["collected"]] == [("<id>", [])]
+    assert (report["healthy"], report["busy"], report["warm"]) == (["<id>"], [], [])
+    assert not case.broker.sandbox_dir(dead).exists()
+    assert case.front.list() == [sandbox]
+    assert case.front.gc() == {"collected": [], "healthy": [sandbox], "busy": [], "warm": []}
+    assert case.front.exec(sandbox, ["true"]) == (0, b"", b"")
+    same_as_cli(case, "gc", report, lambda cli: _gc_after_a_death(case, cli, sandbox)[0])
+
+
+def _created_with_a_ttl(case: Case, front: Front, ttl: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """create --ttl through `front`: what create reports, and the sandbox's entry in list."""
+    created = front.create_json(case.broker.profile, ttl=ttl)
+    case.broker.created.append(created["id"])
+    [entry] = [entry for entry in front.listing() if entry["id"] == created["id"]]
+    return created, entry
+
+
+def test_a_ttl_is_the_same_expiry_everywhere_and_a_bad_one_is_refused(case: Case) -> None:
+    """create with a TTL reports when the sandbox expires, and list shows the same moment, TTL
+    seconds after its creation, with the fields the CLI prints; a TTL of 0, below 0, below 1 or
+    past 30 days is refused (2) with the CLI's line, and leaves no sandbox."""
+    front = case.front
+    created, entry = _created_with_a_ttl(case, front, 3600)
+    assert entry["expires_at"] == created["expires_at"]
+    lifetime = _moment(entry["expires_at"]) - _moment(entry["created_at"])
+    assert lifetime in (3600, 3601), entry  # both to the second, taken one after the other
+    assert entry["status"] == "running"
+
+    def fields(created: dict[str, Any], entry: dict[str, Any]) -> list[list[str]]:
+        return [sorted(created), sorted(entry)]
+
+    same_as_cli(case, "ttl", fields(created, entry), lambda cli: fields(*_created_with_a_ttl(case, cli, 3600)))
+    before = front.list()
+    bad = [refusal(partial(front.create_json, case.broker.profile, ttl=ttl)) for ttl in (0, -5, 0.5, 2_592_001)]
+    assert bad == [(2, "sandboxer: --ttl: must be between 1 and 2592000 seconds")] * 4
+    assert front.list() == before
+
+
+def _moment(text: str) -> int:
+    return int(datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC).timestamp())
