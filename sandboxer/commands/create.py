@@ -39,6 +39,8 @@ def create(
     for, which alone (with the owners) may use it then. `ttl`: seconds until the service tears
     it down (create --ttl). `ref`, `branch`: what the workspace checks out instead of the
     profile's ref (one workspace.refs allows), on a new branch (create --ref, --branch)."""
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)):
+        raise UsageError("ttl: must be a number of seconds")  # from a program: the CLI's is a float
     if ttl is not None and not MIN_TTL <= ttl <= MAX_TTL:
         raise UsageError(f"--ttl: must be between {MIN_TTL} and {MAX_TTL} seconds")
     from sandboxer.core.plan import WORKSPACE_TARGET

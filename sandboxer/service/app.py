@@ -160,8 +160,6 @@ async def create(request: web.Request) -> web.Response:
     profile, ttl, manifest = body["profile"], body.get("ttl"), body.get("manifest")
     if not isinstance(profile, str):
         raise UsageError("profile: must be a profile name")
-    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)):
-        raise UsageError("ttl: must be a number of seconds")
     if manifest is not None and (not isinstance(manifest, str) or not manifest.startswith("/")):
         raise UsageError("manifest: must be an absolute path")
     bootstrap = None if body.get("bootstrap") is None else _sent_file(body["bootstrap"], "bootstrap")

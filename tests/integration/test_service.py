@@ -278,6 +278,10 @@ def test_bad_requests_get_one_clear_error_and_nothing_is_made(sb_root: SandboxBr
         with pytest.raises(UsageError) as unknown:
             client.service.request("POST", "/v1/sandboxes", {"profile": sb_root.profile, "privileged": True})
         assert unknown.value.message.startswith("privileged: unknown field")
+        for ttl in (True, "60"):  # as the embedded API refuses them
+            with pytest.raises(UsageError) as bad_ttl:
+                client.service.request("POST", "/v1/sandboxes", {"profile": sb_root.profile, "ttl": ttl})
+            assert bad_ttl.value.message == "ttl: must be a number of seconds"
         with pytest.raises(SandboxerError) as unknown_profile:
             client.create("no-such-profile")
         assert unknown_profile.value.status == sb_root.run("create", "--profile", "no-such-profile").status

@@ -20,7 +20,7 @@ from sandboxer.backends import NAMES
 from sandboxer.core import leases
 from sandboxer.core import manifest as mf
 from sandboxer.core.plan import MountKind
-from sandboxer.errors import BackendError, PolicyError, UnexportedWorkError
+from sandboxer.errors import BackendError, PolicyError, UnexportedWorkError, UsageError
 from sandboxer.host.dispatch import dispatch
 from tests.conftest import make_repository, make_runtime
 from tests.manifest_samples import IMAGE_APP, REQUEST, RUN_ID, Run, build_run, fake_document, render
@@ -252,6 +252,16 @@ def test_gc_collects_the_orphans_each_backend_reports(broker: Broker, fake: Fake
         (orphan, ("fake container",), ())
     ]
     assert [verb for verb, _ in fake.calls].count("collect_orphans") == len(NAMES)
+
+
+@pytest.mark.parametrize("ttl", [True, "60", [60]])
+def test_a_ttl_that_is_not_a_number_is_refused_and_nothing_is_made(broker: Broker, ttl: object) -> None:
+    """The embedded API refuses what the service refuses for a TTL (a bool is no number of
+    seconds, though Python counts it an int), with the same line and status, before anything."""
+    with pytest.raises(UsageError) as refused:
+        broker.create("p", ttl=ttl)  # type: ignore[arg-type]
+    assert (refused.value.status, refused.value.message) == (2, "ttl: must be a number of seconds")
+    assert _left(broker) == []
 
 
 def test_the_reaper_cannot_be_held_by_work_that_will_not_export(broker: Broker, fake: FakeBackend) -> None:
