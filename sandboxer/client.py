@@ -63,6 +63,16 @@ class Client:
         self.service = ServiceHttp(socket or default_socket(), timeout)
         self.owner = ClientOwner(self)
 
+    @property
+    def socket(self) -> str:
+        """The path of the service's socket."""
+        return self.service.socket
+
+    @property
+    def timeout(self) -> float:
+        """The seconds each request may take (an exec's stream and an export: as long as they take)."""
+        return self.service.timeout
+
     def version(self) -> dict[str, Any]:
         """The service's version and API version."""
         result: dict[str, Any] = self.service.request("GET", "/v1/version")
@@ -157,7 +167,7 @@ class ClientSandbox(SandboxBase):
         up to `wait_seconds` for it; NotPendingError (75, retryable) when it is not there yet."""
         body = {"lease": lease, "request_id": request_id, "wait_seconds": wait_seconds}
         path = f"/v1/sandboxes/{self.id}/dispatch"
-        timeout = max(self.client.service.timeout, wait_seconds + DISPATCH_MARGIN)  # it waits, then relays
+        timeout = max(self.client.timeout, wait_seconds + DISPATCH_MARGIN)  # it waits, then relays
         return Dispatched.from_json(self.client.service.request("POST", path, body, timeout=timeout))
 
     def teardown(self, *, discard: bool = False) -> Receipt:

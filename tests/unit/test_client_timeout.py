@@ -18,6 +18,7 @@ def test_a_request_past_the_clients_timeout_fails_with_one_line(tmp_path: Path) 
         server.bind(str(path))
         server.listen()  # the kernel accepts the connection; nobody ever reads or answers
         client = Client(str(path), timeout=0.5)
+        assert (client.socket, client.timeout) == (str(path), 0.5)
         with pytest.raises(BackendError) as failed:
             client.list()
         assert failed.value.message == f"the broker service at {path} did not answer within 0.5 s"
