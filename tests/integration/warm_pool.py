@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from tests.integration.conftest import SandboxBroker
@@ -58,9 +59,17 @@ def wait_warm(broker: SandboxBroker, count: int, timeout: float = 60) -> list[st
 
 
 def records(broker: SandboxBroker) -> dict[str, dict[str, Any]]:
-    """Every sandbox's record, by id."""
+    """Every sandbox's record, by id. A directory without one is a sandbox the service's pool is
+    making or removing meanwhile; `sandbox_dirs` names those too."""
     found = {}
-    for directory in (broker.state / "sandboxes").iterdir():
-        if not directory.name.startswith("."):
+    for directory in sandbox_dirs(broker):
+        try:
             found[directory.name] = json.loads((directory / "record.json").read_text())
+        except FileNotFoundError:
+            continue
     return found
+
+
+def sandbox_dirs(broker: SandboxBroker) -> list[Path]:
+    """Every sandbox directory in the registry, with a record or not yet (or no more)."""
+    return [d for d in (broker.state / "sandboxes").iterdir() if not d.name.startswith(".")]
