@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import Broker, Result
 from tests.integration.conftest import SandboxBroker
+from tests.integration.scan import files_holding
 from tests.integration.test_manifest_sandboxes import assert_nothing_left, make_run, volumes_now
 
 TARGET = "/run/sandboxer/state/home/runtime-bootstrap.json"
@@ -70,18 +71,7 @@ def one_error_line(result: Result, status: int, *words: str) -> str:
 
 def files_containing(root: Path, needle: bytes) -> list[str]:
     """Every regular file below `root` (symlinks not followed) whose content holds `needle`."""
-    found = []
-    for directory, _, names in os.walk(root):
-        for name in names:
-            path = Path(directory) / name
-            if path.is_symlink() or not path.is_file():
-                continue
-            try:
-                if needle in path.read_bytes():
-                    found.append(str(path))
-            except OSError:
-                continue
-    return found
+    return files_holding(root, [needle])
 
 
 def host_processes_holding(needle: bytes) -> list[str]:

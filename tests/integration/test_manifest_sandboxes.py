@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import subprocess
 import time
 from datetime import UTC, datetime, timedelta
@@ -15,6 +14,7 @@ from typing import Any
 
 from tests.conftest import Result, make_repository
 from tests.integration.conftest import SandboxBroker
+from tests.integration.scan import files_holding
 from tests.manifest_samples import (
     CREDENTIAL,
     MODEL,
@@ -307,15 +307,7 @@ def test_provider_values_reach_only_the_provider_launch(sbx_root: SandboxBroker,
         for secret in watched:
             assert secret not in text, f"a provider value is in the {what}"
 
-    leaked = []
-    for directory, _, files in os.walk(broker.state):
-        for name in files:
-            path = os.path.join(directory, name)
-            info = os.lstat(path)
-            if not stat.S_ISREG(info.st_mode):
-                continue
-            data = Path(path).read_bytes()
-            leaked += [path for secret in watched if secret.encode() in data]
+    leaked = files_holding(broker.state, [secret.encode() for secret in watched])
     assert leaked == [], f"provider values stored under the state dir: {leaked}"
 
     if broker.backend == "docker":
@@ -356,7 +348,7 @@ def test_an_expired_lease_refuses_exec_and_create(sbx_root: SandboxBroker, base:
     broker = sbx_root
     (base / "soon").mkdir()
     run = make_run(base / "soon", broker)
-    deadline = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=25)
+    deadline = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=12)
     run.doc["leases"][SHARED]["expires_at"] = rfc3339(deadline)
     run.save()
     sandbox_id = create(broker, run)
