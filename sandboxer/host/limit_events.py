@@ -8,8 +8,10 @@ The kernel counts, per cgroup, the processes the memory limit killed (`oom_kill`
 memory.oom_control, v2's memory.events) and the forks the pids limit refused (`max` in
 pids.events). They are read before and after an exec: a count that grew names the limit that
 stopped it. The counts are the sandbox's, its exec groups' included, so an exec running beside
-another that hit a limit is told about it too. Without cgroups (the rlimit mechanism) there is nothing to count: an
-allocation past RLIMIT_AS fails inside, where the program says so itself.
+another that hit a limit is usually told about it too (not when that other exec's own group is
+removed before this one ends: its count goes with it). Without cgroups (the rlimit mechanism)
+there is nothing to count: an allocation past RLIMIT_AS fails inside, where the program says so
+itself.
 """
 
 from __future__ import annotations
