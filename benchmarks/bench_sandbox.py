@@ -6,8 +6,9 @@ Measures, as medians of whole-process runs, each CLI figure twice: in-process
 (SANDBOXER_NO_SERVICE=1: the command table imported by every command) and through the service
 (`sandboxer serve` for the state dir; the command is a small client of it):
 - exec round trip of `true` in a live sandbox vs `docker exec` of `true` in a running container
-  (targets: in-process <= 1.0x, through the service <= 0.3x), beside a bare bwrap start and the
-  CLI's own start-up;
+  (targets: in-process <= 1.0x, through the service <= 0.3x), beside a bare bwrap start, the
+  CLI's own start-up, and its interpreter's start with and without the two modules every
+  standard-library client of the service imports (json, socket);
 - the full cycle create -> exec true -> teardown vs `docker run --rm --network none IMAGE true`
   (in-process <= 1.0x, through the service <= 0.5x);
 - `Client.exec(["true"])` from a warm Python process (target <= 0.1x `docker exec`; also alternating with
@@ -262,6 +263,8 @@ def docker_references(world: World, rounds: int, results: dict[str, Any], docker
     )
     results["cycle_vs_docker_run"] = results["cycle_ms"] / results["docker_run_true_ms"]
     results["service_exec_vs_docker_exec"] = results["service_exec_true_ms"] / results["docker_exec_true_ms"]
+    # No target: the share of `docker exec` a standard-library client spends before it sends anything.
+    results["client_floor_vs_docker_exec"] = results["client_floor_ms"] / results["docker_exec_true_ms"]
     results["service_cycle_vs_docker_run"] = results["service_cycle_ms"] / results["docker_run_true_ms"]
     results.update(docker_backend(world, image, rounds, results))
 
@@ -399,7 +402,12 @@ def main() -> int:
         bwrap = ["bwrap", "--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib64", "/lib64"]
         bwrap += ["--symlink", "usr/lib", "/lib", "--symlink", "usr/bin", "/bin", "--", "/usr/bin/true"]
         results["bwrap_true_ms"] = timed(lambda: run(bwrap), rounds)
-        results["python_start_ms"] = timed(lambda: run([sys.executable, "-I", "-c", "pass"]), rounds)
+        # The installed CLI's interpreter, started as its console script starts it, and the least
+        # a standard-library client of the service pays before it does anything: its start with
+        # the two modules no such client can do without (a Unix socket, a JSON header).
+        python = str(Path(SANDBOXER[0]).parent / "python")
+        results["python_start_ms"] = timed(lambda: run([python, "-c", "pass"]), rounds)
+        results["client_floor_ms"] = timed(lambda: run([python, "-c", "import json, socket"]), rounds)
         results["cli_version_ms"] = timed(lambda: world.run("--help"), rounds)
         sandbox_id = world.create()
         world.exec_true(sandbox_id)
@@ -441,7 +449,8 @@ def report(results: dict[str, Any], *, as_json: bool) -> None:
         return
     rows = [
         ("bare bwrap --unshare-all true", results["bwrap_true_ms"]),
-        ("python3 -I -c pass", results["python_start_ms"]),
+        ("python -c pass (the installed CLI's interpreter)", results["python_start_ms"]),
+        ("the same importing json and socket", results["client_floor_ms"]),
         ("sandboxer --help, in-process", results["cli_version_ms"]),
         ("sandboxer exec ID -- true, in-process", results["exec_true_ms"]),
         ("create -> exec true -> teardown, in-process", results["cycle_ms"]),
@@ -485,6 +494,10 @@ def report(results: dict[str, Any], *, as_json: bool) -> None:
     print(f"  {'docker run --rm, in the same rounds':45s} {results['docker_run_interleaved_ms']:8.1f} ms")
     print(f"  {'docker backend, warm, back to back':45s} {results['docker_warm_back_to_back_cycle_ms']:8.1f} ms")
     print(f"  warm container taken: {results['docker_warm_taken']}")
+    print(
+        f"  (no target) a standard-library client's start (python importing json and socket) vs docker exec: "
+        f"{results['client_floor_vs_docker_exec']:.2f}x"
+    )
     print(
         f"  (no target) docker backend exec vs docker exec into the same container: "
         f"{results['docker_backend_exec_vs_same_container']:.2f}x; cycle vs the same work with the docker CLI: "
