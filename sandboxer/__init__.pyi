@@ -1,6 +1,6 @@
 # The names sandboxer/__init__.py imports on first use, for type checkers (see its docstring).
 from sandboxer.api import Broker as Broker
-from sandboxer.api import ExecStream as ExecStream
+from sandboxer.exec_threads import ExecStream as ExecStream
 from sandboxer.api import Owner as Owner
 from sandboxer.api import Sandbox as Sandbox
 from sandboxer.client import Client as Client
