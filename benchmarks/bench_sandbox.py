@@ -11,11 +11,14 @@ Measures, as medians of whole-process runs, each CLI figure twice: in-process
   standard-library client of the service imports (json, socket);
 - the full cycle create -> exec true -> teardown vs `docker run --rm --network none IMAGE true`
   (in-process <= 1.0x, through the service <= 0.5x);
-- `Client.exec(["true"])` from a warm Python process (target <= 0.1x `docker exec`; also alternating with
-  `docker exec` in the same rounds, which a drifting machine cannot tilt), and 200
+- `Client.exec(["true"])` from a warm Python process (target <= 0.1x `docker exec`), and 200
   concurrent execs over 20 sandboxes through the service;
+- alternating in the same rounds, which a drifting machine cannot tilt: `Client.exec`, `docker
+  exec`, the CLI's exec through the service, and that standard-library client's floor;
 - host-side memory of one idle sandbox, all its host processes (target <= 8 MiB);
-- 20 sandboxes created concurrently, each exec'd, then torn down (all succeed, no residue).
+- 20 sandboxes created concurrently, each exec'd, then torn down (all succeed, no residue);
+- the Docker backend's exec and cycles, through the service (targets <= 1.2x `docker exec` and
+  `docker run --rm`).
 Docker comparisons need a running Docker daemon and `scripts/build-base-image`; without them
 they are reported as unavailable. A missed target is printed, not an error.
 """
@@ -23,6 +26,7 @@ they are reported as unavailable. A missed target is printed, not an error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -31,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -166,12 +170,10 @@ def sandbox_memory(world: World, sandbox_id: str) -> dict[str, float]:
     return {"processes": len(pids), "rss_mib": rss / 2**20, "uss_mib": uss / 2**20}
 
 
-def service(world: World, rounds: int, docker: tuple[str, str] | None) -> dict[str, Any]:
-    """The broker as a service (`sandboxer serve` on the state dir's socket): the CLI through it
-    (exec, the cycle, the cycle with a warm sandbox, --help), `Client.exec(["true"])` from this
-    warm process — and, given Docker's (image, running container), once more alternating with
-    `docker exec` in the same rounds, and the warm cycle alternating with `docker run` — and 200
-    concurrent execs over 20 sandboxes (each a thread with its own connection)."""
+@contextlib.contextmanager
+def serving(world: World) -> Iterator[Client]:
+    """`sandboxer serve` on the world's state dir while the block runs, its CLI a client of it,
+    and a `Client` of it."""
     from sandboxer import Client
 
     path = world.state / "broker.sock"
@@ -182,37 +184,59 @@ def service(world: World, rounds: int, docker: tuple[str, str] | None) -> dict[s
             assert served.poll() is None, "the service did not start"
             assert time.monotonic() < deadline, "the service did not answer"
             time.sleep(0.05)
-        client = Client(str(path))
-        results: dict[str, Any] = {}
         world.through_service = True
-        try:
-            results["service_cli_help_ms"] = timed(lambda: world.run("--help"), rounds)
-            sandbox_id = world.create()
-            world.exec_true(sandbox_id)
-            results["service_exec_true_ms"] = timed(lambda: world.exec_true(sandbox_id), rounds)
-            world.teardown(sandbox_id)
-            results["service_cycle_ms"] = timed(world.cycle, max(5, rounds // 2))
-            image = docker[0] if docker is not None else None
-            warm = warm_cycles(world, "ext.bwrap", "bench", max(5, rounds // 2), image)
-            results.update({f"service_{key}": value for key, value in warm.items()})
-        finally:
-            world.through_service = False
+        yield Client(str(path))
+    finally:
+        world.through_service = False
+        served.terminate()
+        served.wait(timeout=30)
+
+
+def service(world: World, rounds: int, docker: tuple[str, str] | None) -> dict[str, Any]:
+    """The broker as a service (`sandboxer serve` on the state dir's socket): the CLI through it
+    (exec, the cycle, the cycle with a warm sandbox, --help), `Client.exec(["true"])` from this
+    warm process — and, given Docker's (image, running container), once more alternating with
+    `docker exec` in the same rounds, and the warm cycle alternating with `docker run` — and 200
+    concurrent execs over 20 sandboxes (each a thread with its own connection)."""
+    results: dict[str, Any] = {}
+    with serving(world) as client:
+        results["service_cli_help_ms"] = timed(lambda: world.run("--help"), rounds)
+        sandbox_id = world.create()
+        world.exec_true(sandbox_id)
+        results["service_exec_true_ms"] = timed(lambda: world.exec_true(sandbox_id), rounds)
+        world.teardown(sandbox_id)
+        results["service_cycle_ms"] = timed(world.cycle, max(5, rounds // 2))
+        image = docker[0] if docker is not None else None
+        warm = warm_cycles(world, "ext.bwrap", "bench", max(5, rounds // 2), image)
+        results.update({f"service_{key}": value for key, value in warm.items()})
         with client.create("bench") as sandbox:
             sandbox.exec(["true"])
             results["client_exec_true_ms"] = timed(lambda: sandbox.exec(["true"]), rounds)
             if docker is not None:
-                container = docker[1]
-                ours, theirs = [], []
-                for _ in range(rounds):
-                    ours.append(timed(lambda: sandbox.exec(["true"]), 1))
-                    theirs.append(timed(lambda: run(["docker", "exec", container, "true"]), 1))
-                results["client_exec_interleaved_ms"] = statistics.median(ours)
-                results["docker_exec_interleaved_ms"] = statistics.median(theirs)
+                results.update(alternating_execs(world, sandbox.id, lambda: sandbox.exec(["true"]), docker[1], rounds))
         results["service_200_execs"] = concurrent_execs(client)
-        return results
-    finally:
-        served.terminate()
-        served.wait(timeout=30)
+    return results
+
+
+def alternating_execs(
+    world: World, sandbox_id: str, client_exec: Callable[[], object], container: str, rounds: int
+) -> dict[str, float]:
+    """In the same rounds, one after another: `Client.exec(["true"])`, `docker exec`, the CLI's
+    exec through the service, and a standard-library client's floor (the CLI's interpreter
+    importing json and socket) — medians a drifting machine cannot tilt against each other."""
+    python = str(Path(SANDBOXER[0]).parent / "python")
+    through_service = cli_env(through_service=True)
+    measured: dict[str, Callable[[], object]] = {
+        "client_exec_interleaved_ms": client_exec,
+        "docker_exec_interleaved_ms": lambda: run(["docker", "exec", container, "true"]),
+        "service_exec_interleaved_ms": lambda: run(world.cli("exec", sandbox_id, "--", "true"), env=through_service),
+        "client_floor_interleaved_ms": lambda: run([python, "-c", "import json, socket"]),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in measured}
+    for _ in range(rounds):
+        for name, fn in measured.items():
+            samples[name].append(timed(fn, 1))
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def concurrent_execs(client: Client) -> dict[str, Any]:
@@ -265,6 +289,9 @@ def docker_references(world: World, rounds: int, results: dict[str, Any], docker
     results["service_exec_vs_docker_exec"] = results["service_exec_true_ms"] / results["docker_exec_true_ms"]
     # No target: the share of `docker exec` a standard-library client spends before it sends anything.
     results["client_floor_vs_docker_exec"] = results["client_floor_ms"] / results["docker_exec_true_ms"]
+    alternating = results["docker_exec_interleaved_ms"]
+    results["service_exec_vs_docker_exec_interleaved"] = results["service_exec_interleaved_ms"] / alternating
+    results["client_floor_vs_docker_exec_interleaved"] = results["client_floor_interleaved_ms"] / alternating
     results["service_cycle_vs_docker_run"] = results["service_cycle_ms"] / results["docker_run_true_ms"]
     results.update(docker_backend(world, image, rounds, results))
 
@@ -279,9 +306,15 @@ def docker_setup() -> tuple[str, str] | None:
 
 
 def docker_backend(world: World, image: str, rounds: int, raw: dict[str, Any]) -> dict[str, Any]:
-    """The Docker backend's exec and full cycle, beside the raw docker commands measured before."""
-    results: dict[str, Any] = {}
+    """The Docker backend's exec and full cycle through the service (as its CLI runs by default),
+    beside the raw docker commands measured before."""
     world.add_docker(image)
+    with serving(world):
+        return docker_backend_served(world, image, rounds, raw)
+
+
+def docker_backend_served(world: World, image: str, rounds: int, raw: dict[str, Any]) -> dict[str, Any]:
+    results: dict[str, Any] = {}
     docker_id = world.create("bench-docker")
     world.exec_true(docker_id)
     results["docker_backend_exec_ms"] = timed(lambda: world.exec_true(docker_id), rounds)
@@ -382,7 +415,7 @@ def warm_cycles(world: World, extension: str, profile: str, rounds: int, image: 
 
 
 def docker_warm(world: World, image: str, rounds: int) -> dict[str, Any]:
-    """The Docker backend's cycle with a warm container (in-process, as its other figures)."""
+    """The Docker backend's cycle with a warm container (through the service, as its other figures)."""
     measured = warm_cycles(world, "ext.docker", "bench-docker", rounds, image)
     return {(key if key.startswith("docker_") else f"docker_{key}"): value for key, value in measured.items()}
 
@@ -465,8 +498,10 @@ def report(results: dict[str, Any], *, as_json: bool) -> None:
         rows += [
             ("docker exec CONTAINER true", results["docker_exec_true_ms"]),
             ("docker run --rm --network none IMAGE true", results["docker_run_true_ms"]),
-            ("Client.exec, alternating with docker exec", results["client_exec_interleaved_ms"]),
-            ("docker exec, alternating with Client.exec", results["docker_exec_interleaved_ms"]),
+            ("alternating: Client.exec", results["client_exec_interleaved_ms"]),
+            ("alternating: docker exec", results["docker_exec_interleaved_ms"]),
+            ("alternating: sandboxer exec, through the service", results["service_exec_interleaved_ms"]),
+            ("alternating: python importing json and socket", results["client_floor_interleaved_ms"]),
             ("docker run --rm, alternating with the warm cycle", results["service_docker_run_interleaved_ms"]),
         ]
     print(f"median of {results['rounds']} runs, {results['cpus']} CPUs")
@@ -496,7 +531,8 @@ def report(results: dict[str, Any], *, as_json: bool) -> None:
     print(f"  warm container taken: {results['docker_warm_taken']}")
     print(
         f"  (no target) a standard-library client's start (python importing json and socket) vs docker exec: "
-        f"{results['client_floor_vs_docker_exec']:.2f}x"
+        f"{results['client_floor_vs_docker_exec']:.2f}x; "
+        f"alternating: {results['client_floor_vs_docker_exec_interleaved']:.2f}x"
     )
     print(
         f"  (no target) docker backend exec vs docker exec into the same container: "
@@ -507,6 +543,7 @@ def report(results: dict[str, Any], *, as_json: bool) -> None:
         ("exec vs docker exec, in-process", results["exec_vs_docker_exec"], 1.0),
         ("cycle vs docker run, in-process", results["cycle_vs_docker_run"], 1.0),
         ("exec vs docker exec, through the service", results["service_exec_vs_docker_exec"], 0.3),
+        ("the same, alternating", results["service_exec_vs_docker_exec_interleaved"], 0.3),
         ("cycle vs docker run, through the service", results["service_cycle_vs_docker_run"], 0.5),
         ("warm cycle vs docker run, through the service", results["service_warm_cycle_vs_docker_run"], 0.5),
         ("Client.exec vs docker exec", results["client_exec_vs_docker_exec"], 0.1),
