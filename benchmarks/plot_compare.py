@@ -2,7 +2,7 @@
 
     pip install -e '.[bench]'
     python benchmarks/plot_compare.py --label before --runs a1.json a2.json \
-        --label after --runs b1.json b2.json --output docs/img/hardening.png [--title TEXT]
+        --label after --runs b1.json b2.json --output docs/img/hardening.png [--title TEXT] [--only KEY ...]
 
 Each run is one point; the bar is the median of a version's runs. Docker-only figures are drawn
 where a run has them.
@@ -19,6 +19,10 @@ FIGURES = (
     ("exec_true_ms", "bwrap exec"),
     ("service_exec_true_ms", "bwrap exec, CLI client"),
     ("client_exec_true_ms", "Client.exec"),
+    ("client_floor_interleaved_ms", "python + json, socket (alternating)"),
+    ("service_exec_interleaved_ms", "bwrap exec, CLI client (alternating)"),
+    ("docker_exec_interleaved_ms", "docker exec (alternating)"),
+    ("client_exec_interleaved_ms", "Client.exec (alternating)"),
     ("cycle_ms", "bwrap cycle"),
     ("service_cycle_ms", "bwrap cycle, CLI client"),
     ("service_warm_cycle_ms", "bwrap warm cycle, CLI client"),
@@ -41,12 +45,14 @@ def main() -> None:
     parser.add_argument("--runs", action="append", nargs="+", required=True)
     parser.add_argument("--output", required=True)
     parser.add_argument("--title", default="sandboxer before and after (one machine, interleaved runs)")
+    parser.add_argument("--only", nargs="+", metavar="KEY", help="draw only these figures (JSON keys), in this order")
     args = parser.parse_args()
     versions = [
         (label, [json.loads(Path(p).read_text()) for p in runs])
         for label, runs in zip(args.label, args.runs, strict=True)
     ]
-    figures = [(key, name) for key, name in FIGURES if any(key in run for _, runs in versions for run in runs)]
+    chosen = [(key, dict(FIGURES)[key]) for key in args.only] if args.only else FIGURES
+    figures = [(key, name) for key, name in chosen if any(key in run for _, runs in versions for run in runs)]
     width = 0.8 / len(versions)
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for i, (label, runs) in enumerate(versions):
