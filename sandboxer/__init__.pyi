@@ -1,11 +1,11 @@
 # The names sandboxer/__init__.py imports on first use, for type checkers (see its docstring).
 from sandboxer.api import Broker as Broker
-from sandboxer.exec_threads import ExecStream as ExecStream
 from sandboxer.api import Owner as Owner
 from sandboxer.api import Sandbox as Sandbox
 from sandboxer.client import Client as Client
 from sandboxer.client import ClientOwner as ClientOwner
 from sandboxer.client import ClientSandbox as ClientSandbox
+from sandboxer.exec_threads import ExecStream as ExecStream
 from sandboxer.results import Approval as Approval
 from sandboxer.results import Created as Created
 from sandboxer.results import Dispatched as Dispatched
