@@ -69,6 +69,11 @@ def install_as_users_do(root: Path) -> list[str]:
     return [str(launcher)]
 
 
+def installed_python() -> str:
+    """The interpreter of the installed CLI (install_as_users_do), as its console script runs it."""
+    return str(Path(SANDBOXER[0]).parent / "python")
+
+
 def timed(fn: Callable[[], object], rounds: int) -> float:
     """Median wall time of `fn` in milliseconds."""
     samples = []
@@ -224,7 +229,7 @@ def alternating_execs(
     """In the same rounds, one after another: `Client.exec(["true"])`, `docker exec`, the CLI's
     exec through the service, and a standard-library client's floor (the CLI's interpreter
     importing json and socket) — medians a drifting machine cannot tilt against each other."""
-    python = str(Path(SANDBOXER[0]).parent / "python")
+    python = installed_python()
     through_service = cli_env(through_service=True)
     measured: dict[str, Callable[[], object]] = {
         "client_exec_interleaved_ms": client_exec,
@@ -310,42 +315,40 @@ def docker_backend(world: World, image: str, rounds: int, raw: dict[str, Any]) -
     beside the raw docker commands measured before."""
     world.add_docker(image)
     with serving(world):
-        return docker_backend_served(world, image, rounds, raw)
+        results: dict[str, Any] = {}
+        docker_id = world.create("bench-docker")
+        world.exec_true(docker_id)
+        results["docker_backend_exec_ms"] = timed(lambda: world.exec_true(docker_id), rounds)
+        record = json.loads((world.state / "sandboxes" / docker_id / "record.json").read_text())
+        same = ["docker", "exec", record["container_id"], "true"]  # the very container our exec enters
+        results["docker_exec_same_container_ms"] = timed(lambda: run(same), rounds)
+        world.teardown(docker_id)
 
+        def docker_same_work() -> None:
+            """What our cycle asks of the Engine, with the docker CLI: create, start, exec, remove."""
+            created = run(["docker", "create", "--network", "none", image, "/usr/bin/sleep", "infinity"]).strip()
+            run(["docker", "start", created])
+            run(["docker", "exec", created, "true"])
+            run(["docker", "rm", "-f", created])
 
-def docker_backend_served(world: World, image: str, rounds: int, raw: dict[str, Any]) -> dict[str, Any]:
-    results: dict[str, Any] = {}
-    docker_id = world.create("bench-docker")
-    world.exec_true(docker_id)
-    results["docker_backend_exec_ms"] = timed(lambda: world.exec_true(docker_id), rounds)
-    record = json.loads((world.state / "sandboxes" / docker_id / "record.json").read_text())
-    same = ["docker", "exec", record["container_id"], "true"]  # the very container our exec enters
-    results["docker_exec_same_container_ms"] = timed(lambda: run(same), rounds)
-    world.teardown(docker_id)
+        results["docker_same_work_ms"] = timed(docker_same_work, max(5, rounds // 2))
 
-    def docker_same_work() -> None:
-        """What our cycle asks of the Engine, with the docker CLI: create, start, exec, remove."""
-        created = run(["docker", "create", "--network", "none", image, "/usr/bin/sleep", "infinity"]).strip()
-        run(["docker", "start", created])
-        run(["docker", "exec", created, "true"])
-        run(["docker", "rm", "-f", created])
+        def docker_cycle() -> None:
+            world.exec_true(created := world.create("bench-docker"))
+            receipt = world.teardown(created)
+            assert not receipt["residue"], receipt
 
-    results["docker_same_work_ms"] = timed(docker_same_work, max(5, rounds // 2))
-
-    def docker_cycle() -> None:
-        world.exec_true(created := world.create("bench-docker"))
-        receipt = world.teardown(created)
-        assert not receipt["residue"], receipt
-
-    results["docker_backend_cycle_ms"] = timed(docker_cycle, max(5, rounds // 2))
-    results.update(docker_warm(world, image, max(5, rounds // 2)))
-    results["docker_backend_exec_vs_docker_exec"] = results["docker_backend_exec_ms"] / raw["docker_exec_true_ms"]
-    results["docker_backend_cycle_vs_docker_run"] = results["docker_backend_cycle_ms"] / raw["docker_run_true_ms"]
-    results["docker_backend_exec_vs_same_container"] = (
-        results["docker_backend_exec_ms"] / results["docker_exec_same_container_ms"]
-    )
-    results["docker_backend_cycle_vs_same_work"] = results["docker_backend_cycle_ms"] / results["docker_same_work_ms"]
-    return results
+        results["docker_backend_cycle_ms"] = timed(docker_cycle, max(5, rounds // 2))
+        results.update(docker_warm(world, image, max(5, rounds // 2)))
+        results["docker_backend_exec_vs_docker_exec"] = results["docker_backend_exec_ms"] / raw["docker_exec_true_ms"]
+        results["docker_backend_cycle_vs_docker_run"] = results["docker_backend_cycle_ms"] / raw["docker_run_true_ms"]
+        results["docker_backend_exec_vs_same_container"] = (
+            results["docker_backend_exec_ms"] / results["docker_exec_same_container_ms"]
+        )
+        results["docker_backend_cycle_vs_same_work"] = (
+            results["docker_backend_cycle_ms"] / results["docker_same_work_ms"]
+        )
+        return results
 
 
 def warm_cycles(world: World, extension: str, profile: str, rounds: int, image: str | None) -> dict[str, Any]:
@@ -438,7 +441,7 @@ def main() -> int:
         # The installed CLI's interpreter, started as its console script starts it, and the least
         # a standard-library client of the service pays before it does anything: its start with
         # the two modules no such client can do without (a Unix socket, a JSON header).
-        python = str(Path(SANDBOXER[0]).parent / "python")
+        python = installed_python()
         results["python_start_ms"] = timed(lambda: run([python, "-c", "pass"]), rounds)
         results["client_floor_ms"] = timed(lambda: run([python, "-c", "import json, socket"]), rounds)
         results["cli_version_ms"] = timed(lambda: world.run("--help"), rounds)
