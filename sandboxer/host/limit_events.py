@@ -74,10 +74,11 @@ def _counts(groups: list[str]) -> Counts:
     parent, whose pids.max refused them (cgroup v1)."""
     oom = refused = 0
     for group in groups:
-        for directory, _, _ in os.walk(group):
-            for name in _MEMORY_FILES:
+        for directory, _, files in os.walk(group):
+            for name in set(files).intersection(_MEMORY_FILES):  # a controller's own files only
                 oom += _field(os.path.join(directory, name), "oom_kill")
-            refused += _field(os.path.join(directory, _PIDS_FILE), "max")
+            if _PIDS_FILE in files:
+                refused += _field(os.path.join(directory, _PIDS_FILE), "max")
     return Counts(oom_kills=oom, pid_refusals=refused)
 
 

@@ -12,48 +12,43 @@ if TYPE_CHECKING:
     from sandboxer.core.record import Processes
 
 
+def _stat(pid: int) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the command's name (state first), None when the
+    process does not exist."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stream:
+            data = stream.read()
+    except OSError:
+        return None
+    return data[data.rindex(b")") + 2 :].split()
+
+
 def start_time(pid: int) -> int | None:
     """The process's start time in clock ticks since boot, or None when it does not exist.
 
     Recorded with every pid the broker keeps, so that a recycled pid is never mistaken for ours.
     """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stream:
-            data = stream.read()
-    except OSError:
-        return None
-    fields = data[data.rindex(b")") + 2 :].split()
-    return int(fields[19])
+    fields = _stat(pid)
+    return None if fields is None else int(fields[19])
 
 
 def alive(pid: int, started: int | None) -> bool:
-    """Whether `pid` still runs and is the same process as when `started` was read."""
-    now = start_time(pid)
-    return now is not None and now == started and not _is_zombie(pid)
-
-
-def _is_zombie(pid: int) -> bool:
-    return state(pid) in ("Z", "X", None)
+    """Whether `pid` still runs, not a zombie, and is the same process as when `started` was
+    read (one read of its stat: both facts of the same moment)."""
+    fields = _stat(pid)
+    return fields is not None and int(fields[19]) == started and fields[0] not in (b"Z", b"X")
 
 
 def state(pid: int) -> str | None:
     """The one-letter state of a process (R, S, T for stopped, Z, ...), None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stream:
-            data = stream.read()
-    except OSError:
-        return None
-    return data[data.rindex(b")") + 2 : data.rindex(b")") + 3].decode()
+    fields = _stat(pid)
+    return None if fields is None else fields[0].decode()
 
 
 def session_of(pid: int) -> int | None:
     """The session id of a process as the host sees it."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stream:
-            data = stream.read()
-    except OSError:
-        return None
-    return int(data[data.rindex(b")") + 2 :].split()[3])
+    fields = _stat(pid)
+    return None if fields is None else int(fields[3])
 
 
 def children(pid: int) -> list[int]:
@@ -118,7 +113,7 @@ def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
     deadline = time.monotonic() + timeout
     pause = 0.0005
     while True:
-        remaining = [pid for pid in remaining if start_time(pid) is not None and not _is_zombie(pid)]
+        remaining = [pid for pid in remaining if state(pid) not in (None, "Z", "X")]
         if not remaining or time.monotonic() >= deadline:
             return remaining
         time.sleep(pause)

@@ -128,6 +128,12 @@ class CallerSlots:
             self._running[uid] -= 1
 
 
+def owner_by_uid(dirs: Dirs, peer: Peer) -> Access | None:
+    """Root's and the service's own account's access: owners by their uid alone, with nothing
+    to read (so the event loop may settle it itself). None: admit() decides."""
+    return Access(dirs, peer, None) if peer.uid in (0, os.geteuid()) else None
+
+
 def admit(dirs: Dirs, sock: socket.socket) -> Access:
     """The access of the process at the other end of `sock`: an owner's, or a granted caller's;
     PolicyError for anyone else."""

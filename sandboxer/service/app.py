@@ -21,7 +21,7 @@ from sandboxer.dirs import Dirs
 from sandboxer.errors import PolicyError, SandboxerError, UsageError
 from sandboxer.host.fsutil import CallerFile
 from sandboxer.host.registry import ID_PATTERN
-from sandboxer.service.access import CALLS_PER_CALLER, Access, CallerSlots, Refused, admit, visible
+from sandboxer.service.access import CALLS_PER_CALLER, Access, CallerSlots, Refused, admit, owner_by_uid, visible
 from sandboxer.service.audit import AuditLog
 from sandboxer.service.exec_route import SIGNALLING, exec_command, signal_exec
 from sandboxer.service.http import (
@@ -36,8 +36,9 @@ from sandboxer.service.http import (
     in_thread,
     in_worker,
     json_body,
+    require_own,
 )
-from sandboxer.service.peer import peer_of
+from sandboxer.service.peer import Peer, peer_of
 
 API_DOCUMENT = Path(__file__).with_name("openapi.json")
 MAX_BODY = 16 * 1024 * 1024  # a request body larger than this is refused (413); exec's stdin is streamed
@@ -58,22 +59,23 @@ def make_app(dirs: Dirs, *, workers: Executor, slots: CallerSlots) -> web.Applic
         sock = request.transport.get_extra_info("socket") if request.transport else None
         if sock is None:
             return error_response(PolicyError("the caller's credentials cannot be read"))
-        uid = peer_of(sock).uid
+        peer = peer_of(sock)
         if request.match_info.route.name == "exec-signal":  # short, and for execs that hold the slots
-            return await admitted(request, handler, sock)
-        if not slots.take(uid):
-            busy = PolicyError(f"uid {uid} has {CALLS_PER_CALLER} requests under way (the service's limit per caller)")
+            return await admitted(request, handler, sock, peer)
+        if not slots.take(peer.uid):
+            busy = PolicyError(
+                f"uid {peer.uid} has {CALLS_PER_CALLER} requests under way (the service's limit per caller)"
+            )
             return web.json_response({"error": error_document(busy)}, status=429)
         try:
-            return await admitted(request, handler, sock)
+            return await admitted(request, handler, sock, peer)
         finally:
-            slots.give(uid)
+            slots.give(peer.uid)
 
-    async def admitted(request: web.Request, handler: Handler, sock: socket.socket) -> web.StreamResponse:
+    async def admitted(request: web.Request, handler: Handler, sock: socket.socket, peer: Peer) -> web.StreamResponse:
         try:
-            access = await in_thread(admit, dirs, sock)
+            access = owner_by_uid(dirs, peer) or await in_thread(admit, dirs, sock)
         except Refused as refusal:
-            peer = refusal.peer
             await in_thread(
                 lambda: audit.record(
                     uid=peer.uid, pid=peer.pid, verb="refused", sandbox=None, outcome="PolicyError", status=3
@@ -81,7 +83,6 @@ def make_app(dirs: Dirs, *, workers: Executor, slots: CallerSlots) -> web.Applic
             )
             return error_response(refusal)
         request["access"] = access
-        peer = access.peer
         response: web.StreamResponse
         try:
             response = await handler(request)
@@ -222,7 +223,7 @@ def _unknown(request: web.Request) -> SandboxerError:
 async def inspect(request: web.Request) -> web.Response:
     from sandboxer.commands.inspect import inspect as observe
 
-    await in_worker(request, request["access"].require_own, request.match_info["id"], _unknown(request))
+    await require_own(request, request.match_info["id"], _unknown(request))
     return web.json_response(await in_worker(request, observe, request.app[DIRS], request.match_info["id"]))
 
 
@@ -234,7 +235,7 @@ async def teardown(request: web.Request) -> web.Response:
     discard = request.query.get("discard", "false")
     if discard not in ("true", "false"):
         raise UsageError("discard: must be true or false")
-    await in_worker(request, request["access"].require_own, request.match_info["id"], _unknown(request))
+    await require_own(request, request.match_info["id"], _unknown(request))
     dirs, sandbox_id = request.app[DIRS], request.match_info["id"]
     receipt = await in_worker(request, lambda: remove(dirs, sandbox_id, keep_work=discard == "false"))
     if receipt["residue"]:
@@ -258,7 +259,7 @@ async def export(request: web.Request) -> web.StreamResponse:
     _strings(body, "format")
     fmt = check_format(body["format"])
     dirs, sandbox_id = request.app[DIRS], request.match_info["id"]
-    await in_worker(request, request["access"].require_own, sandbox_id, _unknown(request))
+    await require_own(request, sandbox_id, _unknown(request))
     made = await in_worker(request, prepare, dirs, sandbox_id, fmt)
     token = secrets.token_hex(16)
     pending = request.app[PENDING_EXPORTS]
@@ -291,7 +292,7 @@ async def export_confirm(request: web.Request) -> web.Response:
     body = await json_body(request, {"token"}, {"token"})
     _strings(body, "token")
     sandbox_id = request.match_info["id"]
-    await in_worker(request, request["access"].require_own, sandbox_id, _unknown(request))
+    await require_own(request, sandbox_id, _unknown(request))
     entry = request.app[PENDING_EXPORTS].pop(body["token"], None)
     if entry is None or entry[:2] != (request["access"].peer.uid, sandbox_id):
         raise UsageError("token: not an export of this sandbox awaiting its confirmation")
@@ -316,7 +317,7 @@ async def dispatch_tool(request: web.Request) -> web.Response:
     if isinstance(wait, bool) or not isinstance(wait, int):
         raise UsageError("wait_seconds: must be a whole number of seconds")
     sandbox_id = request.match_info["id"]
-    await in_worker(request, request["access"].require_own, sandbox_id, _unknown(request))
+    await require_own(request, sandbox_id, _unknown(request))
     state = request.app[DIRS].state
     document = await in_worker(
         request,

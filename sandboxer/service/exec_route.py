@@ -26,7 +26,7 @@ from sandboxer.dirs import Dirs
 from sandboxer.errors import BackendError, ExecError, ExecUsage, NotFoundError, SandboxerError, UsageError
 from sandboxer.host.stdio import CANCEL_POLL, FORWARDED
 from sandboxer.service import frames
-from sandboxer.service.http import BODY_SECONDS, DIRS, EXECS, WORKERS, checked, error_document, in_worker, json_body
+from sandboxer.service.http import BODY_SECONDS, DIRS, EXECS, WORKERS, checked, error_document, json_body, require_own
 
 EXEC_FIELDS = {"argv", "cwd", "timeout", "consumer", "executable", "env"}
 MAX_OPTIONS = 1024 * 1024  # exec's first line, its options
@@ -68,9 +68,7 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
     head, rest = await _first_line(request)
     sandbox_id = request.match_info["id"]
     argv, cli_options, exec_env = _exec_options(head, sandbox_id)
-    await in_worker(
-        request, request["access"].require_own, sandbox_id, ExecError(f"exec: no such sandbox: {sandbox_id}")
-    )
+    await require_own(request, sandbox_id, ExecError(f"exec: no such sandbox: {sandbox_id}"))
 
     signals = ExecSignals(request, sandbox_id)
     output = _Output(asyncio.get_running_loop())
@@ -193,7 +191,8 @@ class _Output:
         went away sets `gone`, and the rest is drained unwritten."""
         while True:
             try:
-                data = await asyncio.wait_for(self.chunks.get(), timeout=0.5)
+                async with asyncio.timeout(0.5):
+                    data = await self.chunks.get()
             except TimeoutError:
                 if request.transport is None or request.transport.is_closing():
                     self.gone.set()

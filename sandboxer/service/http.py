@@ -82,6 +82,14 @@ async def in_worker(request: web.Request, function: Callable[..., Any], *args: A
     return await asyncio.get_running_loop().run_in_executor(request.app[WORKERS], function, *args)
 
 
+async def require_own(request: web.Request, sandbox_id: str, unknown: SandboxerError) -> None:
+    """Access.require_own for the request's caller: a granted caller's sandbox is looked up in
+    the registry (a worker's step); an owner may name any sandbox."""
+    access = request["access"]
+    if not access.owner:
+        await in_worker(request, access.require_own, sandbox_id, unknown)
+
+
 async def json_body(request: web.Request, allowed: set[str], required: set[str]) -> dict[str, Any]:
     """The request's JSON object: no other fields than `allowed`, all of `required`."""
     try:
