@@ -12,6 +12,8 @@ The sequence, for root and for an ordinary broker alike:
                                          environment
     A relays B's end (exit status, or 128+N for signal N); the broker waits on A.
 
+B's own steps are command.py's.
+
 A root service's spawner needs no A (fork_command): it sets the pid namespace of its next child
 to the sandbox's, forks the command straight into it (which then takes A's steps and B's itself,
 in that order), sets it back to its own, and passes the command's end on itself.
@@ -28,13 +30,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
-import resource
 import signal
-import termios
 from collections.abc import Sequence
 
+from sandboxer.backends.bwrap.command import become_command, report_line
 from sandboxer.backends.bwrap.privileges import (
     CLONE_NEWCGROUP,
     CLONE_NEWIPC,
@@ -43,18 +43,13 @@ from sandboxer.backends.bwrap.privileges import (
     CLONE_NEWPID,
     CLONE_NEWUSER,
     CLONE_NEWUTS,
-    PR_SET_NO_NEW_PRIVS,
     PR_SET_PDEATHSIG,
-    drop_all_capabilities,
-    new_session_keyring,
-    own_landlock_domain,
     owning_user_namespace,
     prctl,
     setns,
 )
 from sandboxer.backends.bwrap.started import Started
 from sandboxer.errors import EntryError
-from sandboxer.host.seccomp_install import install as install_seccomp
 
 # bwrap makes two user namespaces: an outer one that owns every other namespace of the
 # sandbox, and an inner one (where the sandbox uid is mapped) that its processes live in. Join
@@ -222,14 +217,14 @@ def fork_command(entry: Entry, stdio: tuple[int, int, int], report: int, own_pid
         try:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the spawner's way of reaping is not its own
             _enter(entry, namespaces, cgroups, {report, *stdio, *cgroups, *(fd for fd, _ in namespaces)})
-            _command(entry, report, stdio)
+            become_command(entry, report, stdio)
         except OSError as exc:
-            _report(report, f"setup 125 cannot enter the sandbox ({exc.strerror})")
+            report_line(report, f"setup 125 cannot enter the sandbox ({exc.strerror})")
         finally:
             os._exit(125)
     _own_pid_namespace_again(own_pid_namespace)
     _close_all(namespaces, cgroups)
-    _report(report, f"pid {command}")
+    report_line(report, f"pid {command}")
     return command
 
 
@@ -290,23 +285,6 @@ def _keep_only(kept: set[int]) -> None:
     os.closerange(low, 0x7FFFFFFF)
 
 
-def _report(fd: int, text: str) -> None:
-    os.write(fd, text.encode(errors="backslashreplace") + b"\n")  # a name may not be UTF-8
-
-
-def _dangling(program: str, env: dict[str, str]) -> str:
-    """Why a program execvp did not find is missing: a link on its path that leads nowhere (an
-    alternative the image lacks, say) is named as such, else "not found"."""
-    places = [program] if "/" in program else [f"{d or '.'}/{program}" for d in env.get("PATH", "").split(":")]
-    for place in places:
-        try:
-            if os.path.islink(place) and not os.path.exists(place):
-                return f"{place} is a dangling link (to {os.readlink(place)})"
-        except OSError:  # gone meanwhile: the sandbox's own processes may change it
-            continue
-    return "not found"
-
-
 def _relay(
     entry: Entry,
     namespaces: list[tuple[int, int]],
@@ -324,16 +302,16 @@ def _relay(
         _enter(entry, namespaces, cgroups, {*kept, devnull} if status_fd is None else {*kept, devnull, status_fd})
         command = os.fork()
     except OSError as exc:
-        _report(report, f"setup 125 cannot enter the sandbox ({exc.strerror})")
+        report_line(report, f"setup 125 cannot enter the sandbox ({exc.strerror})")
         os._exit(125)
     if command == 0:  # B: never returns either
         try:
             if status_fd is not None:
                 os.close(status_fd)  # A's to write, never the command's
-            _command(entry, report, stdio)
+            become_command(entry, report, stdio)
         finally:
             os._exit(125)
-    _report(report, f"pid {command}")
+    report_line(report, f"pid {command}")
     os.close(report)
     _relay_end(command, devnull, status_fd)
 
@@ -383,49 +361,3 @@ def _relay_end(command: int, devnull: int, status_fd: int | None) -> None:
         with contextlib.suppress(OSError):  # the broker went away: nobody to tell
             os.write(status_fd, b"%d\n" % code)
     os._exit(code)
-
-
-def _command(entry: Entry, report: int, stdio: tuple[int, int, int]) -> None:
-    """Process B: becomes the command or exits 125/126/127."""
-    try:
-        os.setsid()  # no controlling terminal: TIOCSTI cannot reach the caller's
-        for target, fd in enumerate(stdio):
-            if fd != target:
-                os.dup2(fd, target)
-        if entry.tty:  # exec -t: its own terminal (never the caller's) controls its new session
-            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-        try:
-            os.chdir(entry.cwd)
-        except OSError as exc:
-            _report(report, f"setup 125 --cwd {entry.cwd}: not a directory inside the sandbox ({exc.strerror})")
-            os._exit(125)
-        for which, limit in entry.rlimits:
-            resource.setrlimit(which, (limit, limit))
-        uid, gid = os.getuid(), os.getgid()
-        os.setresgid(gid, gid, gid)
-        os.setresuid(uid, uid, uid)
-        new_session_keyring(entry.keyring)
-        drop_all_capabilities()
-        prctl(PR_SET_NO_NEW_PRIVS, 1)
-        own_landlock_domain()
-        os.closerange(3, report)
-        os.closerange(report + 1, 0x7FFFFFFF)  # every descriptor above, however high (close_range)
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, set())
-        if entry.seccomp is not None:
-            install_seccomp(entry.seccomp)  # last: from here on only what the policy allows, execve included
-    except (OSError, ValueError) as exc:  # ValueError: an rlimit above the hard one, say
-        _report(report, f"setup 125 cannot prepare the command ({getattr(exc, 'strerror', None) or exc})")
-        os._exit(125)
-    program = entry.executable or entry.argv[0]
-    try:
-        os.execvpe(program, list(entry.argv), entry.env)  # noqa: S606 - argv by design, never a shell
-    except ValueError:  # a NUL in the command line or the environment: nothing execve can take
-        _report(report, "exec 126 the command line or its environment holds a NUL character")
-        os._exit(126)
-    except OSError as exc:
-        status = 127 if exc.errno in (errno.ENOENT, errno.ENOTDIR) else 126
-        what = "not found" if status == 127 else f"not executable ({exc.strerror})"
-        _report(report, f"exec {status} {program}: {_dangling(program, entry.env) if status == 127 else what}")
-        os._exit(status)
