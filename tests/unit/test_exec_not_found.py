@@ -1,4 +1,4 @@
-"""Why a program was not found, as the bwrap exec says it (sandboxer/backends/bwrap/joiner.py):
+"""Why a program was not found, as the bwrap exec says it (sandboxer/backends/bwrap/command.py):
 a link on its path that leads nowhere is named, with where it leads."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sandboxer.backends.bwrap.joiner import _dangling
+from sandboxer.backends.bwrap.command import _dangling
 
 
 def test_a_dangling_link_on_the_path_is_named(tmp_path: Path) -> None:

@@ -12,8 +12,8 @@ import os
 import resource
 import signal
 import termios
-from typing import TYPE_CHECKING
 
+from sandboxer.backends.bwrap.entry import Entry
 from sandboxer.backends.bwrap.privileges import (
     PR_SET_NO_NEW_PRIVS,
     drop_all_capabilities,
@@ -22,9 +22,6 @@ from sandboxer.backends.bwrap.privileges import (
     prctl,
 )
 from sandboxer.host.seccomp_install import install as install_seccomp
-
-if TYPE_CHECKING:
-    from sandboxer.backends.bwrap.joiner import Entry
 
 
 def report_line(fd: int, text: str) -> None:

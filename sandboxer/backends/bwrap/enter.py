@@ -56,11 +56,12 @@ def run(
 ) -> int:
     """exec by joining the sandbox's namespaces (joiner); `program` None is this process's stdio."""
     holder_pid, holder_start = _check_running(record, options["id"])
-    from sandboxer.backends.bwrap import joiner, privileges, spawner  # ctypes and the namespace code
+    from sandboxer.backends.bwrap import privileges, spawner  # ctypes and the namespace code
+    from sandboxer.backends.bwrap.entry import Entry
 
     if record.limits_mechanism is None or record.host_uid is None or record.host_gid is None:
         raise ExecUsage(f"exec: sandbox {options['id']}: its record has no limits or host ids")
-    entry = joiner.Entry(
+    entry = Entry(
         holder_pid=holder_pid,
         host_uid=record.host_uid,
         host_gid=record.host_gid,

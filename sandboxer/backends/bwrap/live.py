@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from sandboxer.backends.bwrap import joiner, privileges
+from sandboxer.backends.bwrap.entry import Entry
 from sandboxer.core.plan import Plan
 from sandboxer.core.record import Processes
 from sandboxer.errors import BackendError, EntryError
@@ -89,11 +90,11 @@ def _broker_entry(
     procs_files: tuple[str, ...],
     seccomp: bytes,
     rlimits: tuple[tuple[int, int], ...] = (),
-) -> joiner.Entry:
+) -> Entry:
     """A command of the broker's own, entered exactly as an exec is: the sandbox user, cwd /,
     the plan's environment, the syscall policy."""
     uid, gid = host_ids(plan)
-    return joiner.Entry(
+    return Entry(
         holder_pid=live.holder_pid,
         host_uid=uid,
         host_gid=gid,

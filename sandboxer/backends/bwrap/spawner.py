@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from sandboxer.backends.bwrap import joiner
+from sandboxer.backends.bwrap.entry import Entry
 from sandboxer.backends.bwrap.spawner_process import ENTRY_FIELDS, MAX_REQUEST
 from sandboxer.backends.bwrap.started import Started
 from sandboxer.errors import EntryError
@@ -83,7 +84,7 @@ class Spawner:
         self.socket = ours
         self._lock = threading.Lock()
 
-    def start(self, entry: joiner.Entry, *, stdin: int, stdout: int, stderr: int) -> Started:
+    def start(self, entry: Entry, *, stdin: int, stdout: int, stderr: int) -> Started:
         """joiner.start, with A forked by the spawner; EntryError as there. OSError when the
         spawner did not answer (gone, or stalled past ANSWER_SECONDS: it is killed then)."""
         opened: list[int] = []
@@ -131,7 +132,7 @@ class Spawner:
             self.process.wait()
 
 
-def _request_file(entry: joiner.Entry) -> int:
+def _request_file(entry: Entry) -> int:
     """The entry as JSON in a sealed memfd (a message of the socket holds only ~200 KB)."""
     data = json.dumps({"entry": _plain(entry)}, ensure_ascii=False).encode()
     if len(data) > MAX_REQUEST:
@@ -164,7 +165,7 @@ def deactivate() -> None:
             _active.pop().close()
 
 
-def start(entry: joiner.Entry, *, stdin: int, stdout: int, stderr: int) -> Started:
+def start(entry: Entry, *, stdin: int, stdout: int, stderr: int) -> Started:
     """Start an exec: through the active spawner (a new one if it died), or from this process
     when there is none (an exec in-process), or when spawners keep dying at once. A spawner that
     goes away in the middle of a request fails that exec (EntryError, 125): whether it had
@@ -189,7 +190,7 @@ def start(entry: joiner.Entry, *, stdin: int, stdout: int, stderr: int) -> Start
         raise EntryError(125, f"the service's spawner went away ({exc.strerror or exc})") from None
 
 
-def _plain(entry: joiner.Entry) -> dict[str, Any]:
+def _plain(entry: Entry) -> dict[str, Any]:
     plain = {name: getattr(entry, name) for name in ENTRY_FIELDS}
     plain["seccomp"] = None if entry.seccomp is None else entry.seccomp.hex()
     return plain

@@ -17,13 +17,14 @@ import sys
 from typing import Any
 
 from sandboxer.backends.bwrap import joiner
+from sandboxer.backends.bwrap.entry import Entry
 from sandboxer.backends.bwrap.privileges import PR_SET_PDEATHSIG, prctl
 from sandboxer.errors import EntryError
 from sandboxer.host.fdpass import receive_fds
 
 FDS = 6  # the request (a sealed memfd), stdin, stdout, stderr, the report and the status pipe's write ends
 MAX_REQUEST = 16 * 1024 * 1024  # an Entry: argv and environment, as large as exec's command line
-ENTRY_FIELDS = joiner.Entry.__slots__
+ENTRY_FIELDS = Entry.__slots__
 _own_pid_namespace: int | None = None  # root's: execs are forked straight into their sandbox
 _status_of: dict[int, int] = {}  # a command forked straight into its sandbox: its status pipe
 
@@ -112,11 +113,11 @@ def main(fd: int) -> None:
         serve(sock)
 
 
-def _entry(plain: dict[str, Any]) -> joiner.Entry:
+def _entry(plain: dict[str, Any]) -> Entry:
     if set(plain) != set(ENTRY_FIELDS):
         raise ValueError("an entry has other fields")
     seccomp = plain["seccomp"]
-    return joiner.Entry(
+    return Entry(
         holder_pid=int(plain["holder_pid"]),
         host_uid=int(plain["host_uid"]),
         host_gid=int(plain["host_gid"]),
