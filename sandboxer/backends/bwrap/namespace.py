@@ -243,7 +243,7 @@ def start(plan: Plan, *, seccomp_program: bytes, limit_setup: LimitSetup) -> Liv
                 # broker that starts bwrap has one thread (a threaded one must spawn differently).
                 preexec_fn=lambda: privileges.confine(groups, limit_setup.rlimits, keyring),  # noqa: PLW1509
             )
-            stop.STARTED[process.pid] = process
+            stop.keep(process)
         os.close(info_w)
         info_w = -1
         os.close(errors_w)

@@ -5,6 +5,7 @@ Kept apart from the rest of the backend so that teardown and gc import only this
 
 from __future__ import annotations
 
+import atexit
 from typing import TYPE_CHECKING
 
 from sandboxer.host import procs
@@ -16,8 +17,17 @@ if TYPE_CHECKING:
 
 # The bwrap processes this process started (bwrap.start). The CLI exits after a create; a
 # program using the Python API lives on, and must reap each bwrap once its sandbox has stopped,
-# or it stays a zombie: `stop` and every later start reap those that ended.
+# or it stays a zombie: `stop` and every later start reap those that ended, and so does the
+# program's exit (a sandbox another process tore down has left its bwrap here, unreaped).
 STARTED: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def keep(process: subprocess.Popen[bytes]) -> None:
+    """Reap `process`, a bwrap this process started, once its sandbox has stopped."""
+    if not STARTED:
+        atexit.unregister(reap)  # at most once
+        atexit.register(reap)
+    STARTED[process.pid] = process
 
 
 def reap() -> None:
