@@ -49,14 +49,15 @@ REPO = Path(__file__).resolve().parent.parent
 SANDBOXER = [sys.executable, "-m", "sandboxer"]  # replaced by install_as_users_do() in main()
 
 
-def install_as_users_do(root: Path) -> list[str]:
+def install_as_users_do(root: Path, source: Path = REPO) -> list[str]:
     """The CLI as `pip install .` leaves it, not the development venv's editable install (whose
-    import hook costs ~8 ms at every start): a venv with the package copied in, its `sandboxer`
-    console script, and a path entry for this venv's dependencies."""
+    import hook costs ~8 ms at every start): a venv with the package copied in (from `source`, a
+    tree of this repository), its `sandboxer` console script, and a path entry for this venv's
+    dependencies."""
     venv = root / "installed"
     run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)])
     site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
-    run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(REPO)])
+    run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(source)])
     dependencies = next(p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
     (site / "dependencies.pth").write_text(dependencies + "\n")
     # pip --target wrote the console script for the interpreter that ran pip: point it at this
@@ -101,8 +102,9 @@ class World:
     """A throwaway broker with an approved bwrap profile; its CLI runs in-process until
     `through_service` is set (a service then answers on the state dir's socket)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, sandboxer: list[str] | None = None) -> None:
         self.root = root
+        self.sandboxer = sandboxer  # the CLI it runs (default: SANDBOXER)
         self.through_service = False
         self.config, self.state = root / "config", root / "state"
         runtime, repo = root / "runtime", root / "repo"
@@ -127,7 +129,8 @@ class World:
         run(self.cli("ext", "approve", "bench"))
 
     def cli(self, *args: str) -> list[str]:
-        return [*SANDBOXER, "--config-dir", str(self.config), "--state-dir", str(self.state), *args]
+        cli = self.sandboxer or SANDBOXER
+        return [*cli, "--config-dir", str(self.config), "--state-dir", str(self.state), *args]
 
     def run(self, *args: str) -> str:
         return run(self.cli(*args), env=cli_env(through_service=self.through_service))
