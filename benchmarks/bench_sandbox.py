@@ -50,9 +50,9 @@ SANDBOXER = [sys.executable, "-m", "sandboxer"]  # replaced by install_as_users_
 
 
 def install_as_users_do(root: Path, source: Path = REPO) -> list[str]:
-    """The CLI as `pip install .` leaves it, not the development venv's editable install (whose
-    import hook costs ~8 ms at every start): a venv with the package copied in (from `source`, a
-    tree of this repository), its `sandboxer` console script, and a path entry for this venv's
+    """The CLI as `pip install .` leaves it, not the development venv's editable install (the tree
+    being edited, and its .pth files): a venv with the package copied in (from `source`, a tree of
+    this repository), its `sandboxer` console script, and a path entry for this venv's
     dependencies."""
     venv = root / "installed"
     run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)])
