@@ -3,6 +3,7 @@ root and, where the fixture allows, as a user) and on Docker alike."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -79,6 +80,37 @@ def test_pids_limit_stops_a_fork_flood(sbx: SandboxBroker) -> None:
     fine = sb.sh(roomy, "for i in $(seq 30); do sleep 0.2 & done; wait; echo done")
     assert fine.status == 0, fine.stderr
     assert fine.stdout.strip() == "done"
+
+
+def test_pids_limit_counts_the_sandboxs_processes_not_its_accounts(sbx: SandboxBroker) -> None:
+    """The broker's account runs more processes outside the sandbox than the sandbox's pids limit
+    allows: the sandbox still starts and forks within its limit. (Under rlimits the kernel
+    counts an account's processes host-wide against a limit in force when a user namespace is
+    made: bwrap must make it without RLIMIT_NPROC, which the sandbox's processes take after.)"""
+    sb = sbx
+    seconds = "47.613"  # a duration no other process on the host sleeps for
+    outside = [
+        subprocess.Popen(sb.python("-c", f"import time; time.sleep({seconds})"), stdin=subprocess.DEVNULL)
+        for _ in range(30)
+    ]
+    try:
+        sandbox_id = limited(sb, "few-pids-busy-account", "  pids: 24\n")
+        forked = sb.sh(sandbox_id, "for i in $(seq 10); do sleep 0.2 & done; wait; echo done")
+        assert forked.status == 0, forked.stderr
+        assert forked.stdout.strip() == "done"
+        flood = sb.sh(sandbox_id, "n=0; for i in $(seq 60); do sleep 3 & n=$((n+1)); done 2>/dev/null; wait; echo $n")
+        assert flood.status != 0, flood  # the limit still holds inside
+        assert flood.stdout.strip() != "60"
+        if _mechanism(sb, sandbox_id) == "rlimit":  # and bwrap, its init and the holder carry it
+            record = json.loads((sb.sandbox_dir(sandbox_id) / "record.json").read_text())
+            for key in ("bwrap_pid", "init_pid", "holder_pid"):
+                limits = Path(f"/proc/{record[key]}/limits").read_text()
+                line = next(line for line in limits.splitlines() if line.startswith("Max processes"))
+                assert line.split()[2:4] == ["24", "24"], (key, line)
+    finally:
+        for process in outside:
+            process.kill()
+            process.wait()
 
 
 def test_memory_limit_stops_a_large_allocation(sbx: SandboxBroker) -> None:

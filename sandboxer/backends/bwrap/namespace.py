@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import time
@@ -204,10 +205,11 @@ def start(plan: Plan, *, seccomp_program: bytes, limit_setup: LimitSetup) -> Liv
     """Start the sandbox's namespace inside its limits; the caller registers cleanup first.
 
     bwrap joins the sandbox's cgroups, its rlimits and its own session keyring before it
-    executes, writes its errors to a pipe the broker reads (never a host file a sandbox process
-    could reach), and hands the syscall policy to the holder, which runs from an execute-only
-    copy (non-dumpable). Every exec installs the same policy itself and enters a Landlock domain
-    of its own (joiner), which keeps it from ptrace access to bwrap's init and the holder.
+    executes (RLIMIT_NPROC once the namespace exists: _limit_processes), writes its errors to a
+    pipe the broker reads (never a host file a sandbox process could reach), and hands the
+    syscall policy to the holder, which runs from an execute-only copy (non-dumpable). Every
+    exec installs the same policy itself and enters a Landlock domain of its own (joiner), which
+    keeps it from ptrace access to bwrap's init and the holder.
     """
     stop.reap()
     program = find_bwrap()
@@ -217,6 +219,7 @@ def start(plan: Plan, *, seccomp_program: bytes, limit_setup: LimitSetup) -> Liv
     info_r, info_w = os.pipe2(os.O_CLOEXEC)
     errors_r, errors_w = os.pipe2(os.O_CLOEXEC)
     own: list[int] = []
+    before_start = [pair for pair in limit_setup.rlimits if pair[0] != resource.RLIMIT_NPROC]
     try:
         groups = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in limit_setup.procs_files]
         own += groups
@@ -241,7 +244,7 @@ def start(plan: Plan, *, seccomp_program: bytes, limit_setup: LimitSetup) -> Liv
                 extra_groups=[] if as_root else None,
                 # Between fork and exec, so bwrap is confined before it runs. Safe here: the
                 # broker that starts bwrap has one thread (a threaded one must spawn differently).
-                preexec_fn=lambda: privileges.confine(groups, limit_setup.rlimits, keyring),  # noqa: PLW1509
+                preexec_fn=lambda: privileges.confine(groups, before_start, keyring),  # noqa: PLW1509
             )
             stop.keep(process)
         os.close(info_w)
@@ -261,6 +264,7 @@ def start(plan: Plan, *, seccomp_program: bytes, limit_setup: LimitSetup) -> Liv
                 time.sleep(0.001)
         if not holder_pid:
             raise BackendError(f"bwrap failed to start the sandbox: {_last_line(errors_r)}")
+        _limit_processes((process.pid, init_pid, holder_pid), limit_setup.rlimits)
     finally:
         for fd in (info_r, info_w, errors_r, errors_w, *own):
             if fd >= 0:
@@ -272,6 +276,25 @@ def start(plan: Plan, *, seccomp_program: bytes, limit_setup: LimitSetup) -> Liv
         pid_namespace=int(info["pid-namespace"]),
         holder_start=procs.start_time(holder_pid),
     )
+
+
+def _limit_processes(pids: tuple[int, ...], rlimits: tuple[tuple[int, int], ...]) -> None:
+    """Give bwrap, its init and the holder the sandbox's RLIMIT_NPROC, now that its user namespace
+    exists. The kernel checks a fork against the forking process's limit, counting the
+    processes of its uid in its user namespace, and against the limit in force when each user
+    namespace above it was made, counting them there: made under the sandbox's limit, the host's
+    count of the broker's account (its shells, its services, its other sandboxes) would count
+    against it, and a busy account could not start a sandbox at all. Made without it, a
+    sandbox's processes count only against each other. Nothing of the sandbox's own has run
+    yet: the holder waits, and execs (which set the limit themselves: command.py) come after."""
+    for which, limit in rlimits:
+        if which != resource.RLIMIT_NPROC:
+            continue
+        for pid in pids:
+            try:
+                resource.prlimit(pid, which, (limit, limit))
+            except OSError as exc:
+                raise BackendError(f"cannot apply the sandbox's pids limit ({exc.strerror})") from None
 
 
 def save_seccomp(directory: str, program: bytes) -> None:
