@@ -6,14 +6,16 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 
 
 @pytest.fixture(autouse=True)
@@ -64,6 +66,16 @@ class Broker:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         return path
+
+
+def settled(read: Callable[[], T], wanted: object, seconds: float = 10) -> T:
+    """What `read()` returns once it is `wanted`, or its last answer after `seconds` (for the
+    test's assert to show): for what ends a moment after the call that ends it (a reap, a
+    process's exit), however loaded the machine."""
+    deadline = time.monotonic() + seconds
+    while (value := read()) != wanted and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return value
 
 
 def _child_env() -> dict[str, str]:

@@ -43,7 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-RUN_ID = "run-7.x_y"
+# Docker names a run's spool volumes after its id, one name per daemon: each pytest-xdist worker
+# (`make check` runs two) has a run id of its own.
+RUN_ID = "run-7.x_y" + os.environ.get("PYTEST_XDIST_WORKER", "")
 EXPIRY = "2099-01-01T00:00:00Z"
 FAKE_RUN_DIR = f"/run/branchbox/managed/{RUN_ID}"
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import settled
 from tests.integration.conftest import SandboxBroker, _cleanup, make_broker, profile_text
 from tests.samples import CONTRACT_ENV_NAMES
 
@@ -114,9 +115,13 @@ def test_docker_exec_statuses_streams_and_timeout(db: SandboxBroker) -> None:
     timed = db.exec(sandbox_id, "sh", "-c", "sleep 57.31", options=("--timeout", "1"))
     assert timed.status == 124
     assert time.monotonic() - started < 10
-    time.sleep(0.3)
-    left = subprocess.run(["pgrep", "-f", "sleep 57.31"], capture_output=True, text=True, check=False)
-    assert left.stdout.strip() == ""
+
+    def left() -> str:
+        return subprocess.run(
+            ["pgrep", "-f", "sleep 57.31"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+
+    assert settled(left, "") == ""
 
 
 def test_engine_inspect_shows_the_policy(db: SandboxBroker) -> None:

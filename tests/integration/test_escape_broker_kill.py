@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 
+from sandboxer.backends.docker.render import STATE_LABEL
 from tests.integration.conftest import Endpoints, SandboxBroker, _cleanup, log_lines
 from tests.integration.test_dispatch_tool import LEASE, envelope, setup, spool
 from tests.integration.test_escape_support import (
@@ -123,7 +124,12 @@ class Scene:
         return sandbox_id is not None and os.path.isdir(f"/sys/fs/cgroup/memory/sandboxer/{sandbox_id}")
 
     def new_container(self) -> bool:
-        return bool(docker_containers() - self.docker_containers_before)
+        """A container of this broker's was created (another broker's, of a test running at the
+        same time, is not: its configuration names another state dir)."""
+        return any(
+            _labels(name).get(STATE_LABEL) == str(self.broker.state)
+            for name in docker_containers() - self.docker_containers_before
+        )
 
 
 def _tasks(pid: int) -> list[str]:
@@ -148,6 +154,17 @@ def docker_containers() -> set[str]:
         return set(os.listdir(os.path.join(docker_root(), "containers")))
     except OSError:
         return set()
+
+
+def _labels(container: str) -> dict[str, str]:
+    """A container's labels, from the configuration the Engine writes as it creates it ({} until
+    then)."""
+    try:
+        config = json.loads(Path(docker_root(), "containers", container, "config.v2.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    labels = config.get("Config", {}).get("Labels") or {}
+    return labels if isinstance(labels, dict) else {}
 
 
 Mark = Callable[[Scene], bool]

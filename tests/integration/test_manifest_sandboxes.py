@@ -127,9 +127,15 @@ def docker(*args: str) -> str:
     return out.stdout
 
 
-def spool_volumes() -> set[str]:
-    """Every spool volume the daemon has (of any broker)."""
-    return {name for name in docker("volume", "ls", "-q").split() if name.startswith("sandboxer-spool-")}
+def spool_volumes(broker: SandboxBroker) -> set[str]:
+    """The spool volumes the daemon has of this broker's state dir, and any of none (which no
+    broker should make): another broker's, of a test running at the same time, are not these."""
+    listed = docker("volume", "ls", "--format", '{{.Name}}\t{{.Label "io.sandboxer.state-dir"}}')
+    return {
+        name
+        for name, _, state in (line.partition("\t") for line in listed.splitlines())
+        if name.startswith("sandboxer-spool-") and state in ("", str(broker.state))
+    }
 
 
 def sandboxes_on_disk(broker: SandboxBroker) -> list[str]:
@@ -145,11 +151,11 @@ def assert_nothing_left(broker: SandboxBroker, volumes_before: set[str] | None) 
         assert docker("ps", "-aq", "--filter", label).split() == []
         assert docker("volume", "ls", "-q", "--filter", label).split() == []
         assert volumes_before is not None
-        assert spool_volumes() - volumes_before == set()
+        assert spool_volumes(broker) - volumes_before == set()
 
 
 def volumes_now(broker: SandboxBroker) -> set[str] | None:
-    return spool_volumes() if broker.backend == "docker" else None
+    return spool_volumes(broker) if broker.backend == "docker" else None
 
 
 def assert_refused(result: Result, status: int, *words: str) -> None:
@@ -376,7 +382,7 @@ def test_an_expired_lease_refuses_exec_and_create(sbx_root: SandboxBroker, base:
     assert sandboxes_on_disk(broker) == existing
     if broker.backend == "docker":
         assert volumes is not None
-        assert spool_volumes() - volumes == set()
+        assert spool_volumes(broker) - volumes == set()
     for lease in stale.doc["leases"]:
         for item in lease["materializations"]:
             assert os.path.lexists(item["source_path"]), "a refused create removed a source"
@@ -444,7 +450,7 @@ def test_teardown_removes_spool_and_materializations(sbx_root: SandboxBroker, ba
     if broker.backend == "docker":
         gone = subprocess.run(["docker", "volume", "inspect", spool], capture_output=True, check=False)
         assert gone.returncode != 0, "the spool volume is still there"
-        assert spool not in spool_volumes()
+        assert spool not in spool_volumes(broker)
     else:
         assert not os.path.lexists(spool)
         mountinfo = Path("/proc/self/mountinfo").read_text().splitlines()

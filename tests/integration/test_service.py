@@ -29,8 +29,11 @@ from sandboxer.errors import ExecError, NotFoundError, SandboxerError, UsageErro
 from tests.integration.conftest import UNPRIVILEGED_UID, SandboxBroker, backend_profile_text
 from tests.integration.services import Service, answers
 
-OTHER_ACCOUNT = "sbxsvcother"
-CALLER_A, CALLER_B, CALLER_GROUP = "sbxsvca", "sbxsvcb", "sbxsvcgrp"
+# Test accounts, one set per pytest-xdist worker (`make check` runs two: the modules that use
+# them may run at once).
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+OTHER_ACCOUNT = f"sbxsvcother{_WORKER}"
+CALLER_A, CALLER_B, CALLER_GROUP = f"sbxsvca{_WORKER}", f"sbxsvcb{_WORKER}", f"sbxsvcgrp{_WORKER}"
 
 
 def _socket_dir(broker: SandboxBroker) -> Path:
@@ -575,8 +578,8 @@ def test_a_sandbox_ends_with_its_ttl_and_a_callers_ttl_with_its_grant(
     started = Service(sb_root, _socket_dir(sb_root) / "broker.sock").start()
     try:
         client = Client(str(started.socket))
-        short = client.create(sb_root.profile, ttl=2)
         lasting = client.create(sb_root.profile)
+        short = client.create(sb_root.profile, ttl=6)  # long enough to be listed on a loaded machine
         listed = {item.id: item.expires_at for item in client.list()}
         assert listed[lasting.id] is None
         assert listed[short.id] is not None
@@ -614,7 +617,7 @@ def test_the_reaper_exports_work_before_it_tears_down(sbx_root: SandboxBroker) -
     started = Service(sbx_root, _socket_dir(sbx_root) / "broker.sock", "--keep-exports", "4").start()
     try:
         client = Client(str(started.socket))
-        sandbox = client.create(sbx_root.profile, ttl=3)
+        sandbox = client.create(sbx_root.profile, ttl=6)  # time for the exec below on a loaded machine
         script = "echo kept > kept.txt && git add kept.txt && git commit -qm Keep && echo more >> kept.txt"
         assert sandbox.exec(["sh", "-c", script]).status == 0
         kept = sbx_root.state / "exports" / sandbox.id

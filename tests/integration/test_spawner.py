@@ -17,6 +17,7 @@ import pytest
 from sandboxer import Client
 from sandboxer.client import ClientSandbox
 from sandboxer.errors import UsageError
+from tests.conftest import settled
 from tests.integration.conftest import SandboxBroker
 from tests.integration.services import Service
 
@@ -62,8 +63,7 @@ def test_a_large_command_line_and_its_relays_reaped(served: tuple[Service, Clien
     assert (result.status, result.stdout.strip()) == (0, b"300000"), result.stderr
     for _ in range(5):
         assert sandbox.exec(["true"]).status == 0
-    time.sleep(0.3)
-    assert [state for _, state, _ in _children(spawner)] == []
+    assert settled(lambda: [state for _, state, _ in _children(spawner)], []) == []
 
 
 def test_a_nul_in_the_command_line_is_refused(served: tuple[Service, ClientSandbox, int]) -> None:
@@ -136,7 +136,6 @@ def test_a_root_spawner_forks_each_command_straight_into_its_sandbox(
     ]
     for argv, status in outcomes:
         assert sandbox.exec(argv).status == status, argv
-    time.sleep(0.3)
-    assert _children(spawner) == []
+    assert settled(lambda: _children(spawner), []) == []
     assert sorted(os.listdir(f"/proc/{spawner}/fd")) == descriptors
     assert os.readlink(f"/proc/{spawner}/ns/pid_for_children") == own
