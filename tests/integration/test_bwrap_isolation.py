@@ -119,7 +119,7 @@ def start_server(sb: SandboxBroker, sandbox_id: str, greeting: str) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == b"started\n"
-    assert time.monotonic() - started < 5, "a detached background process held the exec open"
+    assert time.monotonic() - started < 15, "a detached background process held the exec open"  # it runs on
 
 
 def connect(sb: SandboxBroker, sandbox_id: str, port: int, wait: float) -> tuple[int, str]:
@@ -544,7 +544,7 @@ def test_timeout_exits_124_kills_the_whole_process_tree_and_leaves_the_sandbox_u
     result = sbx.exec(sandbox_id, "/bin/sh", "-c", f"sleep {seconds} & sleep {seconds}", options=("--timeout", "1"))
     elapsed = time.monotonic() - started
     assert (result.status, result.stderr) == (124, "sandboxer: exec: timed out after 1 s\n")
-    assert 0.9 <= elapsed < 5, elapsed
+    assert 0.9 <= elapsed < 15, elapsed  # the command would sleep for a minute
     own = sbx.exec(sandbox_id, "/bin/sh", "-c", "exit 124", options=("--timeout", "30"))
     assert (own.status, own.stderr) == (124, "")  # the command's own 124 is not a timeout
     survivors = sleepers()
