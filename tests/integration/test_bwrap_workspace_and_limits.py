@@ -68,12 +68,15 @@ def test_pids_limit_stops_a_fork_flood(sbx: SandboxBroker) -> None:
     the refusals there, and the group is gone when the exec ends)."""
     sb = sbx
     sandbox_id = limited(sb, "few-pids", "  pids: 24\n")
+    # Asked before the floods: right after one, the flood's sleeps still fill the limit for a
+    # moment, and inspect's probe in the sandbox cannot start either.
+    mechanism = _mechanism(sb, sandbox_id)
     script = "n=0; for i in $(seq 60); do sleep 3 & n=$((n+1)); done 2>/dev/null; wait; echo $n"
     for options in ((), ("--timeout", "60")):
         flood = sb.exec(sandbox_id, "/bin/sh", "-c", script, options=options)
         assert flood.status != 0, flood  # the shell could not fork all 60 (it exits 2 on a failed fork)
         assert flood.stdout.strip() != "60"
-        if _mechanism(sb, sandbox_id) != "rlimit":  # a cgroup's pids.max refused, and the broker says so
+        if mechanism != "rlimit":  # a cgroup's pids.max refused, and the broker says so
             assert flood.stderr.endswith("sandboxer: exec: the pids limit (24) refused a new process\n"), flood
     # With room to spare the same kind of work succeeds.
     roomy = limited(sb, "more-pids", "  pids: 512\n")
