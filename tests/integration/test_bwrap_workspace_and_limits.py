@@ -62,6 +62,10 @@ def _mechanism(broker: SandboxBroker, sandbox_id: str) -> str:
     return str(inspected.json()["limits"]["mechanism"])
 
 
+# 60 processes at once, counted as they start (the shell exits 2 on the first fork refused).
+FLOOD = "n=0; for i in $(seq 60); do sleep 3 & n=$((n+1)); done 2>/dev/null; wait; echo $n"
+
+
 def test_pids_limit_stops_a_fork_flood(sbx: SandboxBroker) -> None:
     """The sandbox's pids limit refuses a fork flood, and the broker says so — also for an exec
     with --timeout, which runs in a pids group of its own below the sandbox's (the kernel counts
@@ -71,9 +75,8 @@ def test_pids_limit_stops_a_fork_flood(sbx: SandboxBroker) -> None:
     # Asked before the floods: right after one, the flood's sleeps still fill the limit for a
     # moment, and inspect's probe in the sandbox cannot start either.
     mechanism = _mechanism(sb, sandbox_id)
-    script = "n=0; for i in $(seq 60); do sleep 3 & n=$((n+1)); done 2>/dev/null; wait; echo $n"
     for options in ((), ("--timeout", "60")):
-        flood = sb.exec(sandbox_id, "/bin/sh", "-c", script, options=options)
+        flood = sb.exec(sandbox_id, "/bin/sh", "-c", FLOOD, options=options)
         assert flood.status != 0, flood  # the shell could not fork all 60 (it exits 2 on a failed fork)
         assert flood.stdout.strip() != "60"
         if mechanism != "rlimit":  # a cgroup's pids.max refused, and the broker says so
@@ -101,7 +104,7 @@ def test_pids_limit_counts_the_sandboxs_processes_not_its_accounts(sbx: SandboxB
         forked = sb.sh(sandbox_id, "for i in $(seq 10); do sleep 0.2 & done; wait; echo done")
         assert forked.status == 0, forked.stderr
         assert forked.stdout.strip() == "done"
-        flood = sb.sh(sandbox_id, "n=0; for i in $(seq 60); do sleep 3 & n=$((n+1)); done 2>/dev/null; wait; echo $n")
+        flood = sb.sh(sandbox_id, FLOOD)
         assert flood.status != 0, flood  # the limit still holds inside
         assert flood.stdout.strip() != "60"
         if _mechanism(sb, sandbox_id) == "rlimit":  # and bwrap, its init and the holder carry it

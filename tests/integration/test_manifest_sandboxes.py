@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from sandboxer.backends.docker.render import STATE_LABEL
 from tests.conftest import Result, make_repository
 from tests.integration.conftest import SandboxBroker
 from tests.integration.scan import files_holding
@@ -130,7 +131,7 @@ def docker(*args: str) -> str:
 def spool_volumes(broker: SandboxBroker) -> set[str]:
     """The spool volumes the daemon has of this broker's state dir, and any of none (which no
     broker should make): another broker's, of a test running at the same time, are not these."""
-    listed = docker("volume", "ls", "--format", '{{.Name}}\t{{.Label "io.sandboxer.state-dir"}}')
+    listed = docker("volume", "ls", "--format", f'{{{{.Name}}}}\t{{{{.Label "{STATE_LABEL}"}}}}')
     return {
         name
         for name, _, state in (line.partition("\t") for line in listed.splitlines())
