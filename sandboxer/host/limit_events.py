@@ -41,8 +41,8 @@ class LimitWatch:
 
     def __init__(self, view: ExecView, groups: list[str]) -> None:
         self._view = view
-        self._groups = groups  # the sandbox's cgroup directories (sandboxer.backends.limit_groups)
-        self._before = _counts(self._groups)
+        self.groups = groups  # the sandbox's cgroup directories (sandboxer.backends.limit_groups)
+        self._before = _counts(self.groups)
         self._gone = Counts(oom_kills=0, pid_refusals=0)  # of the exec's own groups, removed since
 
     def remove_group(self, group: str) -> None:
@@ -58,7 +58,7 @@ class LimitWatch:
 
     def why(self, status: int) -> list[str]:
         """The broker's lines for the limits that acted during the exec (none: none did)."""
-        after = _counts(self._groups) + self._gone
+        after = _counts(self.groups) + self._gone
         lines = []
         if after.oom_kills > self._before.oom_kills:
             limit = f"the memory limit ({self._view.memory_mib} MiB)"

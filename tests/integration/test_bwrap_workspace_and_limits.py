@@ -6,9 +6,22 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from tests.integration.conftest import SandboxBroker, backend_profile_text
+import pytest
+
+from tests.integration.conftest import (
+    SandboxBroker,
+    _bwrap_broker,
+    _ready,
+    _serve,
+    add_docker,
+    backend_profile_text,
+    make_broker,
+)
 from tests.integration.test_bwrap_isolation import live_processes
 
 
@@ -117,6 +130,102 @@ def test_pids_limit_counts_the_sandboxs_processes_not_its_accounts(sbx: SandboxB
         for process in outside:
             process.kill()
             process.wait()
+
+
+# Forks until the pids limit refuses one, says how many it made, and keeps them all until the
+# test makes /workspace/.release; its children end with it (their pipe's end of file).
+FILLER = """
+import os, time
+r, w = os.pipe()
+n = 0
+while True:
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        os.close(w)
+        os.read(r, 1)
+        os._exit(0)
+    n += 1
+print(n, flush=True)
+while not os.path.exists("/workspace/.release"):
+    time.sleep(0.05)
+"""
+
+
+@pytest.fixture(params=["root", "root-service", "docker-service"])
+def sb_cgroups(request: pytest.FixtureRequest, runtime_dir: Path) -> Iterator[SandboxBroker]:
+    """A root broker, whose limits are cgroups: bwrap with its CLI in-process (each exec forks its
+    relay) and a client of a root service (whose spawner forks each command straight into the
+    sandbox), and Docker through a root service."""
+    if request.param == "docker-service":
+        broker = make_broker(runtime_dir, as_user=False)
+        add_docker(broker, request.getfixturevalue("base_image"))
+    else:
+        broker = _bwrap_broker(runtime_dir, as_user=False)
+    if request.param != "root":
+        _serve(broker)
+    with _ready(broker):
+        yield broker
+
+
+def _pids_group(sb: SandboxBroker, record: dict[str, Any]) -> Path:
+    """The sandbox's pids cgroup: the one its record names (bwrap), or its container's (Docker's
+    cgroupfs or systemd driver)."""
+    if sb.backend == "bwrap":
+        return next(Path(g) for g in record["limits"]["groups"] if (Path(g) / "pids.max").exists())
+    container = record["container_id"]
+    places = (f"docker/{container}", f"system.slice/docker-{container}.scope")
+    return next(p for p in (Path("/sys/fs/cgroup/pids", place) for place in places) if p.is_dir())
+
+
+def test_a_full_sandbox_admits_no_exec_past_its_pids_limit(sb_cgroups: SandboxBroker) -> None:
+    """Once a sandbox's processes fill its pids limit, an exec cannot start there, and says why;
+    nor can bwrap's inspect probe. The kernel refuses a fork at pids.max but lets a process be
+    moved in past it, as an exec's entry is (bwrap's, and runc's for docker exec): without the
+    broker's own check each exec would be one process past the limit."""
+    sb = sb_cgroups
+    sandbox_id = limited(sb, "full-pids", "  pids: 24\n")
+    if _mechanism(sb, sandbox_id) == "rlimit":
+        pytest.skip("this host has no pids cgroup for the root broker (the rlimit mechanism counts forks only)")
+    record = json.loads((sb.sandbox_dir(sandbox_id) / "record.json").read_text())
+    group = _pids_group(sb, record)
+    filler = subprocess.Popen(
+        sb.argv("exec", sandbox_id, "--", "python3", "-c", FILLER),
+        env=sb.env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert filler.stdout is not None
+        assert int(filler.stdout.readline()) > 0
+        assert (group / "pids.current").read_text().strip() == "24"
+        results = []
+
+        def attempt(options: tuple[str, ...]) -> None:
+            results.append(sb.exec(sandbox_id, "sleep", "20", options=options))
+
+        attempts = [threading.Thread(target=attempt, args=(o,)) for o in ((), (), ("--timeout", "60"))]
+        for thread in attempts:
+            thread.start()
+        for thread in attempts:
+            thread.join()
+        full = "the sandbox is at its pids limit (24): no new process can start in it until one of its processes ends"
+        assert [r.status for r in results] == [125, 125, 125], results
+        assert all(r.stderr == f"sandboxer: exec: {full}\n" for r in results), results
+        assert (group / "pids.current").read_text().strip() == "24"  # none of them stayed
+        if sb.backend == "bwrap":  # its probe enters as an exec does (Docker's: docker exec of cat)
+            inspected = sb.run("inspect", sandbox_id, "--json")
+            assert inspected.status == 5, inspected
+            assert inspected.stderr == f"sandboxer: probe: {full}\n", inspected
+    finally:
+        (sb.workspace_dir(sandbox_id) / ".release").touch()
+        _, err = filler.communicate(timeout=30)
+    assert filler.returncode == 0, err
+    fine = sb.exec(sandbox_id, "true")  # room again once its processes ended
+    assert fine.status == 0, fine.stderr
 
 
 def test_memory_limit_stops_a_large_allocation(sbx: SandboxBroker) -> None:

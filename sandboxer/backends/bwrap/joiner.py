@@ -50,6 +50,7 @@ from sandboxer.backends.bwrap.privileges import (
 )
 from sandboxer.backends.bwrap.started import Started
 from sandboxer.errors import EntryError
+from sandboxer.host import pids_room
 
 # bwrap makes two user namespaces: an outer one that owns every other namespace of the
 # sandbox, and an inner one (where the sandbox uid is mapped) that its processes live in. Join
@@ -164,6 +165,8 @@ def fork_command(entry: Entry, stdio: tuple[int, int, int], report: int, own_pid
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the spawner's way of reaping is not its own
             _enter(entry, namespaces, cgroups, {report, *stdio, *cgroups, *(fd for fd, _ in namespaces)})
             become_command(entry, report, stdio)
+        except EntryError as exc:
+            report_line(report, f"setup {exc.status} {exc.message}")
         except OSError as exc:
             report_line(report, f"setup 125 cannot enter the sandbox ({exc.strerror})")
         finally:
@@ -247,8 +250,13 @@ def _relay(
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)  # the host's, before any setns
         _enter(entry, namespaces, cgroups, {*kept, devnull} if status_fd is None else {*kept, devnull, status_fd})
         command = os.fork()
+    except EntryError as exc:
+        report_line(report, f"setup {exc.status} {exc.message}")
+        os._exit(exc.status)
     except OSError as exc:
-        report_line(report, f"setup 125 cannot enter the sandbox ({exc.strerror})")
+        limit = _over_pids_limit(entry, starting=1) if exc.errno == errno.EAGAIN else None
+        why = pids_room.full_message(limit) if limit is not None else f"cannot enter the sandbox ({exc.strerror})"
+        report_line(report, f"setup 125 {why}")
         os._exit(125)
     if command == 0:  # B: never returns either
         try:
@@ -265,7 +273,8 @@ def _relay(
 def _enter(entry: Entry, namespaces: list[tuple[int, int]], cgroups: list[int], kept: set[int]) -> None:
     """In a child of the broker (or of its spawner): keep only the descriptors `kept`, join the
     sandbox's cgroups, become its host uid and gid, and join its namespaces. OSError when one
-    step fails; exits (125) when the broker died meanwhile."""
+    step fails, EntryError when the sandbox's pids limit has no room for this process; exits
+    (125) when the broker died meanwhile."""
     broker = os.getppid()
     # First of all, keep only what A and B use: the broker's other descriptors (a sandbox's lock
     # above all) must not outlive the broker in a process that is slow to follow it.
@@ -273,6 +282,8 @@ def _enter(entry: Entry, namespaces: list[tuple[int, int]], cgroups: list[int], 
     for fd in cgroups:
         os.write(fd, b"0")  # "0" moves the writer; its children inherit the cgroups
         os.close(fd)
+    if (limit := _over_pids_limit(entry, starting=0)) is not None:  # the kernel checks forks only
+        raise EntryError(125, pids_room.full_message(limit))
     if os.geteuid() == 0:
         os.setgroups([])
         os.setresgid(entry.host_gid, entry.host_gid, entry.host_gid)
@@ -285,6 +296,11 @@ def _enter(entry: Entry, namespaces: list[tuple[int, int]], cgroups: list[int], 
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != broker:
         os._exit(125)
+
+
+def _over_pids_limit(entry: Entry, *, starting: int) -> int | None:
+    """The pids limit of the groups the entry joins that has no room for `starting` more."""
+    return pids_room.over_limit((os.path.dirname(path) for path in entry.cgroup_procs), starting=starting)
 
 
 def _relay_end(command: int, devnull: int, status_fd: int | None) -> None:

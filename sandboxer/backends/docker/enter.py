@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sandboxer.backends.docker import engine, execs
-from sandboxer.errors import ExecUsage
-from sandboxer.host import procs
+from sandboxer.errors import EntryError, ExecUsage
+from sandboxer.host import pids_room, procs
 from sandboxer.host.stdio import CALLER_GONE, TIMED_OUT, CallerStdio, Control, Program, feeder
 from sandboxer.host.terminal import caller_size, caller_terminal
 
@@ -47,6 +47,7 @@ def run(
         cancelled = _client_gone(caller.control, resized if tty else None)
     elif isinstance(program, Program) and (control := program.control()) is not None:
         cancelled = _program_gone(program, control)
+    _check_room(limits)
     gated = timeout is not None or cancelled is not None  # its own cgroup, to kill all of it
     apart = ("consumer" in options and "executable" in options) or options.get("caller_env") == "1"
     try:
@@ -147,6 +148,15 @@ def _client_gone(control: Control, resize: Callable[[tuple[int, int]], None] | N
         return control.gone
 
     return gone
+
+
+def _check_room(limits: LimitWatch) -> None:
+    """Refuse an exec in a container whose pids limit is already reached: runc moves each exec's
+    process into the container's cgroups, and the kernel holds a move to no pids.max (it checks
+    forks only). Checked before the exec is made, so execs made at the same moment as the last
+    process may each still get in (bwrap's check is the entering process's own: exact)."""
+    if (limit := pids_room.over_limit(limits.groups, starting=1)) is not None:
+        raise EntryError(125, pids_room.full_message(limit))
 
 
 def _program_gone(program: Program, control: Control) -> Callable[[], bool]:
