@@ -20,23 +20,33 @@ def full_message(limit: int) -> str:
 
 def over_limit(groups: Iterable[str], *, starting: int) -> int | None:
     """The pids limit (pids.max) of one of `groups`, or of a group above one, that the processes
-    there with `starting` more would exceed; None when there is room (or no pids group)."""
+    there with `starting` more would exceed; None when there is room (or no pids group). A group
+    above the sandbox's is counted too (the kernel nests the limits): a systemd slice's TasksMax
+    reached is reported as the sandbox's limit."""
     for joined in groups:
         group = joined
         while (limit := _value(group, "pids.max")) is not None:  # none: not (or no longer) a pids group
-            if limit != b"max" and int(_value(group, "pids.current") or 0) + starting > int(limit):
+            if limit.isdigit() and _count(group) + starting > int(limit):
                 return int(limit)
             group = os.path.dirname(group)
     return None
 
 
-def _value(group: str, name: str) -> bytes | None:
-    """A cgroup file's one value (None: the group has no such file)."""
+def _count(group: str) -> int:
+    value = _value(group, "pids.current")
+    return int(value) if value is not None and value.isdigit() else 0
+
+
+def _value(group: str, name: str) -> str | None:
+    """A cgroup file's one value; None when it cannot be read (the group has no such file, or is
+    gone): no room is refused on a file that is not there."""
     try:
         fd = os.open(os.path.join(group, name), os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
+    except OSError:
         return None
     try:
-        return os.read(fd, 64).strip()
+        return os.read(fd, 64).decode("ascii", "replace").strip()
+    except OSError:
+        return None
     finally:
         os.close(fd)

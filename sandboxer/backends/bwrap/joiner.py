@@ -163,7 +163,7 @@ def fork_command(entry: Entry, stdio: tuple[int, int, int], report: int, own_pid
     if command == 0:  # the command: never returns
         try:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the spawner's way of reaping is not its own
-            _enter(entry, namespaces, cgroups, {report, *stdio, *cgroups, *(fd for fd, _ in namespaces)})
+            _enter(entry, namespaces, cgroups, {report, *stdio, *cgroups, *(fd for fd, _ in namespaces)}, room=0)
             become_command(entry, report, stdio)
         except EntryError as exc:
             report_line(report, f"setup {exc.status} {exc.message}")
@@ -248,15 +248,14 @@ def _relay(
     kept = {report, *stdio, *cgroups, *(fd for fd, _ in namespaces)}
     try:
         devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)  # the host's, before any setns
-        _enter(entry, namespaces, cgroups, {*kept, devnull} if status_fd is None else {*kept, devnull, status_fd})
+        kept = {*kept, devnull} if status_fd is None else {*kept, devnull, status_fd}
+        _enter(entry, namespaces, cgroups, kept, room=1)  # A, in the groups, and B to come
         command = os.fork()
     except EntryError as exc:
         report_line(report, f"setup {exc.status} {exc.message}")
         os._exit(exc.status)
     except OSError as exc:
-        limit = _over_pids_limit(entry, starting=1) if exc.errno == errno.EAGAIN else None
-        why = pids_room.full_message(limit) if limit is not None else f"cannot enter the sandbox ({exc.strerror})"
-        report_line(report, f"setup 125 {why}")
+        report_line(report, f"setup 125 cannot enter the sandbox ({exc.strerror})")
         os._exit(125)
     if command == 0:  # B: never returns either
         try:
@@ -270,11 +269,11 @@ def _relay(
     _relay_end(command, devnull, status_fd)
 
 
-def _enter(entry: Entry, namespaces: list[tuple[int, int]], cgroups: list[int], kept: set[int]) -> None:
+def _enter(entry: Entry, namespaces: list[tuple[int, int]], cgroups: list[int], kept: set[int], *, room: int) -> None:
     """In a child of the broker (or of its spawner): keep only the descriptors `kept`, join the
     sandbox's cgroups, become its host uid and gid, and join its namespaces. OSError when one
-    step fails, EntryError when the sandbox's pids limit has no room for this process; exits
-    (125) when the broker died meanwhile."""
+    step fails, EntryError when the sandbox's pids limit has no room for this process and `room`
+    more (a relay's command); exits (125) when the broker died meanwhile."""
     broker = os.getppid()
     # First of all, keep only what A and B use: the broker's other descriptors (a sandbox's lock
     # above all) must not outlive the broker in a process that is slow to follow it.
@@ -282,7 +281,10 @@ def _enter(entry: Entry, namespaces: list[tuple[int, int]], cgroups: list[int], 
     for fd in cgroups:
         os.write(fd, b"0")  # "0" moves the writer; its children inherit the cgroups
         os.close(fd)
-    if (limit := _over_pids_limit(entry, starting=0)) is not None:  # the kernel checks forks only
+    # The host's cgroup files, read before any setns: the kernel holds forks to pids.max, not a
+    # process moved into the group as this one was.
+    groups = (os.path.dirname(path) for path in entry.cgroup_procs)
+    if (limit := pids_room.over_limit(groups, starting=room)) is not None:
         raise EntryError(125, pids_room.full_message(limit))
     if os.geteuid() == 0:
         os.setgroups([])
@@ -296,11 +298,6 @@ def _enter(entry: Entry, namespaces: list[tuple[int, int]], cgroups: list[int], 
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != broker:
         os._exit(125)
-
-
-def _over_pids_limit(entry: Entry, *, starting: int) -> int | None:
-    """The pids limit of the groups the entry joins that has no room for `starting` more."""
-    return pids_room.over_limit((os.path.dirname(path) for path in entry.cgroup_procs), starting=starting)
 
 
 def _relay_end(command: int, devnull: int, status_fd: int | None) -> None:
