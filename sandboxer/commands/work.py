@@ -57,7 +57,7 @@ if [ -z "$changes" ]; then
 else
   index=$(mktemp "${TMPDIR:-/tmp}/sandboxer-index.XXXXXX")
   trap 'rm -f "$index"' EXIT
-  if [ -f "$git_dir/index" ]; then cp "$git_dir/index" "$index"; else rm -f "$index"; fi
+  if [ -f "$git_dir/index" ]; then cp -p "$git_dir/index" "$index"; else rm -f "$index"; fi
   GIT_INDEX_FILE=$index $git add --all
   tree=$(GIT_INDEX_FILE=$index $git write-tree)
 fi

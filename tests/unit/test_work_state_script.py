@@ -6,8 +6,10 @@ writing one) or not — also where the repository's own config would hide a chan
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -63,7 +65,7 @@ def _report(repo: Path) -> WorkState:
 def _tree_git_add_all_commits(repo: Path, tmp_path: Path) -> str:
     """The reference: `git add --all` into a copy of the index, then write-tree."""
     index = tmp_path / "reference-index"
-    shutil.copy(repo / ".git" / "index", index)
+    shutil.copy2(repo / ".git" / "index", index)
     env = GIT_ENV | {"GIT_INDEX_FILE": str(index)}
     subprocess.run(["git", "-C", str(repo), "add", "--all"], env=env, check=True)
     done = subprocess.run(["git", "-C", str(repo), "write-tree"], env=env, capture_output=True, text=True, check=True)
@@ -114,3 +116,20 @@ def test_a_git_that_fails_ends_the_report(repo: Path) -> None:
     done = _run_script(repo, check=False)
     assert done.returncode != 0
     assert "tree " not in done.stdout
+
+
+def test_a_same_size_change_in_the_index_s_own_second_is_work(repo: Path) -> None:
+    """git trusts an entry's stat data only where it is older than the index file itself: a
+    change of the same size, in the same second as the index was written, is seen by content. A
+    copy of the index made later must keep its time (cp -p), or `git add --all` into it trusts
+    the stale entry and the change reads as no work at all (teardown would lose it)."""
+    before = (repo / "a.txt").stat()
+    (repo / "a.txt").write_text("b\n")  # the same size as "a\n"
+    for path in (repo / "a.txt", repo / ".git" / "index"):  # both in the entry's own second
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    second = int(time.time())
+    while int(time.time()) == second:  # a copy made now is younger than the entry
+        time.sleep(0.05)
+    state = _report(repo)
+    assert state.dirty
+    assert state.tree != state.head_tree
