@@ -15,11 +15,14 @@ def test_a_signal_before_the_command_starts_reaches_it_once_it_has() -> None:
     previous = signal.getsignal(signal.SIGINT)
     forwarder = _SignalForwarder()
     # A command in a session of its own, as the joiner starts it; it reports the signal it gets.
+    # Short sleeps: a signal caught just before one long sleep began would wait for its end (the
+    # interpreter runs the handler between bytecodes, and the sleep was never interrupted).
     script = (
         "import signal, sys, time\n"
         "signal.signal(signal.SIGINT, lambda *_: sys.exit(7))\n"
         "print('ready', flush=True)\n"
-        "time.sleep(30)"
+        "for _ in range(300):\n"
+        "    time.sleep(0.1)"
     )
     command = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, start_new_session=True)
     try:
