@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sandboxer.commands.export import _slug, _verify_tar
-from sandboxer.commands.export_delivery import _unpacked, write_file_at, write_series_at
+from sandboxer.commands.export_delivery import _unpacked, check_mine, write_file_at, write_series_at
 from sandboxer.commands.work import WorkState, _parse_state
 from sandboxer.core.record import WorkRecord
 from sandboxer.errors import BackendError, UsageError
@@ -243,3 +243,27 @@ def test_a_pax_keyword_two_tars_may_read_differently_is_refused(tmp_path: Path) 
         archive.addfile(info)
     with pytest.raises(BackendError, match=r"pax keyword 'GNU\.sparse\.name'"):
         _verify_tar(str(path))
+
+
+def test_an_export_is_written_only_into_a_callers_own_file_on_a_filesystem_for_files(tmp_path: Path) -> None:
+    """What a caller opened is checked on its descriptor: a regular file (or directory) of the
+    caller's, not a file of the kernel's, whose writes may be judged by the writer's rights."""
+    mine = tmp_path / "mine"
+    mine.write_bytes(b"")
+    uid = os.geteuid()
+    fd = os.open(mine, os.O_RDONLY)
+    try:
+        check_mine(fd, "mine", uid)
+        with pytest.raises(UsageError, match=r"^export: mine: must be a regular file of the caller's own$"):
+            check_mine(fd, "mine", uid + 1)
+        with pytest.raises(UsageError, match=r"^export: mine: must be a directory of the caller's own$"):
+            check_mine(fd, "mine", uid, directory=True)
+    finally:
+        os.close(fd)
+    for path, directory, name in (("/proc/self/sched", False, "procfs"), ("/sys", True, "sysfs")):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            with pytest.raises(UsageError, match=f"must be a .* on a filesystem for files, not on {name}$"):
+                check_mine(fd, path, os.fstat(fd).st_uid, directory=directory)
+        finally:
+            os.close(fd)
