@@ -64,11 +64,20 @@ class TreeModel:
         parts = name.split("/")
         if any(part in ("", ".", "..") for part in parts):
             raise TreeRefused(f"{shown(name)}, which is not a plain part of a tree")
-        for depth in range(1, len(parts)):
-            above = "/".join(parts[:depth])
-            made = self._kinds.setdefault(above, "directory")  # tar makes a missing one
-            if made != "directory":
+        # Every path in the model has directories all the way up: walk up to the first one there.
+        missing = []
+        end = name.rfind("/")
+        while end > 0:
+            above = name[:end]
+            made = self._kinds.get(above)
+            if made == "directory":
+                break
+            if made is not None:
                 raise TreeRefused(f"{shown(name)}, which is below a {made} of the tree, not a directory")
+            missing.append(above)
+            end = name.rfind("/", 0, end)
+        for above in missing:
+            self._kinds[above] = "directory"  # tar makes a missing one
         seen = self._kinds.get(name)
         if seen is not None and (seen != "directory" or kind != "directory"):
             raise TreeRefused(f"{shown(name)} twice, which a tree never has")
