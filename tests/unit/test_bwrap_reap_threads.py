@@ -1,0 +1,51 @@
+"""The bwraps a service started are reaped by many threads at once (each teardown and each start
+reaps): none of them fails on the table of started processes, and each ended one is collected
+once (stop.keep, stop.reap). A root service tearing 8 down at a time failed one teardown in a
+hundred with KeyError here, leaving its workspace mount behind (issue 31)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# Run apart: the table is the process's, and this fills it with hundreds of ended children.
+PROGRAM = """
+import subprocess, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+from sandboxer.backends.bwrap import stop
+sys.setswitchinterval(1e-6)  # threads switch as often as they can: the race, if there is one
+THREADS, CHILDREN, ROUNDS = 8, 200, 5
+errors = []
+for _ in range(ROUNDS):
+    children = [subprocess.Popen(["true"]) for _ in range(CHILDREN)]
+    for child in children:
+        stop.keep(child)
+    for child in children:  # every one has ended (a zombie until reaped)
+        while open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+            time.sleep(0.001)
+    start = threading.Barrier(THREADS)
+    def reap():
+        start.wait()
+        try:
+            stop.reap()
+        except Exception as exc:
+            errors.append(repr(exc))
+    threads = [threading.Thread(target=reap) for _ in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(child.returncode == 0 for child in children)
+stop.reap()
+print(len(errors), errors[:3])
+"""
+
+
+def test_many_threads_reap_the_same_ended_bwraps() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", PROGRAM, str(REPO)], capture_output=True, text=True, check=False, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "0 []\n"
