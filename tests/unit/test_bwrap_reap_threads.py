@@ -5,9 +5,15 @@ hundred with KeyError here, leaving its workspace mount behind (issue 31)."""
 
 from __future__ import annotations
 
+import errno
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from sandboxer.backends.bwrap import stop
+from sandboxer.core.record import SandboxRecord
 
 REPO = Path(__file__).resolve().parents[2]
 # Run apart: the table is the process's, and this fills it with hundreds of ended children.
@@ -49,3 +55,30 @@ def test_many_threads_reap_the_same_ended_bwraps() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "0 []\n"
+
+
+class _Unpollable:
+    """A kept process whose poll fails (as a reap's bookkeeping might)."""
+
+    pid = -31
+    failing = True
+
+    def poll(self) -> int | None:
+        if self.failing:
+            raise OSError(errno.ECHILD, "no child")
+        return 0
+
+
+def test_a_reap_that_fails_does_not_stop_the_teardown(caplog: pytest.LogCaptureFixture) -> None:
+    """Stopping a sandbox reaps what this process started afterwards: that is our bookkeeping,
+    and its failure is logged, never raised, so destroy goes on to the limits, the mounts and
+    the directory (a KeyError here once left a workspace mount behind)."""
+    broken = _Unpollable()
+    stop.keep(broken)  # type: ignore[arg-type]
+    try:
+        record = SandboxRecord(id="f" * 24, profile="", backend="bwrap", state="failed", created_at="")
+        assert stop.stop(record) == ([], [])
+    finally:
+        broken.failing = False
+        stop.reap()
+    assert f"started failed (teardown of {'f' * 24} goes on)" in caplog.text
