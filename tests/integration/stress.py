@@ -14,6 +14,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,9 +165,9 @@ def sandbox_entries(state: Path) -> list[str]:
     return sorted(p.name for p in registry.iterdir() if not p.name.startswith(".")) if registry.is_dir() else []
 
 
-def settle(check: object, seconds: float = 30) -> object:
-    """`check()` once it returns something empty, or what it last returned after `seconds`."""
-    assert callable(check)
+def settle(check: Callable[[], list[str]], seconds: float = 30) -> list[str]:
+    """`check()` once it returns nothing, or what it last returned after `seconds` (what ends a
+    moment after a teardown's answer, a process's exit, is awaited, never slept for)."""
     deadline = time.monotonic() + seconds
     while True:
         found = check()
