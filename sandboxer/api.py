@@ -217,8 +217,9 @@ class Sandbox(SandboxBase):
         """Take the sandbox's work out to the new local `destination` (sandboxer.verbs)."""
         from sandboxer.commands.export import check_format, discard_quarantine, finished, prepare
         from sandboxer.commands.export_delivery import deliver_to_path
+        from sandboxer.commands.export_space import default_budget
 
-        made = prepare(self.broker.dirs, self.id, check_format(format))
+        made = prepare(self.broker.dirs, self.id, check_format(format), budget=default_budget())
         try:
             deliver_to_path(made, destination)
         except BaseException:

@@ -208,12 +208,14 @@ class SandboxInfo:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GcReport:
-    """What `gc` did: the sandboxes it collected, and those it left (healthy, busy, warm)."""
+    """What `gc` did: the sandboxes it collected, and those it left (healthy, busy, warm); the
+    quarantines of exports whose exporter died, which it removed (`exports`)."""
 
     collected: tuple[Receipt, ...]
     healthy: tuple[str, ...]
     busy: tuple[str, ...]
     warm: tuple[str, ...]
+    exports: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, document: Mapping[str, Any]) -> GcReport:
@@ -222,6 +224,7 @@ class GcReport:
             healthy=tuple(document["healthy"]),
             busy=tuple(document["busy"]),
             warm=tuple(document["warm"]),
+            exports=tuple(document.get("exports", ())),
         )
 
 

@@ -26,6 +26,7 @@ from sandboxer.cli.options import (
     caller_path,
     debug_of,
     dirs_of,
+    export_budget,
     interrupted,
     made_sandbox,
     require_own,
@@ -300,7 +301,9 @@ def export(
         raise UsageError(f"export: --{fmt}: must name a file or directory")
     require_own(sandbox_id, NotFoundError(f"no such sandbox: {sandbox_id}"))
     dirs = dirs_of(ctx)
-    made = prepare(dirs, sandbox_id, "bundle" if fmt == "bundle" else "patch" if fmt == "patch" else "tar")
+    made = prepare(
+        dirs, sandbox_id, "bundle" if fmt == "bundle" else "patch" if fmt == "patch" else "tar", budget=export_budget()
+    )
     try:
         deliver(made, f"--{fmt}", destination)
     except BaseException:
@@ -346,6 +349,7 @@ def gc(ctx: typer.Context, json: JsonOption = False) -> None:
     require_owner("gc")
     result = collect(dirs_of(ctx))
     lines = [f"collected {r['id']}" + (" (RESIDUE)" if r["residue"] else "") for r in result["collected"]]
+    lines += [f"removed the quarantine of an abandoned export ({name})" for name in result["exports"]]
     print_result(result, "\n".join(lines) or "nothing to collect", json)
     for receipt in result["collected"]:
         receipt_or_raise(receipt)

@@ -14,6 +14,7 @@ from sandboxer.host.fsutil import CallerFile
 from sandboxer.invocation import current
 
 if TYPE_CHECKING:
+    from sandboxer.commands.export_space import Budget
     from sandboxer.service.access import Access
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
@@ -80,6 +81,15 @@ def caller_file(path: str, what: str) -> str | CallerFile:
     when it made one (read with the caller's rights, whoever the caller), else caller_path's."""
     opened = current().files.get(path)
     return opened if opened is not None else caller_path(path, what)
+
+
+def export_budget() -> Budget:
+    """The export budget of the caller this command runs for: its grant's in a service (an
+    owner's: the default, by its uid); in-process, the default for this process's account."""
+    from sandboxer.commands.export_space import default_budget
+
+    rules = access()
+    return default_budget() if rules is None else rules.export_budget()
 
 
 def require_own(sandbox_id: str, unknown: Exception) -> None:

@@ -2,7 +2,9 @@
 a Git bundle or a patch series, or its working tree as a tar.
 
 The sandbox's git writes the export; it lands in a quarantine directory of the broker's
-(`<state>/exports/`, owner-only), at most twice the workspace's size, where the host verifies it
+(`<state>/exports/`, owner-only), at most twice the workspace's size and within its caller's
+export budget (sandboxer.commands.export_space: one budget per caller across every export under
+way and what is kept for it; room is reserved before it is written), where the host verifies it
 with git that runs on nothing of the sandbox's but that output: a bundle is fetched, with every
 object checked (transfer.fsckObjects), into a fresh repository (no config, no hooks, no
 templates) that borrows the profile repository's objects for the bundle's prerequisites, and its
@@ -23,10 +25,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from sandboxer.commands.export_space import RESERVE_STEP, Budget, Quarantine
 from sandboxer.commands.work import GIT, GIT_SECONDS, WorkState, git_inside, ready_work, work_state
 from sandboxer.core.tarcheck import TreeModel, TreeRefused, check_keywords, shown
 from sandboxer.errors import BackendError, SandboxerError, UsageError
-from sandboxer.host.fstree import remove_tree
 from sandboxer.host.hostgit import run_git
 from sandboxer.host.registry import Registry
 from sandboxer.host.workspace import is_commit_id
@@ -37,7 +39,6 @@ if TYPE_CHECKING:
 
 Format = Literal["bundle", "patch", "tar"]
 FORMATS: tuple[Format, ...] = ("bundle", "patch", "tar")
-EXPORTS = "exports"  # in the state dir: quarantine while an export runs, and what the reaper kept
 MAX_MEMBERS = 1_000_000  # entries of a tree's tar
 _FROM_LINE = b"From %s Mon Sep 17 00:00:00 2001\n"  # what git format-patch starts each patch with
 
@@ -51,8 +52,13 @@ class Export:
     format: Format
     state: WorkState
     work: WorkRecord
-    directory: str
+    quarantine: Quarantine
     files: tuple[tuple[str, str], ...]
+
+    @property
+    def directory(self) -> str:
+        """The quarantine directory it is in."""
+        return self.quarantine.path
 
     @property
     def taken(self) -> tuple[str, str]:
@@ -83,11 +89,18 @@ def check_format(name: str) -> Format:
 
 
 def prepare(
-    dirs: Dirs, sandbox_id: str, fmt: Format, *, state: WorkState | None = None, seconds: float = GIT_SECONDS
+    dirs: Dirs,
+    sandbox_id: str,
+    fmt: Format,
+    *,
+    budget: Budget,
+    state: WorkState | None = None,
+    seconds: float = GIT_SECONDS,
 ) -> Export:
-    """Take the work out of the sandbox into a new quarantine directory and verify it (`state`:
-    the work as the caller asked the sandbox's git a moment ago; `seconds`: each git command's
-    time). The caller delivers it and then calls `finished` (or `discard_quarantine`)."""
+    """Take the work out of the sandbox into a new quarantine directory and verify it, within
+    the caller's `budget` (PolicyError, 3, past it: nothing is left behind; `state`: the work as
+    the caller asked the sandbox's git a moment ago; `seconds`: each git command's time). The
+    caller delivers it and then calls `finished` (or `discard_quarantine`)."""
     record, work = ready_work(dirs, sandbox_id)
     if state is None:
         state, work = work_state(dirs, sandbox_id, seconds=seconds)
@@ -98,9 +111,9 @@ def prepare(
         raise UsageError(
             f"export: sandbox {sandbox_id}: the commit its workspace started from is gone from its history"
         )
-    directory = _quarantine(dirs)
+    quarantine = Quarantine(dirs.state, budget)
     try:
-        inside = _Inside(dirs, record, directory, seconds)
+        inside = _Inside(dirs, record, quarantine, seconds)
         if fmt == "bundle":
             files = _bundle(inside, state, work)
         elif fmt == "patch":
@@ -108,9 +121,9 @@ def prepare(
         else:
             files = _tar(inside, state)
     except BaseException:
-        remove_tree(directory)
+        quarantine.remove()
         raise
-    return Export(sandbox_id, fmt, state, work, directory, files)
+    return Export(sandbox_id, fmt, state, work, quarantine, files)
 
 
 def finished(dirs: Dirs, export: Export) -> bool:
@@ -120,7 +133,7 @@ def finished(dirs: Dirs, export: Export) -> bool:
     try:
         return note_exported(dirs, export.sandbox_id, export.taken)
     finally:
-        remove_tree(export.directory)
+        export.quarantine.remove()
 
 
 def note_exported(dirs: Dirs, sandbox_id: str, taken: tuple[str, str]) -> bool:
@@ -147,15 +160,8 @@ def note_exported(dirs: Dirs, sandbox_id: str, taken: tuple[str, str]) -> bool:
 
 
 def discard_quarantine(export: Export) -> None:
-    remove_tree(export.directory)
-
-
-def _quarantine(dirs: Dirs) -> str:
-    import tempfile
-
-    root = os.path.join(dirs.state, EXPORTS)
-    os.makedirs(root, mode=0o700, exist_ok=True)
-    return tempfile.mkdtemp(prefix=".export-", dir=root)
+    """Remove the export's quarantine (and its reservation) without noting anything."""
+    export.quarantine.remove()
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,14 +170,19 @@ class _Inside:
 
     dirs: Dirs
     record: SandboxRecord
-    directory: str
+    quarantine: Quarantine
     seconds: float
 
+    @property
+    def directory(self) -> str:
+        return self.quarantine.path
+
     def git(self, name: str, *args: str) -> str:
-        """Run the broker's `git ARGS` in the sandbox into the quarantine file `name`; its path."""
+        """Run the broker's `git ARGS` in the sandbox into the quarantine file `name` (room for
+        each chunk reserved before it is written); its path."""
         path = os.path.join(self.directory, name)
         with _new_file(path) as fd:
-            git_inside(self.dirs, self.record, [*GIT, *args], into=fd, seconds=self.seconds)
+            git_inside(self.dirs, self.record, [*GIT, *args], into=fd, room=self.quarantine.need, seconds=self.seconds)
         return path
 
 
@@ -179,7 +190,11 @@ def _bundle(inside: _Inside, state: WorkState, work: WorkRecord) -> tuple[tuple[
     """The new commits as a bundle of HEAD (and its branch), with the base as prerequisite."""
     refs = ["HEAD", *([f"refs/heads/{state.branch}"] if state.branch else [])]
     path = inside.git("bundle", "bundle", "create", "--quiet", "-", *refs, f"^{work.base}")
+    # The verifying fetch copies the bundle's objects once more (and the bases of a thin pack):
+    # room for twice the bundle first, then what it really wrote is measured.
+    inside.quarantine.need(2 * os.stat(path).st_size + RESERVE_STEP)
     _verify_bundle(path, state, work, inside.directory)
+    inside.quarantine.settle()
     return (("bundle", path),)
 
 
@@ -221,6 +236,8 @@ def _patches(inside: _Inside, state: WorkState, work: WorkRecord) -> tuple[tuple
     commits the sandbox listed begins."""
     listing = inside.git("commits", "rev-list", "--reverse", f"{work.base}..{state.head}")
     mbox = inside.git("series.mbox", "format-patch", "--stdout", "--no-color", f"{work.base}..{state.head}")
+    # Its split copy, and later (through HTTP) the tar of the patch files: once more each.
+    inside.quarantine.need(os.stat(mbox).st_size + RESERVE_STEP)
     files: list[tuple[str, str]] = []
     with open(listing, "rb") as commits, open(mbox, "rb") as series:
         expected = _next_commit(commits)

@@ -111,7 +111,12 @@ def gc(dirs: Dirs) -> dict[str, Any]:
 
     Each sandbox is collected on its own: whatever goes wrong with one (a tree it made hostile, a
     broken record) is that sandbox's residue in its receipt, and the others are still collected.
+    The quarantine of an export whose exporter died (kill -9 mid-export) goes too, at once: its
+    exporter's lock is gone (`exports`: their names; sandboxer.commands.export_space).
     """
+    from sandboxer.commands.export_space import reclaim_abandoned
+
+    exports = reclaim_abandoned(dirs.state)
     registry = Registry(dirs.state)
     collected, healthy, busy, warm = [], [], [], []
     collected += _collect_orphans(registry)
@@ -144,7 +149,7 @@ def gc(dirs: Dirs) -> dict[str, Any]:
         except Exception as exc:  # one sandbox's failure is its own residue, never gc's end
             problem = " ".join(f"{type(exc).__name__}: {exc}".split())
             collected.append({"id": sandbox_id, "removed": [], "residue": [f"gc failed ({problem})"]})
-    return {"collected": collected, "healthy": healthy, "busy": busy, "warm": warm}
+    return {"collected": collected, "healthy": healthy, "busy": busy, "warm": warm, "exports": exports}
 
 
 def _collect_orphans(registry: Registry) -> list[dict[str, Any]]:

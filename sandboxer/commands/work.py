@@ -17,10 +17,19 @@ stderr only as printable text.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sandboxer.errors import BackendError, EntryError, ExecUsage, NotFoundError, UnexportedWorkError, UsageError
+from sandboxer.errors import (
+    BackendError,
+    EntryError,
+    ExecUsage,
+    NotFoundError,
+    PolicyError,
+    UnexportedWorkError,
+    UsageError,
+)
 from sandboxer.host.fsutil import write_all
 from sandboxer.host.registry import Registry, check_id
 from sandboxer.host.workspace import is_commit_id
@@ -156,11 +165,14 @@ def git_inside(
     *,
     limit: int | None = None,
     into: int | None = None,
+    room: Callable[[int], None] | None = None,
     seconds: float = GIT_SECONDS,
 ) -> bytes:
     """Run the broker's `argv` in the sandbox's workspace: its stdout (at most `limit` bytes), or
     written to `into` (at most cap_of the sandbox; past it, or when `into` cannot take more, the
-    command is killed). A failure is a BackendError saying why."""
+    command is killed). `room(n)` is asked before each n bytes are written to `into`: its
+    PolicyError (the caller's export budget is full) kills the command and is raised. Any other
+    failure is a BackendError saying why."""
     from sandboxer.commands.execute import execute
     from sandboxer.host.stdio import Program
 
@@ -169,6 +181,7 @@ def git_inside(
     size = [0, 0]
     cap = limit if into is None and limit is not None else cap_of(record)
     stopped: list[str] = []  # why the broker stopped the command
+    refused: list[PolicyError] = []
 
     def sink(stream: str, chunk: bytes) -> None:
         if stopped:
@@ -185,7 +198,12 @@ def git_inside(
             out.append(chunk)
         else:
             try:
+                if room is not None:
+                    room(len(chunk))
                 write_all(into, chunk)
+            except PolicyError as exc:
+                refused.append(exc)
+                stopped.append(exc.message)
             except OSError as exc:
                 stopped.append(f"the broker's copy cannot be written ({exc.strerror})")
 
@@ -196,6 +214,8 @@ def git_inside(
         raise UsageError(f"export: {str(exc).removeprefix('exec: ')}") from None
     except EntryError as exc:
         raise BackendError(f"export: git cannot run in sandbox {record.id} ({exc.message})") from None
+    if refused:
+        raise refused[0]
     if stopped:
         raise BackendError(f"export: git in sandbox {record.id} was stopped: {stopped[0]}")
     if status != 0:

@@ -291,6 +291,7 @@ def parse_owner_file(data: bytes, file: str, *, expected_name: str | None = None
 ACCOUNT_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")  # a POSIX account or group name (useradd's rule)
 MAX_SANDBOXES_RANGE = (1, 1000)
 MAX_TTL_RANGE = (60, 30 * 24 * 3600)
+MAX_EXPORTS_MIB_RANGE = (16, 1024 * 1024)  # a caller's exports under way and kept: 16 MiB - 1 TiB
 
 
 def _parse_grants(doc: Doc, root: YNode, digest: str) -> GrantsFile:
@@ -306,7 +307,9 @@ def _parse_grants(doc: Doc, root: YNode, digest: str) -> GrantsFile:
         return doc.string(node, path, PROFILE_NAME, "must be a profile name (a-z 0-9 _ -)")
 
     def entry(node: YNode, path: str) -> Grant:
-        body = doc.mapping(node, path, ("profiles", "max_sandboxes", "max_ttl_seconds"), ("users", "groups"))
+        body = doc.mapping(
+            node, path, ("profiles", "max_sandboxes", "max_ttl_seconds"), ("users", "groups", "max_exports_mib")
+        )
         users = doc.sequence(body["users"], f"{path}.users", account) if "users" in body else ()
         groups = doc.sequence(body["groups"], f"{path}.groups", account) if "groups" in body else ()
         if not users and not groups:
@@ -320,6 +323,11 @@ def _parse_grants(doc: Doc, root: YNode, digest: str) -> GrantsFile:
             profiles=profiles,
             max_sandboxes=doc.integer(body["max_sandboxes"], f"{path}.max_sandboxes", MAX_SANDBOXES_RANGE),
             max_ttl_seconds=doc.integer(body["max_ttl_seconds"], f"{path}.max_ttl_seconds", MAX_TTL_RANGE),
+            max_exports_mib=(
+                doc.integer(body["max_exports_mib"], f"{path}.max_exports_mib", MAX_EXPORTS_MIB_RANGE)
+                if "max_exports_mib" in body
+                else None
+            ),
         )
 
     return GrantsFile(grants=doc.sequence(top[GRANTS_NAME], GRANTS_NAME, entry), file_sha256=digest)

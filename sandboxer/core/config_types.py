@@ -111,13 +111,16 @@ GRANTS_NAME = "grants"  # <config-dir>/grants.yaml, approved as `sandboxer ext a
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Grant:
     """One entry of grants.yaml: these accounts (by user or group name) may create these profiles,
-    with at most `max_sandboxes` live at once and lifetimes no longer than `max_ttl_seconds`."""
+    with at most `max_sandboxes` live at once and lifetimes no longer than `max_ttl_seconds`;
+    their exports under way and kept take at most `max_exports_mib` of the broker's disk (None:
+    the broker's default)."""
 
     users: tuple[str, ...]
     groups: tuple[str, ...]
     profiles: tuple[str, ...]
     max_sandboxes: int
     max_ttl_seconds: int
+    max_exports_mib: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,6 +155,7 @@ def meaning(item: OwnerFile) -> dict[str, Any]:
                     "profiles": list(grant.profiles),
                     "max_sandboxes": grant.max_sandboxes,
                     "max_ttl_seconds": grant.max_ttl_seconds,
+                    "max_exports_mib": grant.max_exports_mib,
                 }
                 for grant in item.grants
             ],
@@ -199,6 +203,7 @@ def from_meaning(document: dict[str, Any], file_sha256: str) -> OwnerFile:
                     profiles=tuple(str(p) for p in entry["profiles"]),
                     max_sandboxes=int(entry["max_sandboxes"]),
                     max_ttl_seconds=int(entry["max_ttl_seconds"]),
+                    max_exports_mib=None if entry.get("max_exports_mib") is None else int(entry["max_exports_mib"]),
                 )
                 for entry in document["grants"]
             ),

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from sandboxer.commands.export_space import Budget, default_budget
 from sandboxer.dirs import Dirs
 from sandboxer.errors import NotFoundError, PolicyError
 from sandboxer.service.grants import Rights
@@ -60,6 +61,11 @@ class Access:
         record = Registry(self.dirs.state).read_or_none(checked)
         if record is None or record.caller_uid != self.rights.uid:
             raise unknown
+
+    def export_budget(self) -> Budget:
+        """The budget this caller's exports share (under way and kept): its grant's, or the
+        default for an owner (by the uid the kernel reported)."""
+        return default_budget(self.peer.uid) if self.rights is None else self.rights.exports_budget()
 
     def own_ids(self) -> set[str] | None:
         """The ids a granted caller may see (None: an owner sees all)."""

@@ -269,7 +269,8 @@ async def export(request: web.Request) -> web.StreamResponse:
     fmt = check_format(body["format"])
     dirs, sandbox_id = request.app[DIRS], request.match_info["id"]
     await require_own(request, sandbox_id, _unknown(request))
-    made = await in_worker(request, prepare, dirs, sandbox_id, fmt)
+    budget = request["access"].export_budget()
+    made = await in_worker(request, lambda: prepare(dirs, sandbox_id, fmt, budget=budget))
     token = secrets.token_hex(16)
     pending = request.app[PENDING_EXPORTS]
     sent = False

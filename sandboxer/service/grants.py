@@ -16,6 +16,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
+from sandboxer.commands.export_space import Budget, default_budget
 from sandboxer.core.config_types import GRANTS_NAME, Grant
 from sandboxer.dirs import Dirs
 from sandboxer.service.peer import Peer
@@ -41,6 +42,12 @@ class Rights:
         ceilings = [entry.max_ttl_seconds for entry in self.entries if profile in entry.profiles]
         return max(ceilings) if ceilings else None
 
+    def exports_budget(self) -> Budget:
+        """The caller's export budget: the largest `max_exports_mib` of its entries, else the
+        broker's default (sandboxer.commands.export_space)."""
+        set_ = [entry.max_exports_mib for entry in self.entries if entry.max_exports_mib is not None]
+        return Budget(self.uid, max(set_), "max_exports_mib") if set_ else default_budget(self.uid)
+
 
 def peer_groups(sock: socket.socket, peer: Peer) -> set[int]:
     """The connecting process's groups as the kernel has them (its primary gid included)."""
@@ -54,6 +61,19 @@ def peer_groups(sock: socket.socket, peer: Peer) -> set[int]:
                 continue
             return {peer.gid}
         return {peer.gid, *struct.unpack(f"{len(data) // 4}I", data)}
+
+
+def budget_of_account(dirs: Dirs, uid: int) -> Budget:
+    """The export budget of `uid` when no connection of it is at hand (the reaper keeping an
+    expired sandbox's work): its grants by its account's groups in the account database; an
+    account no grant names has the default."""
+    try:
+        account = pwd.getpwuid(uid)
+        groups = set(os.getgrouplist(account.pw_name, account.pw_gid))
+    except (KeyError, OSError):
+        groups = set()
+    rights = rights_of(Peer(pid=0, uid=uid, gid=-1), groups, dirs)
+    return rights.exports_budget() if rights is not None else default_budget(uid)
 
 
 def rights_of(peer: Peer, groups: set[int], dirs: Dirs) -> Rights | None:

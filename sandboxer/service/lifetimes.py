@@ -6,7 +6,9 @@ the next service (or a teardown).
 
 Work no export took out is not lost with it: the reaper first exports it into
 `<state>/exports/<id>/` (a bundle of the new commits, a tar of a changed tree, summary.json),
-kept for `serve --keep-exports` seconds, and the audit line names that directory. Each git
+kept for `serve --keep-exports` seconds as the sandbox's caller's (`sandboxer exports` lists,
+fetches and removes it; it counts against the caller's export budget, within which it must fit),
+and the audit line names that directory. Each git
 command of it has REAPER_GIT_SECONDS. A sandbox whose work cannot be exported (its git fails or
 takes too long) is audited so and tried once more a minute later; then it is torn down without
 its work: a lifetime is the owner's limit, which a sandbox cannot stretch by making its work
@@ -21,8 +23,9 @@ import os
 import time
 from typing import Any
 
-from sandboxer.commands.export import EXPORTS, Format, discard_quarantine, prepare
-from sandboxer.commands.work import GIT_SECONDS, work_state
+from sandboxer.commands.export import Export, Format, discard_quarantine, prepare
+from sandboxer.commands.export_space import EXPORTS, SUMMARY, default_budget, ledger, reclaim_abandoned
+from sandboxer.commands.work import work_state
 from sandboxer.dirs import Dirs
 from sandboxer.errors import SandboxerError
 from sandboxer.host.fstree import remove_tree
@@ -115,7 +118,10 @@ def keep_for_reaper(dirs: Dirs, sandbox_id: str, keep_seconds: float) -> str | N
     """Before the service tears an expired sandbox down: take out whatever work it holds into
     `<state>/exports/<id>/` (a bundle of its new commits, a tar of a changed tree, and
     summary.json with when it may go); that directory, or None when there was nothing to keep.
-    Each git command inside has REAPER_GIT_SECONDS."""
+    Each git command inside has REAPER_GIT_SECONDS. It is the caller's (summary.json keeps its uid
+    and the bytes kept) and is made within the caller's export budget (PolicyError past it)."""
+    from sandboxer.service.grants import budget_of_account
+
     registry = Registry(dirs.state)
     record = registry.read_or_none(check_id(sandbox_id))
     if record is None or record.work is None or record.state != "ready":
@@ -123,36 +129,44 @@ def keep_for_reaper(dirs: Dirs, sandbox_id: str, keep_seconds: float) -> str | N
     state, work = work_state(dirs, sandbox_id, seconds=REAPER_GIT_SECONDS)
     if not state.unexported(work):
         return None
+    budget = default_budget() if record.caller_uid is None else budget_of_account(dirs, record.caller_uid)
     kept = os.path.join(dirs.state, EXPORTS, sandbox_id)
     remove_tree(kept)
     os.makedirs(kept, mode=0o700)
+    exports: list[Export] = []
     try:
         summary: dict[str, Any] = {"id": sandbox_id, "kept_until": time.time() + keep_seconds, "files": []}
         formats: tuple[Format, ...] = ("bundle", "tar")
         for fmt in formats:
             if (fmt == "bundle" and state.ahead == 0) or (fmt == "tar" and not state.dirty):
                 continue
-            export = prepare(dirs, sandbox_id, fmt, state=state, seconds=REAPER_GIT_SECONDS)
-            try:
-                for name, source in export.files:
-                    target = "work.bundle" if fmt == "bundle" else name
-                    os.replace(source, os.path.join(kept, target))
-                    summary["files"].append(target)
-                leaving = ("files", "destination", "format")
-                summary.update({k: v for k, v in export.summary().items() if k not in leaving})
-            finally:
-                discard_quarantine(export)
-        with open(os.path.join(kept, "summary.json"), "x") as out:
+            export = prepare(dirs, sandbox_id, fmt, budget=budget, state=state, seconds=REAPER_GIT_SECONDS)
+            exports.append(export)
+            for name, source in export.files:
+                target = "work.bundle" if fmt == "bundle" else name
+                os.replace(source, os.path.join(kept, target))
+                summary["files"].append(target)
+            leaving = ("files", "destination", "format")
+            summary.update({k: v for k, v in export.summary().items() if k not in leaving})
+        summary["uid"] = budget.uid
+        summary["bytes"] = sum(os.lstat(os.path.join(kept, name)).st_size for name in summary["files"])
+        # The kept bytes count from the moment summary.json says so; the quarantines' reservations
+        # go only after that, so the caller's budget never sees them as free in between.
+        with ledger(os.path.dirname(kept)), open(os.path.join(kept, SUMMARY), "x") as out:
             json.dump(summary, out, indent=2, sort_keys=True)
     except BaseException:
         remove_tree(kept)
         raise
+    finally:
+        for export in exports:
+            discard_quarantine(export)
     return kept
 
 
 def prune_kept(dirs: Dirs, now: float) -> list[str]:
-    """Remove what the reaper kept once its time is up (and quarantines an export left behind
-    when its broker died); the ids whose exports went."""
+    """Remove what the reaper kept once its time is up (and the quarantine of every export whose
+    exporter died: sandboxer.commands.export_space); the ids whose exports went."""
+    reclaim_abandoned(dirs.state, now)
     root = os.path.join(dirs.state, EXPORTS)
     try:
         names = os.listdir(root)
@@ -161,9 +175,7 @@ def prune_kept(dirs: Dirs, now: float) -> list[str]:
     gone = []
     for name in names:
         path = os.path.join(root, name)
-        if name.startswith(".export-"):
-            if _older_than(path, now, GIT_SECONDS * 2):
-                remove_tree(path)
+        if name.startswith("."):
             continue
         try:
             with open(os.path.join(path, "summary.json"), "rb") as stream:

@@ -792,7 +792,7 @@ def test_gc_collects_a_dead_sandbox_and_spares_a_running_one(case: Case, sandbox
     assert (report["healthy"], report["busy"], report["warm"]) == (["<id>"], [], [])
     assert not case.broker.sandbox_dir(dead).exists()
     assert case.front.list() == [sandbox]
-    assert case.front.gc() == {"collected": [], "healthy": [sandbox], "busy": [], "warm": []}
+    assert case.front.gc() == {"collected": [], "healthy": [sandbox], "busy": [], "warm": [], "exports": []}
     assert case.front.exec(sandbox, ["true"]) == (0, b"", b"")
     same_as_cli(case, "gc", report, lambda cli: _gc_after_a_death(case, cli, sandbox)[0])
 
