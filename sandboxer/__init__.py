@@ -28,6 +28,7 @@ __all__ = [
     "ExecStream",
     "Exported",
     "GcReport",
+    "KeptExport",
     "MountEvidence",
     "Owner",
     "OwnerEntry",

@@ -13,6 +13,7 @@ from sandboxer.results import Evidence as Evidence
 from sandboxer.results import ExecResult as ExecResult
 from sandboxer.results import Exported as Exported
 from sandboxer.results import GcReport as GcReport
+from sandboxer.results import KeptExport as KeptExport
 from sandboxer.results import MountEvidence as MountEvidence
 from sandboxer.results import OwnerEntry as OwnerEntry
 from sandboxer.results import Receipt as Receipt
@@ -33,6 +34,7 @@ __all__ = [
     "ExecStream",
     "Exported",
     "GcReport",
+    "KeptExport",
     "MountEvidence",
     "Owner",
     "OwnerEntry",

@@ -15,6 +15,7 @@ and the same directories.
 
 from __future__ import annotations
 
+import builtins
 import os
 from collections.abc import Callable, Mapping, Sequence
 
@@ -29,6 +30,7 @@ from sandboxer.results import (
     ExecResult,
     Exported,
     GcReport,
+    KeptExport,
     OwnerEntry,
     Receipt,
     RuntimeDigest,
@@ -107,6 +109,26 @@ class Broker:
         from sandboxer.commands.teardown import gc
 
         return GcReport.from_json(gc(self.dirs))
+
+    def exports(self) -> builtins.list[KeptExport]:
+        """The work a service's reaper kept of expired sandboxes of this state directory."""
+        from sandboxer.commands.kept import list_kept
+
+        return [KeptExport.from_json(entry) for entry in list_kept(self.dirs, None)["exports"]]
+
+    def get_export(self, export_id: str, destination: str, *, format: str = "bundle") -> None:
+        """Write a kept export's commits (`format` "bundle") or changed tree ("tar") to the new
+        local file `destination`."""
+        from sandboxer.commands.export_delivery import copy_to_path
+        from sandboxer.commands.kept import kept_file
+
+        copy_to_path(kept_file(self.dirs, export_id, format, None), destination)
+
+    def remove_export(self, export_id: str) -> tuple[str, ...]:
+        """Remove a kept export; the files it held."""
+        from sandboxer.commands.kept import remove_kept
+
+        return tuple(remove_kept(self.dirs, export_id, None)["removed"])
 
 
 class Sandbox(SandboxBase):

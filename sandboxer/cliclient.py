@@ -54,6 +54,9 @@ CALLER_FILES = {
     "create": {"--bootstrap": READ},
     "export": {"--bundle": NEW_FILE, "--tar": NEW_FILE, "--patch": NEW_FILES_IN},
 }
+# The same for a file a command names by position: (its command words, which of its arguments
+# — options, all flags, not counted — and for what). `exports get ID FILE`.
+CALLER_ARGUMENTS: dict[tuple[str, ...], tuple[int, str]] = {("exports", "get"): (1, NEW_FILE)}
 
 
 def main() -> None:
@@ -302,6 +305,17 @@ def _open_files(words: tuple[str, ...]) -> tuple[list[dict[str, object]], list[i
         except OSError as exc:
             error = exc.errno or errno.EIO
         files.append({"name": value, "path": os.path.normpath(os.path.join(_cwd(), value)), "errno": error})
+    positional = CALLER_ARGUMENTS.get(words[:2])
+    if positional is not None:
+        arguments = [word for word in words[2:] if not word.startswith("-")]
+        index, use = positional
+        if index < len(arguments) and arguments[index]:
+            value, error = arguments[index], 0
+            try:
+                opened.append(_open_for(use, value, made))
+            except OSError as exc:
+                error = exc.errno or errno.EIO
+            files.append({"name": value, "path": os.path.normpath(os.path.join(_cwd(), value)), "errno": error})
     return files, opened, made
 
 

@@ -15,6 +15,7 @@ answer, with the same `.status`. HTTP is the standard library's (`http.client`) 
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import http.client
 import json
@@ -31,6 +32,7 @@ from sandboxer.results import (
     Evidence,
     Exported,
     GcReport,
+    KeptExport,
     OwnerEntry,
     Receipt,
     RuntimeDigest,
@@ -119,6 +121,40 @@ class Client:
 
     def gc(self) -> GcReport:
         return GcReport.from_json(self.service.request("POST", "/v1/gc"))
+
+    def exports(self) -> builtins.list[KeptExport]:
+        """The work the service kept of this caller's expired sandboxes (an owner's: every one)."""
+        return [KeptExport.from_json(entry) for entry in self.service.request("GET", "/v1/exports")["exports"]]
+
+    def get_export(self, export_id: str, destination: str, *, format: str = "bundle") -> None:
+        """Write a kept export's commits (`format` "bundle") or changed tree ("tar") to the new
+        local file `destination`, with this process's rights."""
+        from sandboxer.commands.export_delivery import receive
+
+        connection = self.service.connection(None)  # as long as the file takes
+        try:
+            try:
+                connection.request("GET", f"/v1/exports/{export_id}/{format}")
+                response = connection.getresponse()
+            except OSError as exc:
+                raise errors.BackendError(f"the broker service does not answer ({exc})") from None
+            if response.status >= 400:
+                try:
+                    document = json.loads(response.read())
+                except ValueError:
+                    document = None
+                raise_for(document, response.status)
+            try:
+                receive(format, response, destination)
+            except (http.client.HTTPException, OSError) as exc:
+                raise errors.BackendError(f"exports get: the service's stream broke off ({exc!r})") from None
+        finally:
+            connection.close()
+
+    def remove_export(self, export_id: str) -> tuple[str, ...]:
+        """Remove a kept export (its room in the caller's export budget is free at once); the
+        files it held."""
+        return tuple(self.service.request("DELETE", f"/v1/exports/{export_id}")["removed"])
 
 
 def _sent_bootstrap(path: str) -> dict[str, str]:

@@ -184,6 +184,42 @@ class Exported:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class KeptExport:
+    """One line of `exports`: the work the service's reaper kept of an expired sandbox (its id),
+    the caller's to fetch (`format` "bundle": the commits; "tar": the changed tree) and remove."""
+
+    id: str
+    uid: int  # whose it is (counted against that caller's export budget)
+    files: tuple[str, ...]  # work.bundle, tree.tar
+    bytes: int | None
+    kept_until: str | None  # when the service removes it
+    directory: str  # where it is (the service's, owner-only)
+    head: str | None
+    branch: str | None
+    base: str | None
+    ref: str | None
+    ahead: int | None
+    dirty: bool | None
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> KeptExport:
+        return cls(
+            id=document["id"],
+            uid=int(document["uid"]),
+            files=tuple(document["files"]),
+            bytes=document.get("bytes"),
+            kept_until=document.get("kept_until"),
+            directory=document["directory"],
+            head=document.get("head"),
+            branch=document.get("branch"),
+            base=document.get("base"),
+            ref=document.get("ref"),
+            ahead=document.get("ahead"),
+            dirty=document.get("dirty"),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SandboxInfo:
     """One line of `list`."""
 

@@ -1,5 +1,5 @@
-"""The caller's commands: create, exec, inspect, list, teardown, gc, dispatch-tool (and the
-owner's warm, which fills what create takes from).
+"""The caller's commands: create, exec, inspect, list, teardown, export, exports (what the
+reaper kept), cp, gc, dispatch-tool (and the owner's warm, which fills what create takes from).
 
 Each command imports only its own module when it runs. `exec` keeps its own contract: the
 command after `--` is taken verbatim, and every broker failure — bad usage included — is one
@@ -17,7 +17,7 @@ from typer._click.exceptions import BadOptionUsage, NoSuchOption
 from typer._click.exceptions import UsageError as ClickUsageError
 from typer.core import TyperCommand
 
-from sandboxer.cli.files import deliver, sandbox_of, sandbox_path
+from sandboxer.cli.files import deliver, deliver_kept, sandbox_of, sandbox_path
 from sandboxer.cli.options import (
     MANIFEST_PATHS,
     JsonOption,
@@ -37,6 +37,11 @@ from sandboxer.invocation import current
 from sandboxer.output import flatten, print_result
 
 app = typer.Typer()
+exports_app = typer.Typer(
+    help="The work the service kept of your expired sandboxes: list (no command), get, rm.",
+    invoke_without_command=True,
+)
+app.add_typer(exports_app, name="exports")
 
 IdArgument = Annotated[str, typer.Argument(metavar="ID", help="A sandbox id (24 lowercase hex digits).")]
 
@@ -315,6 +320,72 @@ def export(
     summary = made.summary(destination)
     what = f"{summary['ahead']} commit(s)" if fmt != "tar" else "the working tree"
     print_result(summary, f"exported {what} of {sandbox_id} to {destination}", json)
+
+
+@exports_app.callback()
+def exports(ctx: typer.Context, json: JsonOption = False) -> None:
+    """List the work the service kept of your expired sandboxes (docs/service.md, Lifetimes)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from sandboxer.commands.kept import fetch_hint, list_kept
+
+    result = list_kept(dirs_of(ctx), _kept_viewer())
+    rows = [("ID", "FILES", "MIB", "KEPT UNTIL")]
+    rows += [
+        (e["id"], ",".join(e["files"]), str(-(-int(e["bytes"] or 0) // (1024 * 1024))), str(e["kept_until"]))
+        for e in result["exports"]
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    table = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+    if result["exports"]:
+        table += f"\nget one with: {fetch_hint('ID')}; remove it with: sandboxer exports rm ID"
+    print_result(result, table if result["exports"] else "no kept exports", json)
+
+
+@exports_app.command("get")
+def exports_get(
+    ctx: typer.Context,
+    export_id: Annotated[str, typer.Argument(metavar="ID", help="A kept export's id (its sandbox's).")],
+    destination: Annotated[str, typer.Argument(metavar="FILE", help="A new file to write it to.")],
+    *,
+    tar: Annotated[
+        bool, typer.Option("--tar", help="Its tree's tar (changes not committed), not its commits' bundle.")
+    ] = False,
+    json: JsonOption = False,
+) -> None:
+    """Write a kept export's commits as a Git bundle (or, with --tar, its changed tree as a tar)
+    to FILE, a new file made with your own rights."""
+    from sandboxer.commands.kept import kept_file
+
+    invocation = current()
+    invocation.sandboxes.append(export_id)
+    source = kept_file(dirs_of(ctx), export_id, "tar" if tar else "bundle", _kept_viewer())
+    if not destination:
+        raise UsageError("exports get: FILE must name a file")
+    deliver_kept(source, destination)
+    result = {"id": export_id, "format": "tar" if tar else "bundle", "destination": destination}
+    print_result(result, f"wrote the kept {result['format']} of {export_id} to {destination}", json)
+
+
+@exports_app.command("rm")
+def exports_rm(
+    ctx: typer.Context,
+    export_id: Annotated[str, typer.Argument(metavar="ID", help="A kept export's id (its sandbox's).")],
+    json: JsonOption = False,
+) -> None:
+    """Remove a kept export: its room in your export budget is free at once."""
+    from sandboxer.commands.kept import remove_kept
+
+    current().sandboxes.append(export_id)
+    result = remove_kept(dirs_of(ctx), export_id, _kept_viewer())
+    print_result(result, f"removed the kept export {export_id}", json)
+
+
+def _kept_viewer() -> int | None:
+    """Whose kept exports the caller sees: a granted caller's own (by the kernel's uid); an
+    owner's (and in-process) every one."""
+    rules = access()
+    return None if rules is None or rules.owner else rules.peer.uid
 
 
 @app.command("cp")

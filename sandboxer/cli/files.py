@@ -43,6 +43,20 @@ def deliver(made: Export, option: str, destination: str) -> None:
     deliver_to_directory(made, opened.fd, destination, uid=uid, owner=owner)
 
 
+def deliver_kept(source: str, destination: str) -> None:
+    """Copy a kept export's file (the broker's) where the caller asked, as `deliver` writes an
+    export: into the new file its client made with its own rights, or at the path itself."""
+    from sandboxer.commands.export_delivery import copy_to_fd, copy_to_path
+
+    opened = current().files.get(destination)
+    if opened is None:
+        copy_to_path(source, caller_path(destination, "exports get"))
+        return
+    if opened.fd is None:
+        raise UsageError(f"exports get: {destination}: cannot be created ({os.strerror(opened.errno)})")
+    copy_to_fd(source, opened.fd, destination)
+
+
 def sandbox_path(value: str) -> tuple[str, str] | None:
     """(id, path) of `ID:/path`, else None (a local path)."""
     from sandboxer.host.registry import ID_PATTERN

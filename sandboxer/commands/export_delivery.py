@@ -280,3 +280,13 @@ def _chunks_of(path: str) -> Iterator[bytes]:
     with open(path, "rb") as stream:
         while chunk := stream.read(CHUNK):
             yield chunk
+
+
+def copy_to_path(source: str, destination: str) -> None:
+    """A file of the broker's (a kept export's) as a new file at `destination`."""
+    write_file_at(destination, _chunks_of(source))
+
+
+def copy_to_fd(source: str, fd: int, shown: str) -> None:
+    """A file of the broker's (a kept export's) into `fd`, a new, empty file a CLI client opened."""
+    _write_file(fd, _chunks_of(source), shown)

@@ -172,11 +172,11 @@ def usage_of(root: str, uid: int, *, besides: str | None = None) -> Usage:
         if name.startswith(QUARANTINE_PREFIX):
             if path == besides:
                 continue
-            held = _read_json(os.path.join(path, _HELD))
+            held = read_json(os.path.join(path, _HELD))
             if held is not None and held.get("uid") == uid:
                 in_flight += _count(held.get("reserved"))
         elif not name.startswith("."):
-            summary = _read_json(os.path.join(path, SUMMARY))
+            summary = read_json(os.path.join(path, SUMMARY))
             if summary is not None and kept_uid(summary) == uid:
                 kept += _count(summary.get("bytes"))
     return Usage(in_flight, kept)
@@ -234,7 +234,7 @@ def _names(root: str) -> list[str]:
         return []
 
 
-def _read_json(path: str) -> dict[str, Any] | None:
+def read_json(path: str) -> dict[str, Any] | None:
     try:
         with open(path, "rb") as stream:
             document = json.loads(stream.read(65536))

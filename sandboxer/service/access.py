@@ -60,7 +60,7 @@ class Access:
             return  # a malformed id: the command's own answer, the same for everyone
         record = Registry(self.dirs.state).read_or_none(checked)
         if record is None or record.caller_uid != self.rights.uid:
-            raise unknown
+            raise _with_kept(unknown, self.dirs, checked, self.rights.uid) if record is None else unknown
 
     def export_budget(self) -> Budget:
         """The budget this caller's exports share (under way and kept): its grant's, or the
@@ -106,6 +106,20 @@ class Access:
             f"{what}: the service does not open files for another account",
             hint="run this command with SANDBOXER_NO_SERVICE=1: it reads the file with your own rights",
         )
+
+
+def _with_kept(unknown: Exception, dirs: Dirs, sandbox_id: str, uid: int) -> Exception:
+    """`unknown`, saying where the work is when the sandbox expired and the reaper kept its work
+    for this caller (another's kept work is never mentioned)."""
+    from sandboxer.commands.kept import expiry_notice
+    from sandboxer.errors import SandboxerError
+
+    notice = expiry_notice(dirs, sandbox_id, uid)
+    if notice is None:
+        return unknown
+    if isinstance(unknown, SandboxerError):
+        return type(unknown)(unknown.message, hint=notice)
+    return type(unknown)(f"{unknown} ({notice})")
 
 
 CALLS_PER_CALLER = 32  # requests one account (not root, not the service's) may have under way at once

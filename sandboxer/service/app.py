@@ -127,6 +127,9 @@ def _add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/sandboxes/{id}/dispatch", dispatch_tool, name="dispatch-tool")
     app.router.add_post("/v1/sandboxes/{id}/export", export, name="export")
     app.router.add_post("/v1/sandboxes/{id}/export/confirm", export_confirm, name="export-confirm")
+    app.router.add_get("/v1/exports", kept_exports, name="exports")
+    app.router.add_get("/v1/exports/{id}/{format}", kept_export_file, name="exports-get")
+    app.router.add_delete("/v1/exports/{id}", kept_export_remove, name="exports-rm")
     app.router.add_post("/v1/gc", gc, name="gc")
     app.router.add_get("/v1/owner/entries", owner_entries, name="ext-list")
     app.router.add_post("/v1/owner/approve", owner_approve, name="ext-approve")
@@ -308,6 +311,47 @@ async def export_confirm(request: web.Request) -> web.Response:
         raise UsageError("token: not an export of this sandbox awaiting its confirmation")
     noted = await in_worker(request, note_exported, request.app[DIRS], sandbox_id, entry[2])
     return web.json_response({"id": sandbox_id, "noted": noted})
+
+
+def _kept_viewer(request: web.Request) -> int | None:
+    """Whose kept exports the caller sees: a granted caller's own (by the kernel's uid), an
+    owner's every one."""
+    access: Access = request["access"]
+    return None if access.owner else access.peer.uid
+
+
+async def kept_exports(request: web.Request) -> web.Response:
+    """exports: the work the reaper kept of the caller's expired sandboxes."""
+    from sandboxer.commands.kept import list_kept
+
+    return web.json_response(await in_worker(request, list_kept, request.app[DIRS], _kept_viewer(request)))
+
+
+async def kept_export_file(request: web.Request) -> web.StreamResponse:
+    """exports get: a kept export's bundle (`bundle`) or tree's tar (`tar`), as the body."""
+    from sandboxer.commands.export_delivery import CHUNK
+    from sandboxer.commands.kept import kept_file
+
+    export_id, fmt = request.match_info["id"], request.match_info["format"]
+    path = await in_worker(request, kept_file, request.app[DIRS], export_id, fmt, _kept_viewer(request))
+    stream = await in_worker(request, open, path, "rb")
+    try:
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        await response.prepare(request)
+        while chunk := await in_worker(request, stream.read, CHUNK):
+            await response.write(chunk)
+        await response.write_eof()
+    finally:
+        stream.close()
+    return response
+
+
+async def kept_export_remove(request: web.Request) -> web.Response:
+    """exports rm: remove a kept export (its room in the caller's budget is free at once)."""
+    from sandboxer.commands.kept import remove_kept
+
+    dirs, export_id = request.app[DIRS], request.match_info["id"]
+    return web.json_response(await in_worker(request, remove_kept, dirs, export_id, _kept_viewer(request)))
 
 
 def _strings(body: dict[str, Any], *names: str) -> None:

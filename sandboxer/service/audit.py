@@ -38,8 +38,10 @@ class AuditLog:
         outcome: str,
         status: int | None,
         kept: str | None = None,
+        fetch: str | None = None,
     ) -> None:
-        """One line; `kept`: where the reaper kept a sandbox's work it exported before teardown."""
+        """One line; `kept`: where the reaper kept a sandbox's work it exported before teardown,
+        `fetch`: the command its caller takes it out with."""
         entry: dict[str, Any] = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "uid": uid,
@@ -51,6 +53,8 @@ class AuditLog:
         }
         if kept is not None:
             entry["kept"] = kept
+        if fetch is not None:
+            entry["fetch"] = fetch
         line = json.dumps(entry, sort_keys=True).encode() + b"\n"
         with self._lock:
             self._rotate_if_full()

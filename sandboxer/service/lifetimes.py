@@ -25,6 +25,7 @@ from typing import Any
 
 from sandboxer.commands.export import Export, Format, discard_quarantine, prepare
 from sandboxer.commands.export_space import EXPORTS, SUMMARY, default_budget, ledger, reclaim_abandoned
+from sandboxer.commands.kept import fetch_hint
 from sandboxer.commands.work import work_state
 from sandboxer.dirs import Dirs
 from sandboxer.errors import SandboxerError
@@ -89,8 +90,16 @@ class Reaper:
                 log.exception("the reaper could not end sandbox %s", sandbox_id)
                 outcome, status, kept = type(exc).__name__, 5, None
             me = (os.geteuid(), os.getpid())
+            fetch = None if kept is None else fetch_hint(sandbox_id)
             self.audit.record(
-                uid=me[0], pid=me[1], verb=why, sandbox=sandbox_id, outcome=outcome, status=status, kept=kept
+                uid=me[0],
+                pid=me[1],
+                verb=why,
+                sandbox=sandbox_id,
+                outcome=outcome,
+                status=status,
+                kept=kept,
+                fetch=fetch,
             )
             done.append(sandbox_id)
         return done

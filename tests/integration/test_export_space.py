@@ -261,3 +261,125 @@ def _gc_takes(broker: SandboxBroker, left: list[str]) -> None:
     assert collected.returncode == 0, collected.stderr
     assert _quarantines(broker.state) == []
     assert sorted(json.loads(collected.stdout)["exports"]) == left
+
+
+KEPT_BUDGET_MIB = 64
+
+
+def test_kept_work_is_its_callers_to_list_fetch_and_remove(
+    sbx_root: SandboxBroker,
+    callers: tuple[pwd.struct_passwd, pwd.struct_passwd],  # noqa: F811 - the fixture
+) -> None:
+    """Account A's sandbox expires with a commit and 20 MiB not committed: the reaper keeps them
+    as A's (the audit line says where and how to get it). A lists it (the CLI and Client), fetches
+    the bundle and the tree's tar into files of its own, and is told where its work went when it
+    names the expired sandbox. B, granted too, sees none of it and gets 'no such kept export' for
+    its id. What is kept counts against A's budget: an export that would pass it is refused,
+    naming the kept bytes, and fits once A has removed the kept one. An owner's Broker sees it."""
+    a, b = callers
+    broker = sbx_root
+    entry = f"    profiles: [{broker.profile}]\n    max_sandboxes: 2\n    max_ttl_seconds: 3600\n"
+    grants = f"grants:\n  - users: [{a.pw_name}]\n{entry}    max_exports_mib: {KEPT_BUDGET_MIB}\n"
+    grants += f"  - users: [{b.pw_name}]\n{entry}"
+    (broker.config / "grants.yaml").write_text(grants)
+    broker.approve("grants")
+    home = broker.root / "home-a"
+    home.mkdir()
+    os.chown(home, a.pw_uid, a.pw_gid)
+    started = Service(broker, broker.state / "broker.sock", "--keep-exports", "3600").start()
+    try:
+        created = _cli_as(a, started.socket, "create", "--profile", broker.profile, "--ttl", "8")
+        assert created.returncode == 0, created.stderr
+        sandbox_id = created.stdout.strip()
+        broker.created.append(sandbox_id)
+        script = "echo kept > kept.txt && git add kept.txt && git commit -qm Keep && head -c 20M /dev/urandom > big.bin"
+        assert _cli_as(a, started.socket, "exec", sandbox_id, "--", "sh", "-c", script).returncode == 0
+
+        def listed(account: pwd.struct_passwd) -> list[dict[str, object]]:
+            shown = _cli_as(account, started.socket, "exports", "--json")
+            assert shown.returncode == 0, shown.stderr
+            found: list[dict[str, object]] = json.loads(shown.stdout)["exports"]
+            return found
+
+        _until(lambda: bool(listed(a)), 60, "the reaper kept nothing of the expired sandbox")
+        [kept] = listed(a)
+        directory = broker.state / "exports" / sandbox_id
+        assert (kept["id"], kept["uid"], kept["files"], kept["directory"]) == (
+            sandbox_id,
+            a.pw_uid,
+            ["work.bundle", "tree.tar"],
+            str(directory),
+        )
+        assert (kept["ahead"], kept["dirty"]) == (1, True)
+        assert isinstance(kept["bytes"], int)
+        assert kept["bytes"] > 20 * MIB
+
+        def expiries() -> list[dict[str, object]]:
+            lines = map(json.loads, (broker.state / "audit.log").read_text().splitlines())
+            return [line for line in lines if line["verb"] == "expire"]
+
+        _until(lambda: bool(expiries()), 60, "the expiry was never audited")  # after its teardown
+        assert [(line["sandbox"], line["kept"], line["fetch"]) for line in expiries()] == [
+            (sandbox_id, str(directory), f"sandboxer exports get {sandbox_id} FILE [--tar]")
+        ]
+        gone = _cli_as(a, started.socket, "inspect", sandbox_id)
+        assert gone.returncode == 4
+        assert gone.stderr.startswith(f"sandboxer: no such sandbox: {sandbox_id} (hint: it ended and its work is kept")
+        assert f"sandboxer exports get {sandbox_id} FILE [--tar]" in gone.stderr
+
+        # B sees none of it, and A's id is unknown to B.
+        assert listed(b) == []
+        for argv in (("get", sandbox_id, "/tmp/never"), ("rm", sandbox_id)):
+            other = _cli_as(b, started.socket, "exports", *argv)
+            assert (other.returncode, other.stderr) == (4, f"sandboxer: no such kept export: {sandbox_id}\n")
+        assert not Path("/tmp/never").exists()
+        inspected = _cli_as(b, started.socket, "inspect", sandbox_id)
+        assert (inspected.returncode, inspected.stderr) == (4, f"sandboxer: no such sandbox: {sandbox_id}\n")
+
+        # A takes it out, as files of its own.
+        bundle = home / "work.bundle"
+        got = _cli_as(a, started.socket, "exports", "get", sandbox_id, str(bundle))
+        assert got.returncode == 0, got.stderr
+        assert bundle.stat().st_uid == a.pw_uid
+        clone = broker.root / "clone"
+        subprocess.run(["git", "clone", "-q", str(broker.repo), str(clone)], check=True)
+        subprocess.run(["git", "-C", str(clone), "fetch", "-q", str(bundle), "HEAD:kept"], check=True)
+        shown = subprocess.run(["git", "-C", str(clone), "show", "kept:kept.txt"], capture_output=True, check=True)
+        assert shown.stdout == b"kept\n"
+        code = (
+            "import json, sys\n"
+            "from sandboxer import Client\n"
+            f"client = Client({str(started.socket)!r})\n"
+            f"client.get_export({sandbox_id!r}, {str(home / 'tree.tar')!r}, format='tar')\n"
+            "print(json.dumps([[e.id, e.uid, list(e.files)] for e in client.exports()]))\n"
+        )
+        through_client = _as_account(a, code)
+        assert through_client.returncode == 0, through_client.stderr
+        assert json.loads(through_client.stdout) == [[sandbox_id, a.pw_uid, ["work.bundle", "tree.tar"]]]
+        names = subprocess.run(["tar", "-tf", str(home / "tree.tar")], capture_output=True, text=True, check=True)
+        assert {"big.bin", "kept.txt"} <= set(names.stdout.split())
+        assert (home / "tree.tar").stat().st_uid == a.pw_uid
+
+        # What is kept counts against A's budget until A removes it.
+        second = _sandbox_with_work(broker, a, started.socket, 40)
+        refused = _cli_as(a, started.socket, "export", second, "--tar", str(home / "second.tar"))
+        assert refused.returncode == 3, refused.stderr
+        assert re.match(
+            rf"sandboxer: export: uid {a.pw_uid}'s export budget of {KEPT_BUDGET_MIB} MiB \(max_exports_mib\) "
+            r"has no room: \d+ MiB held by exports under way, 2[0-9] MiB by kept exports",
+            refused.stderr,
+        ), refused.stderr
+        assert not (home / "second.tar").exists()
+        from sandboxer import Broker
+
+        owner = Broker(config_dir=str(broker.config), state_dir=str(broker.state))
+        assert [(e.id, e.uid) for e in owner.exports()] == [(sandbox_id, a.pw_uid)]
+        removed = _cli_as(a, started.socket, "exports", "rm", sandbox_id, "--json")
+        assert removed.returncode == 0, removed.stderr
+        assert json.loads(removed.stdout) == {"id": sandbox_id, "removed": ["work.bundle", "tree.tar"]}
+        assert not directory.exists()
+        assert listed(a) == []
+        fits = _cli_as(a, started.socket, "export", second, "--tar", str(home / "second.tar"))
+        assert fits.returncode == 0, fits.stderr
+    finally:
+        started.stop()
