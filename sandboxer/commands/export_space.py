@@ -147,9 +147,10 @@ class Quarantine:
         besides = getattr(self, "path", None)
         usage = usage_of(self.root, self.budget.uid, besides=besides)
         if usage.total + wanted > self.budget.bytes:
+            in_flight = usage.in_flight + self.reserved  # this one's so far included
             raise PolicyError(
                 f"export: uid {self.budget.uid}'s export budget of {self.budget.mib} MiB ({self.budget.source}) "
-                f"has no room: {_mib(usage.in_flight)} MiB held by exports under way, {_mib(usage.kept)} MiB "
+                f"has no room: {_mib(in_flight)} MiB held by exports under way, {_mib(usage.kept)} MiB "
                 "by kept exports",
                 hint="wait for the exports under way to end, or remove kept ones "
                 "(sandboxer exports lists them, sandboxer exports rm ID removes one)",

@@ -19,6 +19,7 @@ grants:
     profiles: [bwrap-local, docker-local]
     max_sandboxes: 2
     max_ttl_seconds: 600
+    max_exports_mib: 2048
 """
 
 
@@ -31,7 +32,14 @@ def test_a_grants_file_is_read_entry_by_entry() -> None:
     assert isinstance(parsed, GrantsFile)
     assert parsed.grants == (
         Grant(users=("alice",), groups=("agents",), profiles=("bwrap-local",), max_sandboxes=10, max_ttl_seconds=86400),
-        Grant(users=(), groups=("ci",), profiles=("bwrap-local", "docker-local"), max_sandboxes=2, max_ttl_seconds=600),
+        Grant(
+            users=(),
+            groups=("ci",),
+            profiles=("bwrap-local", "docker-local"),
+            max_sandboxes=2,
+            max_ttl_seconds=600,
+            max_exports_mib=2048,
+        ),
     )
     assert from_meaning(meaning(parsed), parsed.file_sha256) == parsed  # the parse cache keeps all of it
 
@@ -57,8 +65,14 @@ def test_it_is_approved_under_its_own_name() -> None:
          "grants.yaml:6:5: grants[0].root: unknown key"),
         ("grants:\n  - users: [a]\n    max_sandboxes: 1\n    max_ttl_seconds: 60\n",
          "grants.yaml:2:5: grants[0].profiles: missing required key"),
+        ("grants:\n  - users: [a]\n    profiles: [p]\n    max_sandboxes: 1\n    max_ttl_seconds: 60\n"
+         "    max_exports_mib: 8\n",
+         "grants.yaml:6:22: grants[0].max_exports_mib: must be between 16 and 1048576"),
     ],
-    ids=["no-account", "bad-user", "no-profile", "zero-sandboxes", "short-ttl", "unknown-key", "no-profiles"],
+    ids=[
+        "no-account", "bad-user", "no-profile", "zero-sandboxes", "short-ttl", "unknown-key", "no-profiles",
+        "tiny-export-budget",
+    ],
 )  # fmt: skip
 def test_a_bad_entry_is_refused_naming_file_line_and_field(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as refused:
