@@ -193,7 +193,8 @@ def test_a_callers_exports_at_once_stay_within_its_budget(
     assert sampler.most >= WORK_MIB * MIB  # it saw the held export
     assert sorted(os.listdir(home)) == ["held.tar"]
     assert (home / "held.tar").stat().st_size > WORK_MIB * MIB
-    assert _quarantines(broker.state) == []
+    # The service removes the held export's quarantine a moment after its client has all of it.
+    _until(lambda: _quarantines(broker.state) == [], 30, "a quarantine outlived its export")
 
     again = _cli_as(a, started.socket, "export", sandbox_id, "--tar", str(home / "again.tar"))
     assert again.returncode == 0, again.stderr
