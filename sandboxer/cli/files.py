@@ -54,7 +54,8 @@ def deliver_kept(source: str, destination: str) -> None:
         return
     if opened.fd is None:
         raise UsageError(f"exports get: {destination}: cannot be created ({os.strerror(opened.errno)})")
-    copy_to_fd(source, opened.fd, destination)
+    rules = access()
+    copy_to_fd(source, opened.fd, destination, uid=rules.peer.uid if rules is not None else os.geteuid())
 
 
 def sandbox_path(value: str) -> tuple[str, str] | None:

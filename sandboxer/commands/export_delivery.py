@@ -287,6 +287,8 @@ def copy_to_path(source: str, destination: str) -> None:
     write_file_at(destination, _chunks_of(source))
 
 
-def copy_to_fd(source: str, fd: int, shown: str) -> None:
-    """A file of the broker's (a kept export's) into `fd`, a new, empty file a CLI client opened."""
+def copy_to_fd(source: str, fd: int, shown: str, *, uid: int) -> None:
+    """A file of the broker's (a kept export's) into `fd`, which a CLI client opened: a new,
+    empty file of its account `uid` (check_mine), as deliver_to_file writes an export."""
+    check_mine(fd, shown, uid)
     _write_file(fd, _chunks_of(source), shown)
