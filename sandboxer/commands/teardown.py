@@ -116,7 +116,6 @@ def gc(dirs: Dirs) -> dict[str, Any]:
     """
     from sandboxer.commands.export_space import reclaim_abandoned
 
-    exports = reclaim_abandoned(dirs.state)
     registry = Registry(dirs.state)
     collected, healthy, busy, warm = [], [], [], []
     collected += _collect_orphans(registry)
@@ -149,6 +148,7 @@ def gc(dirs: Dirs) -> dict[str, Any]:
         except Exception as exc:  # one sandbox's failure is its own residue, never gc's end
             problem = " ".join(f"{type(exc).__name__}: {exc}".split())
             collected.append({"id": sandbox_id, "removed": [], "residue": [f"gc failed ({problem})"]})
+    exports = reclaim_abandoned(dirs.state)  # last: the sandboxes are collected whatever happens here
     return {"collected": collected, "healthy": healthy, "busy": busy, "warm": warm, "exports": exports}
 
 
