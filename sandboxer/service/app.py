@@ -9,6 +9,7 @@ the CLI's exit status and an HTTP status for it. Exec answers with a stream of f
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -101,7 +102,7 @@ def make_app(dirs: Dirs, *, workers: Executor, slots: CallerSlots) -> web.Applic
         )
         return response
 
-    audit = AuditLog(dirs.state)
+    audit = AuditLog(dirs.state, exempt=(0, os.geteuid()))  # refusals rate-limited per account but the owners'
     app = web.Application(middlewares=[callers], client_max_size=MAX_BODY)
     app[DIRS] = dirs
     app[AUDIT] = audit

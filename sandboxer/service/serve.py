@@ -215,6 +215,7 @@ async def _run(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=REAP_EVERY)
             await loop.run_in_executor(reaper, lifetimes.reap)
+            await loop.run_in_executor(reaper, app[AUDIT].flush)  # suppressed refusals, counted
             if idle_exit is not None and activity.idle_for() > idle_exit:
                 sys.stderr.write("sandboxer: idle, exiting\n")
                 break
@@ -230,4 +231,5 @@ async def _run(
         workers.shutdown(wait=False)
         reaper.shutdown(wait=False)
         _stop_helpers(helpers)
+        app[AUDIT].flush(everything=True)
     sys.stderr.write("sandboxer: stopped; live sandboxes keep running\n")
