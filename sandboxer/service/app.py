@@ -36,6 +36,7 @@ from sandboxer.service.http import (
     error_response,
     in_thread,
     in_worker,
+    internal_error,
     json_body,
     require_own,
 )
@@ -90,8 +91,14 @@ def make_app(dirs: Dirs, *, workers: Executor, slots: CallerSlots) -> web.Applic
             outcome, status = "ok", request.get("exit_status", 0)
         except SandboxerError as exc:
             response, outcome, status = error_response(exc), type(exc).__name__, exc.status
-        except web.HTTPRequestEntityTooLarge:
-            error = UsageError(f"the request body is larger than {MAX_BODY} bytes")
+        except web.HTTPException as exc:  # aiohttp's own refusals: no such route, method, a body too large
+            error = _http_refusal(request, exc)
+            response = error_response(error, http_status=exc.status if exc.status != 413 else None)
+            outcome, status = type(error).__name__, error.status
+        except ConnectionError:  # the client went away: it gets no answer, the log a line
+            response, outcome, status = web.Response(status=499), "ClientGone", None
+        except Exception as exc:  # a bug of ours: still the envelope and an audit line, not aiohttp's text 500
+            error = internal_error(exc, request)
             response, outcome, status = error_response(error), type(error).__name__, error.status
         verb = request.match_info.route.name or "unknown"
         sandbox = request.get("sandbox_id") or request.match_info.get("id")
@@ -112,6 +119,22 @@ def make_app(dirs: Dirs, *, workers: Executor, slots: CallerSlots) -> web.Applic
     app[PENDING_EXPORTS] = PendingExports()
     _add_routes(app)
     return app
+
+
+def _http_refusal(request: web.Request, exc: web.HTTPException) -> SandboxerError:
+    """aiohttp's refusal as the API's: an unknown route is not found, a method the route does not
+    answer and a body too large are usage errors. (The path is the caller's own, cut short.)"""
+    from sandboxer.errors import NotFoundError
+
+    path = request.path[:200]
+    if isinstance(exc, web.HTTPNotFound):
+        return NotFoundError(f"no such route: {request.method[:16]} {path}", hint="GET /v1/openapi.json lists them")
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        return UsageError(f"{request.method[:16]} {path}: not a method of this route (allowed: {allowed})")
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return UsageError(f"the request body is larger than {MAX_BODY} bytes")
+    return UsageError(f"the request was refused ({exc.status} {exc.reason})")
 
 
 def _add_routes(app: web.Application) -> None:

@@ -9,9 +9,11 @@ Unix socket.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sandboxer import Client
 from sandboxer.service.audit import REFUSAL_BURST, REFUSALS_PER_SECOND
@@ -72,7 +76,8 @@ def _as_account(account: pwd.struct_passwd, code: str, *args: str, timeout: floa
 
 
 def audit_lines(broker: SandboxBroker) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (broker.state / "audit.log").read_text().splitlines()]
+    path = broker.state / "audit.log"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 # One keep-alive connection, request after request, as fast as the service answers: how many
@@ -120,3 +125,220 @@ def test_one_accounts_flood_of_refusals_cannot_wipe_the_audit_log(
     assert {(x["verb"], x["outcome"], x["status"]) for x in flood} == {("refused", "PolicyError", 3)}
     assert sum(line.get("suppressed", 1) for line in flood) == requests  # every one counted, once
     assert sb_root.run("teardown", before.id).status == 0
+
+
+# ------------------------------------------------------------------------ malformed requests
+
+
+def raw(path: Path, data: bytes, *, end_after: bool = False) -> tuple[int, bytes, bytes]:
+    """Send `data` on a new connection (and end the sending side with `end_after`): the answer's
+    status, head and body (all of it, until the service closes)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(str(path))
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # it stopped reading: its answer is there
+            sock.sendall(data)
+            if end_after:
+                sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status = int(head.split(b" ")[1]) if head.startswith(b"HTTP/1.") else 0
+    return status, head, body
+
+
+def post(route: str, body: bytes, *, headers: str = "Content-Type: application/json\r\n") -> bytes:
+    head = f"POST {route} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{headers}Content-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+def _envelope(body: bytes) -> dict[str, Any]:
+    document = json.loads(body)
+    assert set(document) == {"error"}, document
+    error: dict[str, Any] = document["error"]
+    assert set(error) == {"kind", "message", "hint", "status"}, error
+    return error
+
+
+def _audited(broker: SandboxBroker, before: int, *, timeout: float = 10) -> list[dict[str, Any]]:
+    """The audit lines written since the log had `before` lines (waiting a little: a line is
+    written once its answer is sent)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        new = audit_lines(broker)[before:]
+        if new or time.monotonic() > deadline:
+            return new
+        time.sleep(0.05)
+
+
+def _malformed(sandbox_id: str) -> dict[str, tuple[bytes, int, str, str]]:
+    """Each malformed request: its bytes, the HTTP status, the error's kind and the audit verb."""
+    exec_route = f"/v1/sandboxes/{sandbox_id}/exec"
+    deep = b"[" * 200_000 + b"]" * 200_000
+    return {
+        "not an object": (post("/v1/sandboxes", b"[1, 2]"), 400, "UsageError", "create"),
+        "a field of the wrong type": (post("/v1/sandboxes", b'{"profile": {"a": 1}}'), 400, "UsageError", "create"),
+        "not UTF-8": (post("/v1/sandboxes", b'{"profile": "\xff\xfe"}'), 400, "UsageError", "create"),
+        "a charset nobody has": (
+            post("/v1/sandboxes", b'{"profile": "x"}', headers="Content-Type: application/json; charset=nope\r\n"),
+            400,
+            "UsageError",
+            "create",
+        ),
+        "not JSON's Content-Type": (
+            post("/v1/sandboxes", b"\x00\x01", headers="Content-Type: application/octet-stream\r\n"),
+            400,
+            "UsageError",
+            "create",
+        ),
+        "nested too deep": (post("/v1/sandboxes", deep), 400, "UsageError", "create"),
+        "too large": (post("/v1/owner/approve", b" " * (17 * 1024 * 1024)), 400, "UsageError", "ext-approve"),
+        "an unknown route": (
+            b"GET /v1/nothing-here HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            404,
+            "NotFoundError",
+            "unknown",
+        ),
+        "an unknown version": (
+            b"GET /v2/sandboxes HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            404,
+            "NotFoundError",
+            "unknown",
+        ),
+        "a wrong method": (
+            b"PUT /v1/sandboxes HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+            405,
+            "UsageError",
+            "unknown",
+        ),
+        "exec: a timeout of text": (
+            post(exec_route, b'{"argv": ["true"], "timeout": "soon"}\n'),
+            400,
+            "UsageError",
+            "exec",
+        ),
+        "exec: a timeout of a list": (
+            post(exec_route, b'{"argv": ["true"], "timeout": [1]}\n'),
+            400,
+            "UsageError",
+            "exec",
+        ),
+        "exec: a cwd of an object": (
+            post(exec_route, b'{"argv": ["true"], "cwd": {"a": 1}}\n'),
+            400,
+            "UsageError",
+            "exec",
+        ),
+        "exec: options nested too deep": (post(exec_route, deep[:500_000] + b"\n"), 400, "UsageError", "exec"),
+        "exec: options not UTF-8": (post(exec_route, b'{"argv": ["\xff"]}\n'), 400, "UsageError", "exec"),
+        "signal: not JSON": (post(f"{exec_route}/{'0' * 32}/signal", b"{"), 400, "UsageError", "exec-signal"),
+        "a bad request line": (b"NOT HTTP AT ALL\r\n\r\n", 400, "UsageError", "unknown"),
+        "a bad header": (b"GET /v1/sandboxes HTTP/1.1\r\nHost x\r\n\r\n", 400, "UsageError", "unknown"),
+        "a bad chunk": (
+            b"POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            400,
+            "UsageError",
+            "unknown",
+        ),
+    }
+
+
+def test_every_malformed_request_is_a_json_refusal_with_one_audit_line(sb_root: SandboxBroker, served: Service) -> None:
+    sandbox = Client(str(served.socket)).create(sb_root.profile)
+    seen = {}
+    for name, (data, status, kind, verb) in _malformed(sandbox.id).items():
+        before = len(audit_lines(sb_root))
+        answered, head, body = raw(served.socket, data)
+        try:
+            error = _envelope(body)
+        except ValueError:
+            error = {"kind": None, "status": None, "message": body[:80]}
+        lines = _audited(sb_root, before)
+        seen[name] = (
+            answered,
+            b"application/json" in head.lower(),
+            error["kind"],
+            [(x["verb"], x["outcome"]) for x in lines],
+        )
+        expected = (status, True, kind, [(verb, kind)])
+        if seen[name] == expected:
+            del seen[name]
+        else:
+            seen[name] = (seen[name], error["message"])
+    assert seen == {}
+    assert served.process is not None
+    assert served.process.poll() is None
+    log = served.log.read_text()
+    assert "Traceback" not in log, log
+    assert "Error handling request" not in log, log
+    assert sandbox.exec(["true"]).status == 0
+    assert [item.id for item in Client(str(served.socket)).list()] == [sandbox.id]  # nothing was made
+    assert sandbox.teardown().residue == ()
+
+
+def test_a_body_cut_short_is_refused_and_audited(sb_root: SandboxBroker, served: Service) -> None:
+    """A Content-Length the body never reaches (the client ends its side): no answer can reach it,
+    but the audit log has the refusal and the service's log no traceback."""
+    before = len(audit_lines(sb_root))
+    head = b"POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
+    raw(served.socket, head + b'{"profile": ', end_after=True)
+    lines = _audited(sb_root, before)
+    assert [(x["uid"], x["verb"], x["outcome"], x["status"]) for x in lines] == [(0, "create", "UsageError", 2)]
+    assert "Traceback" not in served.log.read_text()
+    assert Client(str(served.socket)).list() == []
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=12,
+)
+FIELDS = ["profile", "ttl", "manifest", "bootstrap", "ref", "branch", "lease", "request_id", "wait_seconds", "name"]
+BODIES = (
+    st.binary(max_size=200)
+    | JSON_VALUES.map(lambda value: json.dumps(value).encode())
+    | st.dictionaries(st.sampled_from(FIELDS), JSON_VALUES, max_size=4).map(lambda value: json.dumps(value).encode())
+)
+# An exec's options line: a command that runs (so that every other option is read), with any of
+# the other options of any JSON type.
+EXEC_OPTIONS = st.fixed_dictionaries(
+    {"argv": st.just(["true"])},
+    optional={name: JSON_VALUES for name in ("cwd", "timeout", "consumer", "executable", "env")},
+).map(lambda value: json.dumps(value).encode())
+
+
+def test_fuzzed_bodies_are_answered_in_json_with_one_audit_line_each(sb_root: SandboxBroker, served: Service) -> None:
+    """Bodies of any bytes and any JSON to the routes that read one, from the owner (whose
+    requests reach the routes): never a 500, always the envelope, one audit line each."""
+    sandbox = Client(str(served.socket)).create(sb_root.profile)
+    routes = [
+        "/v1/sandboxes",
+        f"/v1/sandboxes/{sandbox.id}/exec",
+        f"/v1/sandboxes/{sandbox.id}/dispatch",
+        f"/v1/sandboxes/{sandbox.id}/export/confirm",
+        f"/v1/sandboxes/{sandbox.id}/exec/{'0' * 32}/signal",
+        "/v1/owner/revoke",
+        "/v1/runtime/digest",
+    ]
+
+    @settings(max_examples=150, deadline=None, database=None)
+    @given(route=st.sampled_from(routes), body=BODIES, options=EXEC_OPTIONS)
+    def probe(route: str, body: bytes, options: bytes) -> None:
+        if route.endswith("/exec"):
+            body = options + b"\n"  # the options line, and no stdin
+        before = len(audit_lines(sb_root))
+        status, _, answer = raw(served.socket, post(route, body))
+        assert status != 500, answer
+        if status >= 400:
+            _envelope(answer)
+        else:
+            assert route.endswith("/exec"), (route, body, status)  # what else a random body could do
+        lines = _audited(sb_root, before)
+        assert len(lines) == 1, lines
+
+    probe()
+    assert "Traceback" not in served.log.read_text()
+    assert [item.id for item in Client(str(served.socket)).list()] == [sandbox.id]
+    assert sandbox.teardown().residue == ()
