@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from sandboxer.commands.making import before
 from sandboxer.commands.work import GIT, GIT_SECONDS, WorkState, git_inside, ready_work, work_state
 from sandboxer.errors import BackendError, SandboxerError, UsageError
 from sandboxer.host.fstree import remove_tree
@@ -97,6 +98,7 @@ def prepare(
         raise UsageError(
             f"export: sandbox {sandbox_id}: the commit its workspace started from is gone from its history"
         )
+    before("the export's quarantine")  # a service's caller: still granted
     directory = _quarantine(dirs)
     try:
         inside = _Inside(dirs, record, directory, seconds)

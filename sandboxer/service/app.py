@@ -284,7 +284,7 @@ async def export(request: web.Request) -> web.StreamResponse:
     fmt = check_format(body["format"])
     dirs, sandbox_id = request.app[DIRS], request.match_info["id"]
     await require_own(request, sandbox_id, _unknown(request))
-    made = await in_worker(request, prepare, dirs, sandbox_id, fmt)
+    made = await in_worker(request, request["access"].checking(prepare), dirs, sandbox_id, fmt)
     token = secrets.token_hex(16)
     pending = request.app[PENDING_EXPORTS]
     sent = False

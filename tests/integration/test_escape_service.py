@@ -10,6 +10,7 @@ Unix socket.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import pwd
@@ -17,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from sandboxer import Client
 from sandboxer.service.audit import REFUSAL_BURST, REFUSALS_PER_SECOND
 from tests.integration.conftest import SandboxBroker
 from tests.integration.services import Service
+from tests.integration.test_escape_support import loop_backing_files, mount_points
 
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 FLOODER, GRANTEE = f"sbxflood{_WORKER}", f"sbxgrantee{_WORKER}"
@@ -65,11 +67,17 @@ def served(sb_root: SandboxBroker) -> Iterator[Service]:
         started.stop()
 
 
-def _as_account(account: pwd.struct_passwd, code: str, *args: str, timeout: float = 300) -> str:
-    """`code` run by the account (its uid and gid, no other groups): its stdout."""
+def _account_argv(account: pwd.struct_passwd, code: str, *args: str) -> tuple[list[str], dict[str, str]]:
+    """What runs `code` as the account (its uid and gid, no other groups), and its environment."""
     ids = [str(account.pw_uid), str(account.pw_gid)]
     argv = ["setpriv", "--reuid", ids[0], "--regid", ids[1], "--clear-groups", "--", sys.executable, "-c", code, *args]
     env = {"PATH": "/usr/bin:/bin", "HOME": "/", "LANG": "C.UTF-8", "PYTHONPATH": str(Path(__file__).parents[2])}
+    return argv, env
+
+
+def _as_account(account: pwd.struct_passwd, code: str, *args: str, timeout: float = 300) -> str:
+    """`code` run by the account: its stdout."""
+    argv, env = _account_argv(account, code, *args)
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, check=False)
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -342,3 +350,153 @@ def test_fuzzed_bodies_are_answered_in_json_with_one_audit_line_each(sb_root: Sa
     assert "Traceback" not in served.log.read_text()
     assert [item.id for item in Client(str(served.socket)).list()] == [sandbox.id]
     assert sandbox.teardown().residue == ()
+
+
+# ------------------------------------------------------------------- a grant withdrawn midway
+
+CREATE = r"""
+import json, sys
+from sandboxer import Client
+from sandboxer.errors import SandboxerError
+try:
+    print(json.dumps({"made": Client(sys.argv[1]).create(sys.argv[2]).id}))
+except SandboxerError as exc:
+    print(json.dumps({"error": [type(exc).__name__, exc.status, exc.message]}))
+"""
+EXPORT = r"""
+import json, sys
+from sandboxer import Client
+from sandboxer.errors import SandboxerError
+try:
+    print(json.dumps({"made": Client(sys.argv[1]).sandbox(sys.argv[2]).export("tar", sys.argv[3]).format}))
+except SandboxerError as exc:
+    print(json.dumps({"error": [type(exc).__name__, exc.status, exc.message]}))
+"""
+
+
+def _held_on(
+    fifo: Path, argv: list[str], env: dict[str, str], withdraw: Callable[[], None]
+) -> subprocess.CompletedProcess[str]:
+    """Run `argv`; once what it asked for reads `fifo` (and waits for a writer), call `withdraw`,
+    then let every read of the FIFO go on (empty) until it ends."""
+    running = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        held = _writer_when_read(fifo, time.monotonic() + 60)
+        withdraw()
+        os.close(held)
+        while running.poll() is None:
+            with contextlib.suppress(OSError):
+                os.close(_writer_when_read(fifo, time.monotonic() + 0.5))
+        out, err = running.communicate(timeout=60)
+    finally:
+        if running.poll() is None:
+            running.kill()
+        fifo.unlink()
+    return subprocess.CompletedProcess(argv, running.returncode, out, err)
+
+
+def _answer(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """What CREATE or EXPORT printed."""
+    assert done.returncode == 0, done.stderr
+    answer: dict[str, Any] = json.loads(done.stdout)
+    assert "error" in answer, answer
+    return answer
+
+
+def _grant(broker: SandboxBroker, *names: str) -> None:
+    """grants.yaml naming `names` for the broker's profile, approved."""
+    entries = "".join(
+        f"  - users: [{name}]\n    profiles: [{broker.profile}]\n    max_sandboxes: 3\n    max_ttl_seconds: 3600\n"
+        for name in names
+    )
+    (broker.config / "grants.yaml").write_text("grants:\n" + entries)
+    assert broker.run("ext", "approve", "grants").status == 0
+
+
+def _writer_when_read(fifo: Path, deadline: float) -> int:
+    """The FIFO's write end, once a reader waits on it (its read then waits for this end)."""
+    while True:
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+@pytest.mark.parametrize("front", ["http", "cli"])
+def test_a_grant_withdrawn_while_a_create_runs_stops_it_and_leaves_nothing(
+    sb_root: SandboxBroker, served: Service, accounts: tuple[pwd.struct_passwd, pwd.struct_passwd], front: str
+) -> None:
+    """The clone of the workspace waits on a real slow file (the repository's
+    objects/info/alternates made a FIFO: git reads it and waits for a writer); meanwhile the
+    owner withdraws the caller's grant. The create — through the HTTP API, or the CLI client — is
+    refused before its start, with the reason, and nothing of it is left."""
+    flooder, grantee = accounts
+    _grant(sb_root, grantee.pw_name)
+    fifo = sb_root.repo / ".git" / "objects" / "info" / "alternates"
+    fifo.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(fifo)
+    argv, env = _account_argv(grantee, CREATE, str(served.socket), sb_root.profile)
+    if front == "cli":
+        argv = [*argv[: argv.index("-c")], "-m", "sandboxer", "create", "--profile", sb_root.profile]
+        env["SANDBOXER_SOCKET"] = str(served.socket)
+    before = len(audit_lines(sb_root))
+
+    def withdraw() -> None:  # the clone is under way (and waits): the owner removes the grant
+        assert [p.name for p in (sb_root.state / "sandboxes").iterdir() if not p.name.startswith(".")]
+        _grant(sb_root, flooder.pw_name)  # the grantee's entry removed, the new bytes approved
+
+    done = _held_on(fifo, argv, env, withdraw)
+    refusal = f"uid {grantee.pw_uid} is no longer granted profile '{sb_root.profile}': grants.yaml changed"
+    if front == "http":
+        answer = _answer(done)
+        assert answer["error"][:2] == ["PolicyError", 3], answer
+        message = answer["error"][2]
+        verb = "create"
+    else:
+        assert done.returncode == 3, done
+        assert done.stdout == ""
+        message = done.stderr.removeprefix("sandboxer: ")
+        verb = "cli create"
+    assert message.startswith(refusal), message
+    assert "refused before the start" in message
+    lines = _audited(sb_root, before)
+    assert [(x["uid"], x["verb"], x["status"]) for x in lines] == [(grantee.pw_uid, verb, 3)]
+    assert [p.name for p in (sb_root.state / "sandboxes").iterdir() if not p.name.startswith(".")] == []
+    assert not [m for m in mount_points() if m.startswith(str(sb_root.root))]
+    assert not [f for f in loop_backing_files() if f.startswith(str(sb_root.root))]
+    assert Client(str(served.socket)).list() == []
+
+
+def test_a_grant_withdrawn_while_an_export_runs_stops_it_before_its_quarantine(
+    sb_root: SandboxBroker, served: Service, accounts: tuple[pwd.struct_passwd, pwd.struct_passwd]
+) -> None:
+    """The export's git inside the sandbox waits on a FIFO planted as the workspace's
+    objects/info/alternates; meanwhile the owner withdraws the grant. The export is refused before
+    its quarantine is made, with the reason, and no quarantine is left."""
+    flooder, grantee = accounts
+    _grant(sb_root, grantee.pw_name)
+    made = json.loads(_as_account(grantee, CREATE, str(served.socket), sb_root.profile))
+    sandbox_id = made["made"]
+    owner = Client(str(served.socket)).sandbox(sandbox_id)
+    before = len(audit_lines(sb_root))
+    assert owner.exec(["sh", "-c", "echo work > new.txt"], cwd="/workspace").status == 0
+    _audited(sb_root, before)  # its line is written once its answer has gone
+    fifo = sb_root.sandbox_dir(sandbox_id) / "workspace" / ".git" / "objects" / "info" / "alternates"
+    os.mkfifo(fifo, 0o644)
+    destination = sb_root.root / f"export-{grantee.pw_name}"
+    destination.mkdir()
+    os.chown(destination, grantee.pw_uid, grantee.pw_gid)
+    argv, env = _account_argv(grantee, EXPORT, str(served.socket), sandbox_id, str(destination / "work.tar"))
+    before = len(audit_lines(sb_root))
+    answer = _answer(_held_on(fifo, argv, env, lambda: _grant(sb_root, flooder.pw_name)))
+    assert answer["error"][:2] == ["PolicyError", 3], answer
+    assert answer["error"][2].startswith(f"uid {grantee.pw_uid} is no longer granted this broker")
+    assert "refused before the export's quarantine" in answer["error"][2]
+    lines = _audited(sb_root, before)
+    assert [(x["uid"], x["verb"], x["outcome"]) for x in lines] == [(grantee.pw_uid, "export", "PolicyError")]
+    exports = sb_root.state / "exports"
+    assert not exports.exists() or list(exports.iterdir()) == []
+    assert not (destination / "work.tar").exists()
+    assert owner.teardown(discard=True).residue == ()
