@@ -95,8 +95,10 @@ def make_app(dirs: Dirs, *, workers: Executor, slots: CallerSlots) -> web.Applic
             error = _http_refusal(request, exc)
             response = error_response(error, http_status=exc.status if exc.status != 413 else None)
             outcome, status = type(error).__name__, error.status
-        except ConnectionError:  # the client went away: it gets no answer, the log a line
-            response, outcome, status = web.Response(status=499), "ClientGone", None
+        except ConnectionError:  # the client went away mid-answer: the log has a line, the service no traceback
+            if request.transport is not None:
+                request.transport.close()  # what part of an answer went stays the only part
+            response, outcome, status = web.Response(status=499), "ClientGone", request.get("exit_status")
         except Exception as exc:  # a bug of ours: still the envelope and an audit line, not aiohttp's text 500
             error = internal_error(exc, request)
             response, outcome, status = error_response(error), type(error).__name__, error.status

@@ -500,3 +500,91 @@ def test_a_grant_withdrawn_while_an_export_runs_stops_it_before_its_quarantine(
     assert not exports.exists() or list(exports.iterdir()) == []
     assert not (destination / "work.tar").exists()
     assert owner.teardown(discard=True).residue == ()
+
+
+# ------------------------------------------------------------------- clients that leave early
+
+
+def _leave(path: Path, request: bytes, *, read: int) -> bytes:
+    """Send `request`, read `read` bytes of the answer (0: none), then go at once (a reset)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(30)
+    sock.connect(str(path))
+    sock.sendall(request)
+    got = b""
+    while len(got) < read:
+        chunk = sock.recv(read - len(got))
+        if not chunk:
+            break
+        got += chunk
+    sock.close()
+    return got
+
+
+def _line_for(broker: SandboxBroker, before: int, verb: str, timeout: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [line for line in audit_lines(broker)[before:] if line["verb"] == verb]
+        if found:
+            assert len(found) == 1, found
+            return found[0]
+        time.sleep(0.1)
+    raise AssertionError(f"no audit line for {verb}: {audit_lines(broker)[before:]}")
+
+
+def test_clients_that_leave_early_are_audit_lines_not_tracebacks(sb_root: SandboxBroker, served: Service) -> None:
+    """A client that goes mid-exec-stream, mid-export-body, before any answer, (a CLI client)
+    killed mid-exec, or that sends a CLI request the service cannot read: one audit line each,
+    and the service's log keeps its one line per start and stop — no traceback, no aiohttp error."""
+    assert served.process is not None
+    sandbox = Client(str(served.socket)).create(sb_root.profile)
+    big = "head -c 32000000 /dev/urandom > big && git add big && git commit -qm big"
+    before = len(audit_lines(sb_root))
+    assert sandbox.exec(["sh", "-c", big], cwd="/workspace").status == 0
+    _line_for(sb_root, before, "exec")  # written once its answer has gone
+
+    before = len(audit_lines(sb_root))
+    options = json.dumps({"argv": ["sh", "-c", "while :; do echo flowing; done"]}).encode() + b"\n"
+    head = f"POST /v1/sandboxes/{sandbox.id}/exec HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    chunk = f"{len(options):x}\r\n".encode() + options + b"\r\n"
+    assert b"flowing" in _leave(served.socket, head.encode() + chunk, read=4096)
+    left = _line_for(sb_root, before, "exec")
+    assert left["status"] == 137, (left, served.log.read_text())  # the command was killed with its client
+
+    before = len(audit_lines(sb_root))
+    body = b'{"format": "bundle"}'
+    head = f"POST /v1/sandboxes/{sandbox.id}/export HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    assert _leave(served.socket, head.encode() + body, read=65536).startswith(b"HTTP/1.1 200")
+    left = _line_for(sb_root, before, "export")
+    assert (left["sandbox"], left["outcome"], left["status"]) == (sandbox.id, "ClientGone", None)
+    assert list((sb_root.state / "exports").iterdir()) == []  # its quarantine went with it
+
+    before = len(audit_lines(sb_root))
+    _leave(served.socket, b"GET /v1/openapi.json HTTP/1.1\r\nHost: x\r\n\r\n", read=0)
+    _line_for(sb_root, before, "openapi")
+
+    before = len(audit_lines(sb_root))
+    env = {key: value for key, value in sb_root.env().items() if key != "SANDBOXER_NO_SERVICE"}
+    cli = subprocess.Popen(
+        sb_root.argv("exec", sandbox.id, "--", "sh", "-c", "echo started; sleep 60"),
+        stdout=subprocess.PIPE,
+        env={**env, "SANDBOXER_SOCKET": str(served.socket)},
+    )
+    assert cli.stdout is not None
+    assert cli.stdout.readline() == b"started\n"
+    cli.kill()
+    cli.wait()
+    cli.stdout.close()
+    assert _line_for(sb_root, before, "cli exec")["status"] == 137
+
+    before = len(audit_lines(sb_root))
+    raw(served.socket, b"\0not a request\n", end_after=True)  # a CLI client's NUL, no descriptors
+    refused = _line_for(sb_root, before, "cli")
+    assert (refused["uid"], refused["outcome"], refused["status"]) == (0, "UsageError", 2)
+
+    assert sandbox.exec(["true"]).status == 0  # the service is well
+    assert served.stop() == 0
+    log = served.log.read_text().splitlines()
+    assert len(log) == 2, log  # serving ..., stopped ...
+    assert log[0].startswith("sandboxer: serving ")
+    assert log[1].startswith("sandboxer: stopped")
