@@ -9,6 +9,7 @@ Unix socket.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import json
@@ -89,10 +90,16 @@ def audit_lines(broker: SandboxBroker) -> list[dict[str, Any]]:
 
 
 # One keep-alive connection, request after request, as fast as the service answers: how many
-# were answered, by status.
+# were answered, by status; then CLI requests the service cannot read (a NUL, no descriptors),
+# each on a connection of its own, until the service closes it.
 FLOOD = r"""
 import collections, socket, sys
-path, count = sys.argv[1], int(sys.argv[2])
+path, count, cli_count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for _ in range(cli_count):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as cli:
+        cli.connect(path)
+        cli.sendall(b"\0{}\n")
+        cli.recv(1)
 answered = collections.Counter()
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 sock.connect(path)
@@ -113,14 +120,14 @@ print(dict(answered))
 def test_one_accounts_flood_of_refusals_cannot_wipe_the_audit_log(
     sb_root: SandboxBroker, served: Service, accounts: tuple[pwd.struct_passwd, pwd.struct_passwd]
 ) -> None:
-    """Thousands of refusals from one real account: its lines stay within its rate (the rest are
-    counted in one line), the log stays small, and what another account did before is still
-    there."""
+    """Thousands of refusals from one real account, through HTTP and the CLI protocol: its lines
+    stay within its rate (the rest are counted, every one, in a line per verb and outcome), the
+    log stays small, and what another account did before is still there."""
     flooder, _ = accounts
     before = Client(str(served.socket)).create(sb_root.profile)
-    requests = 3000
+    requests, cli_requests = 3000, 300
     started = time.monotonic()
-    answered = _as_account(flooder, FLOOD, str(served.socket), str(requests))
+    answered = _as_account(flooder, FLOOD, str(served.socket), str(requests), str(cli_requests))
     seconds = time.monotonic() - started
     assert answered.strip() == f"{{403: {requests}}}"
     written = [line for line in audit_lines(sb_root) if line["uid"] == flooder.pw_uid]
@@ -130,8 +137,10 @@ def test_one_accounts_flood_of_refusals_cannot_wipe_the_audit_log(
     lines = audit_lines(sb_root)
     assert (0, "create", before.id, "ok") in [(x["uid"], x["verb"], x["sandbox"], x["outcome"]) for x in lines]
     flood = [line for line in lines if line["uid"] == flooder.pw_uid]
-    assert {(x["verb"], x["outcome"], x["status"]) for x in flood} == {("refused", "PolicyError", 3)}
-    assert sum(line.get("suppressed", 1) for line in flood) == requests  # every one counted, once
+    counted = collections.Counter()
+    for line in flood:
+        counted[line["verb"], line["outcome"], line["status"]] += line.get("suppressed", 1)
+    assert counted == {("refused", "PolicyError", 3): requests, ("cli", "UsageError", 2): cli_requests}
     assert sb_root.run("teardown", before.id).status == 0
 
 
