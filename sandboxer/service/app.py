@@ -68,6 +68,10 @@ def make_app(dirs: Dirs, *, workers: Executor, slots: CallerSlots) -> web.Applic
             busy = PolicyError(
                 f"uid {peer.uid} has {CALLS_PER_CALLER} requests under way (the service's limit per caller)"
             )
+            verb = request.match_info.route.name or "unknown"
+            await in_thread(
+                lambda: audit.record(uid=peer.uid, pid=peer.pid, verb=verb, sandbox=None, outcome="Busy", status=3)
+            )
             return web.json_response({"error": error_document(busy)}, status=429)
         try:
             return await admitted(request, handler, sock, peer)
@@ -85,23 +89,7 @@ def make_app(dirs: Dirs, *, workers: Executor, slots: CallerSlots) -> web.Applic
             )
             return error_response(refusal)
         request["access"] = access
-        response: web.StreamResponse
-        try:
-            response = await handler(request)
-            outcome, status = "ok", request.get("exit_status", 0)
-        except SandboxerError as exc:
-            response, outcome, status = error_response(exc), type(exc).__name__, exc.status
-        except web.HTTPException as exc:  # aiohttp's own refusals: no such route, method, a body too large
-            error = _http_refusal(request, exc)
-            response = error_response(error, http_status=exc.status if exc.status != 413 else None)
-            outcome, status = type(error).__name__, error.status
-        except ConnectionError:  # the client went away mid-answer: the log has a line, the service no traceback
-            if request.transport is not None:
-                request.transport.close()  # what part of an answer went stays the only part
-            response, outcome, status = web.Response(status=499), "ClientGone", request.get("exit_status")
-        except Exception as exc:  # a bug of ours: still the envelope and an audit line, not aiohttp's text 500
-            error = internal_error(exc, request)
-            response, outcome, status = error_response(error), type(error).__name__, error.status
+        response, outcome, status = await _answer(request, handler)
         verb = request.match_info.route.name or "unknown"
         sandbox = request.get("sandbox_id") or request.match_info.get("id")
         if sandbox is not None and not ID_PATTERN.fullmatch(sandbox):
@@ -121,6 +109,27 @@ def make_app(dirs: Dirs, *, workers: Executor, slots: CallerSlots) -> web.Applic
     app[PENDING_EXPORTS] = PendingExports()
     _add_routes(app)
     return app
+
+
+async def _answer(request: web.Request, handler: Handler) -> tuple[web.StreamResponse, str, int | None]:
+    """The route's answer, its outcome for the audit log ("ok" or the error's class) and status —
+    however it ended: every refusal is the API's envelope."""
+    try:
+        response = await handler(request)
+    except SandboxerError as exc:
+        return error_response(exc), type(exc).__name__, exc.status
+    except web.HTTPException as exc:  # aiohttp's own refusals: no such route, method, a body too large
+        error = _http_refusal(request, exc)
+        response = error_response(error, http_status=exc.status if exc.status != 413 else None)
+        return response, type(error).__name__, error.status
+    except ConnectionError:  # the client went away mid-answer: the log has a line, the service no traceback
+        if request.transport is not None:
+            request.transport.close()  # what part of an answer went stays the only part
+        return web.Response(status=499), "ClientGone", request.get("exit_status")
+    except Exception as exc:  # a bug of ours: still the envelope and an audit line, not aiohttp's text 500
+        error = internal_error(exc, request)
+        return error_response(error), type(error).__name__, error.status
+    return response, "ok", request.get("exit_status", 0)
 
 
 def _http_refusal(request: web.Request, exc: web.HTTPException) -> SandboxerError:
