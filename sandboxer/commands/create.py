@@ -8,7 +8,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from sandboxer.commands.making import CreateRequest, clone_workspace, deliver_requested, plan_for
+from sandboxer.commands.making import CreateRequest, before, clone_workspace, deliver_requested, plan_for
 from sandboxer.core.record import SandboxRecord, expiry_text, now_text
 from sandboxer.errors import SandboxerError, UsageError
 from sandboxer.host import activity, procs
@@ -50,7 +50,10 @@ def create(
     from sandboxer.commands import warm
 
     warm_count = warm.wanted(request)  # 0 unless the backend keeps warm sandboxes for the profile
-    taken = warm.claim(request, registry) if warm_count else None
+    taken = None
+    if warm_count:
+        before("taking a warm sandbox")
+        taken = warm.claim(request, registry)
     if taken is None:
         sandbox_id, lock = registry.allocate()
         record = SandboxRecord(
@@ -117,10 +120,12 @@ def _make(request: CreateRequest, registry: Registry, record: SandboxRecord) -> 
     from sandboxer.host import workspace_volume
 
     record = replace(record, workspace_fs=workspace_volume.prepare(plan, registry.path(record.id)))
+    before("the clone")
     record = replace(record, work=clone_workspace(request, plan))
     if assignment is not None:
         record = replace(record, manifest=assignment.record(plan))
         registry.write(record)
         assignment.make_spools(plan, backend, request.state_dir, consumer=(plan.host_uid, plan.host_gid))
+    before("the start")
     record = backend.start(plan, registry, record, image=request.image, profile_file=request.profile_file)
     return deliver_requested(request, plan, record)

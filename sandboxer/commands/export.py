@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from sandboxer.commands.export_space import RESERVE_STEP, Budget, Quarantine
+from sandboxer.commands.making import before
 from sandboxer.commands.work import GIT, GIT_SECONDS, WorkState, git_inside, ready_work, work_state
 from sandboxer.core.tarcheck import TreeModel, TreeRefused, check_keywords, shown
 from sandboxer.errors import BackendError, SandboxerError, UsageError
@@ -111,6 +112,7 @@ def prepare(
         raise UsageError(
             f"export: sandbox {sandbox_id}: the commit its workspace started from is gone from its history"
         )
+    before("the export's quarantine")  # a service's caller: still granted
     quarantine = Quarantine(dirs.state, budget)
     try:
         inside = _Inside(dirs, record, quarantine, seconds)

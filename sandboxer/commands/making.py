@@ -3,7 +3,10 @@ bwrap, delivering its bootstrap. Shared by create and the warm pool."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 from sandboxer.core.record import WorkRecord
@@ -21,6 +24,36 @@ if TYPE_CHECKING:
     from sandboxer.core.record import SandboxRecord
     from sandboxer.dirs import Dirs
     from sandboxer.host.fsutil import CallerFile
+
+# What a service checks before each step that makes something for a caller (its grant, again:
+# grants.yaml may have changed since the request was admitted). Set by the caller's Access for
+# the command it runs (service/access.py); nothing for an owner, nothing in-process.
+_CHECKPOINT: ContextVar[Callable[[str], None] | None] = ContextVar("sandboxer_checkpoint", default=None)
+
+
+@contextlib.contextmanager
+def checked_by(check: Callable[[str], None]) -> Iterator[None]:
+    """Run the block with `check(step)` called by before(step)."""
+    token = _CHECKPOINT.set(check)
+    try:
+        yield
+    finally:
+        _CHECKPOINT.reset(token)
+
+
+def before(step: str) -> None:
+    """Before `step` (the clone, the start, taking a warm sandbox, an export's quarantine): the
+    caller may still do what it asked, else PolicyError (the step's caller removes what it made).
+    A command a service runs for a CLI client is checked by that client's access."""
+    check = _CHECKPOINT.get()
+    if check is None:
+        from sandboxer.invocation import current
+
+        access = current().access
+        check = None if access is None else access.recheck
+    if check is not None:
+        check(step)
+
 
 HOST_LINKS_CANDIDATES = (("/bin", "usr/bin"), ("/lib", "usr/lib"), ("/lib64", "usr/lib64"), ("/sbin", "usr/sbin"))
 # Host /etc entries a sandbox sees read-only: TLS certificates, the loader cache, the time zone,

@@ -37,6 +37,7 @@ class Access:
     dirs: Dirs
     peer: Peer
     rights: Rights | None  # None: an owner
+    groups: frozenset[int] = frozenset()  # its groups as the kernel reported them (grants name groups)
 
     @property
     def owner(self) -> bool:
@@ -84,16 +85,48 @@ class Access:
             raise PolicyError(f"profile {profile[:64]!r} is not granted to uid {rights.uid}")
         if ttl is not None and ttl > ceiling:
             raise PolicyError(f"ttl: {ttl:g} seconds is past the granted ceiling of {ceiling} (max_ttl_seconds)")
+        from sandboxer.commands.making import checked_by
+
         uid = rights.uid
         with _CREATE_LOCK:
             if len(sandboxes_of(self.dirs, uid, creating=False)) + _CREATING.get(uid, 0) >= limit:
                 raise PolicyError(f"uid {uid} has its {limit} live sandboxes (max_sandboxes)")
             _CREATING[uid] = _CREATING.get(uid, 0) + 1
         try:
-            return make(uid, ceiling if ttl is None else ttl)
+            with checked_by(lambda step: self.recheck(step, profile)):
+                return make(uid, ceiling if ttl is None else ttl)
         finally:
             with _CREATE_LOCK:
                 _CREATING[uid] -= 1
+
+    def checking(self, function: Callable[..., T]) -> Callable[..., T]:
+        """`function`, run with this caller's grant checked again before each step that makes
+        something (recheck)."""
+
+        def checked(*args: Any) -> T:
+            from sandboxer.commands.making import checked_by
+
+            with checked_by(self.recheck):
+                return function(*args)
+
+        return checked
+
+    def recheck(self, step: str, profile: str | None = None) -> None:
+        """Before `step` of a request that makes something: a granted caller is still granted
+        (and `profile`, when given) by grants.yaml as it is now, approved — it may have changed
+        since the request was admitted. PolicyError otherwise."""
+        if self.rights is None:
+            return
+        from sandboxer.service.grants import rights_of
+
+        now = rights_of(self.peer, set(self.groups), self.dirs)
+        if now is None or (profile is not None and now.limit_for(profile) is None):
+            what = "this broker" if profile is None else f"profile {profile[:64]!r}"
+            raise PolicyError(
+                f"uid {self.rights.uid} is no longer granted {what}: grants.yaml changed while the request ran "
+                f"(refused before {step}; nothing of it is left)",
+                hint="ask the broker's owner",
+            )
 
     def require_own_files(self, what: str, *, why: str | None = None) -> None:
         """Refuse to open a path this caller named unless the service runs as the caller's own
@@ -163,10 +196,11 @@ def admit(dirs: Dirs, sock: socket.socket) -> Access:
     peer = peer_of(sock)
     if is_owner(peer, dirs.config):
         return Access(dirs, peer, None)
-    rights = rights_of(peer, peer_groups(sock, peer), dirs)
+    groups = peer_groups(sock, peer)
+    rights = rights_of(peer, groups, dirs)
     if rights is None:
         raise Refused(peer, f"uid {peer.uid} is not granted this broker", hint="an owner grants it in grants.yaml")
-    return Access(dirs, peer, rights)
+    return Access(dirs, peer, rights, frozenset(groups))
 
 
 class Refused(PolicyError):

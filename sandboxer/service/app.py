@@ -9,6 +9,7 @@ the CLI's exit status and an HTTP status for it. Exec answers with a stream of f
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -35,6 +36,7 @@ from sandboxer.service.http import (
     error_response,
     in_thread,
     in_worker,
+    internal_error,
     json_body,
     require_own,
 )
@@ -66,6 +68,10 @@ def make_app(dirs: Dirs, *, workers: Executor, slots: CallerSlots) -> web.Applic
             busy = PolicyError(
                 f"uid {peer.uid} has {CALLS_PER_CALLER} requests under way (the service's limit per caller)"
             )
+            verb = request.match_info.route.name or "unknown"
+            await in_thread(
+                lambda: audit.record(uid=peer.uid, pid=peer.pid, verb=verb, sandbox=None, outcome="Busy", status=3)
+            )
             return web.json_response({"error": error_document(busy)}, status=429)
         try:
             return await admitted(request, handler, sock, peer)
@@ -83,15 +89,7 @@ def make_app(dirs: Dirs, *, workers: Executor, slots: CallerSlots) -> web.Applic
             )
             return error_response(refusal)
         request["access"] = access
-        response: web.StreamResponse
-        try:
-            response = await handler(request)
-            outcome, status = "ok", request.get("exit_status", 0)
-        except SandboxerError as exc:
-            response, outcome, status = error_response(exc), type(exc).__name__, exc.status
-        except web.HTTPRequestEntityTooLarge:
-            error = UsageError(f"the request body is larger than {MAX_BODY} bytes")
-            response, outcome, status = error_response(error), type(error).__name__, error.status
+        response, outcome, status = await _answer(request, handler)
         verb = request.match_info.route.name or "unknown"
         sandbox = request.get("sandbox_id") or request.match_info.get("id")
         if sandbox is not None and not ID_PATTERN.fullmatch(sandbox):
@@ -101,7 +99,7 @@ def make_app(dirs: Dirs, *, workers: Executor, slots: CallerSlots) -> web.Applic
         )
         return response
 
-    audit = AuditLog(dirs.state)
+    audit = AuditLog(dirs.state, exempt=(0, os.geteuid()))  # refusals rate-limited per account but the owners'
     app = web.Application(middlewares=[callers], client_max_size=MAX_BODY)
     app[DIRS] = dirs
     app[AUDIT] = audit
@@ -111,6 +109,43 @@ def make_app(dirs: Dirs, *, workers: Executor, slots: CallerSlots) -> web.Applic
     app[PENDING_EXPORTS] = PendingExports()
     _add_routes(app)
     return app
+
+
+async def _answer(request: web.Request, handler: Handler) -> tuple[web.StreamResponse, str, int | None]:
+    """The route's answer, its outcome for the audit log ("ok" or the error's class) and status —
+    however it ended: every refusal is the API's envelope."""
+    try:
+        response = await handler(request)
+    except SandboxerError as exc:
+        return error_response(exc), type(exc).__name__, exc.status
+    except web.HTTPException as exc:  # aiohttp's own refusals: no such route, method, a body too large
+        error = _http_refusal(request, exc)
+        response = error_response(error, http_status=exc.status if exc.status != 413 else None)
+        return response, type(error).__name__, error.status
+    except ConnectionError:  # the client went away mid-answer: the log has a line, the service no traceback
+        if request.transport is not None:
+            request.transport.close()  # what part of an answer went stays the only part
+        return web.Response(status=499), "ClientGone", request.get("exit_status")
+    except Exception as exc:  # a bug of ours: still the envelope and an audit line, not aiohttp's text 500
+        error = internal_error(exc, request)
+        return error_response(error), type(error).__name__, error.status
+    return response, "ok", request.get("exit_status", 0)
+
+
+def _http_refusal(request: web.Request, exc: web.HTTPException) -> SandboxerError:
+    """aiohttp's refusal as the API's: an unknown route is not found, a method the route does not
+    answer and a body too large are usage errors. (The path is the caller's own, cut short.)"""
+    from sandboxer.errors import NotFoundError
+
+    path = request.path[:200]
+    if isinstance(exc, web.HTTPNotFound):
+        return NotFoundError(f"no such route: {request.method[:16]} {path}", hint="GET /v1/openapi.json lists them")
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        return UsageError(f"{request.method[:16]} {path}: not a method of this route (allowed: {allowed})")
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return UsageError(f"the request body is larger than {MAX_BODY} bytes")
+    return UsageError(f"the request was refused ({exc.status} {exc.reason})")
 
 
 def _add_routes(app: web.Application) -> None:
@@ -273,7 +308,7 @@ async def export(request: web.Request) -> web.StreamResponse:
     dirs, sandbox_id = request.app[DIRS], request.match_info["id"]
     await require_own(request, sandbox_id, _unknown(request))
     budget = request["access"].export_budget()
-    made = await in_worker(request, lambda: prepare(dirs, sandbox_id, fmt, budget=budget))
+    made = await in_worker(request, request["access"].checking(lambda: prepare(dirs, sandbox_id, fmt, budget=budget)))
     token = secrets.token_hex(16)
     pending = request.app[PENDING_EXPORTS]
     sent = False

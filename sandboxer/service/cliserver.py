@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import socket
 import stat
@@ -47,8 +46,6 @@ FILE_FIELDS = {"name", "path", "errno"}
 MAX_FILES = 4  # files a command line names for the client to open (create --bootstrap: one)
 MAX_ERRNO = 4096  # errno values are small; Linux's are below 4096
 SERVICE_FAILED = 125  # a command whose output could not be written: the client says so too
-
-log = logging.getLogger("sandboxer.service")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +82,11 @@ def serve_client(conn: socket.socket, serving: Serving) -> None:
         try:
             request, fds = _receive(conn, time.monotonic() + HEADER_SECONDS)
         except (OSError, ValueError, UsageError) as exc:
-            log.warning("a CLI client's request was refused: %s", exc)
-            return  # no stdio to tell it on: the client sees the end and says so
+            # No stdio to tell it on: the client sees the end and says so; the audit log has it.
+            peer = access.peer
+            outcome = type(exc).__name__ if isinstance(exc, UsageError) else "UsageError"
+            serving.audit.record(uid=peer.uid, pid=peer.pid, verb="cli", sandbox=None, outcome=outcome, status=2)
+            return
         conn.settimeout(None)
         if isinstance(access, Refused):
             status = _refuse(serving.audit, access, fds[2])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import json
+import math
 import os
 import secrets
 import threading
@@ -26,7 +26,17 @@ from sandboxer.dirs import Dirs
 from sandboxer.errors import BackendError, ExecError, ExecUsage, NotFoundError, SandboxerError, UsageError
 from sandboxer.host.stdio import CANCEL_POLL, FORWARDED
 from sandboxer.service import frames
-from sandboxer.service.http import BODY_SECONDS, DIRS, EXECS, WORKERS, checked, error_document, json_body, require_own
+from sandboxer.service.http import (
+    BODY_SECONDS,
+    DIRS,
+    EXECS,
+    WORKERS,
+    checked,
+    error_document,
+    json_body,
+    parse_json,
+    require_own,
+)
 
 EXEC_FIELDS = {"argv", "cwd", "timeout", "consumer", "executable", "env"}
 MAX_OPTIONS = 1024 * 1024  # exec's first line, its options
@@ -209,10 +219,8 @@ class _Output:
 def _exec_options(head: bytes, sandbox_id: str) -> tuple[list[str], dict[str, str], dict[str, str]]:
     """The command, the CLI's exec options and the variables to set (exec --env) from the body's
     first line."""
-    try:
-        options = checked(json.loads(head), EXEC_FIELDS, {"argv"})
-    except ValueError:
-        raise UsageError("exec: the first line of the body must be a JSON object of options") from None
+    refusal = "exec: the first line of the body must be a JSON object of options"
+    options = checked(parse_json(head, refusal), EXEC_FIELDS, {"argv"})
     argv = options["argv"]
     if not isinstance(argv, list) or not argv or not all(isinstance(arg, str) for arg in argv):
         raise UsageError("argv: must be a non-empty list of strings")
@@ -221,9 +229,14 @@ def _exec_options(head: bytes, sandbox_id: str) -> tuple[list[str], dict[str, st
     cli_options = {"id": sandbox_id}
     for name in ("cwd", "consumer", "executable"):
         if options.get(name) is not None:
-            cli_options[name] = str(options[name])
-    if options.get("timeout") is not None:
-        cli_options["timeout"] = repr(float(options["timeout"]))
+            if not isinstance(options[name], str) or "\0" in options[name]:
+                raise UsageError(f"{name}: must be a string (without NUL)")
+            cli_options[name] = options[name]
+    timeout = options.get("timeout")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout):
+            raise UsageError("timeout: must be a number of seconds")
+        cli_options["timeout"] = repr(float(timeout))
     env = options.get("env") or {}
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise UsageError("env: must map names to strings")
@@ -246,6 +259,8 @@ async def _first_line(request: web.Request) -> tuple[bytes, bytes]:
                 data += chunk
     except TimeoutError:
         raise UsageError(f"exec: the options line took longer than {BODY_SECONDS:g} s to arrive") from None
+    except (aiohttp.ClientPayloadError, ConnectionError):
+        raise UsageError("exec: the body ended before its options line did") from None
     head, _, rest = data.partition(b"\n")
     return head, rest
 

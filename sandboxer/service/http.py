@@ -5,16 +5,22 @@ work off the event loop."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
+import aiohttp
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from sandboxer.dirs import Dirs
-from sandboxer.errors import SandboxerError, UsageError
+from sandboxer.errors import BackendError, SandboxerError, UsageError
 from sandboxer.service.audit import AuditLog
+from sandboxer.service.peer import peer_of
 
 HTTP_STATUS = {2: 400, 3: 403, 4: 404, 5: 500, 6: 409, 75: 409, 125: 500}
 # A client slower than this is dropped, so that a slow sender (slow-loris) holds nothing for long:
@@ -66,8 +72,19 @@ def error_document(error: SandboxerError) -> dict[str, Any]:
     return {"kind": type(error).__name__, "message": error.message, "hint": error.hint, "status": error.status}
 
 
-def error_response(error: SandboxerError, **extra: Any) -> web.Response:
-    return web.json_response({"error": error_document(error), **extra}, status=HTTP_STATUS.get(error.status, 500))
+def error_response(error: SandboxerError, *, http_status: int | None = None, **extra: Any) -> web.Response:
+    """The error envelope; its HTTP status follows from the exit status unless `http_status`."""
+    status = http_status or HTTP_STATUS.get(error.status, 500)
+    return web.json_response({"error": error_document(error), **extra}, status=status)
+
+
+def internal_error(exc: BaseException, request: web.BaseRequest) -> SandboxerError:
+    """A request that failed on what no SandboxerError names (a bug of ours): the API's envelope
+    (BackendError, 5: HTTP 500) saying "internal error" as the CLI does, and one line in the
+    service's log naming the route — never a traceback, never the request's content."""
+    what = f"{request.method[:16]} {request.path[:200]}"
+    sys.stderr.write(f"sandboxer: internal error ({type(exc).__name__}) answering {what}\n")
+    return BackendError(f"internal error ({type(exc).__name__})")
 
 
 async def in_thread(function: Callable[..., Any], *args: Any) -> Any:
@@ -91,15 +108,25 @@ async def require_own(request: web.Request, sandbox_id: str, unknown: SandboxerE
 
 
 async def json_body(request: web.Request, allowed: set[str], required: set[str]) -> dict[str, Any]:
-    """The request's JSON object: no other fields than `allowed`, all of `required`."""
+    """The request's JSON object: no other fields than `allowed`, all of `required`. The body is
+    read as UTF-8 JSON whatever its Content-Type says (a charset nobody has is no error of ours)."""
     try:
         async with asyncio.timeout(BODY_SECONDS):
-            body = await request.json()
-    except ValueError:
-        raise UsageError("the request body is not JSON") from None
+            data = await request.read()
     except TimeoutError:
         raise UsageError(f"the request body took longer than {BODY_SECONDS:g} s to arrive") from None
-    return checked(body, allowed, required)
+    except (aiohttp.ClientPayloadError, ConnectionError):
+        raise UsageError("the request body ended before its length (Content-Length, or its last chunk)") from None
+    return checked(parse_json(data, "the request body is not JSON"), allowed, required)
+
+
+def parse_json(data: bytes, refusal: str) -> object:
+    """`data` as UTF-8 JSON; UsageError(`refusal`) when it is not (or nests past what the parser
+    takes: RecursionError)."""
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise UsageError(refusal) from None
 
 
 def checked(body: object, allowed: set[str], required: set[str]) -> dict[str, Any]:
@@ -112,3 +139,43 @@ def checked(body: object, allowed: set[str], required: set[str]) -> dict[str, An
     if missing:
         raise UsageError(f"{missing[0]}: required")
     return body
+
+
+class Protocol(RequestHandler):
+    """aiohttp's handler of one connection, answering what does not parse as HTTP (a request
+    line, a header, a chunk) with the API's error envelope and an audit line (verb "unknown"), as
+    every other refusal, instead of aiohttp's text answer and a traceback in the service's log."""
+
+    __slots__ = ("_audit",)
+
+    def __init__(self, manager: web.Server, audit: AuditLog, **options: Any) -> None:
+        super().__init__(manager, **options)
+        self._audit = audit
+
+    def handle_error(
+        self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
+        if request.writer.output_size > 0:  # as aiohttp's: an answer under way cannot become another
+            raise ConnectionError("the answer was under way already")
+        name = type(exc).__name__ if exc is not None else "no exception"
+        error: SandboxerError
+        if status < 500:
+            error = UsageError(f"the request is not HTTP/1.1 as the service reads it ({name})")
+        else:
+            error = internal_error(exc or RuntimeError(), request)
+        response = error_response(error, http_status=status)
+        response.force_close()
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is not None:
+            peer = peer_of(sock)
+            record = functools.partial(
+                self._audit.record,
+                uid=peer.uid,
+                pid=peer.pid,
+                verb="unknown",
+                sandbox=None,
+                outcome=type(error).__name__,
+                status=error.status,
+            )
+            asyncio.get_running_loop().run_in_executor(None, record)
+        return response

@@ -32,7 +32,12 @@ from sandboxer.service.http import AUDIT, EXECS
 from sandboxer.service.lifetimes import KEEP_EXPORTS
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from aiohttp import web
+
     from sandboxer.service.connections import Activity
+    from sandboxer.service.http import Protocol
 
 LOCK_FILE = "service.lock"
 SHUTDOWN_GRACE = 5.0  # seconds open requests get to finish after SIGTERM; then they are cancelled
@@ -168,6 +173,27 @@ def _stop_helpers(fills: ThreadPoolExecutor) -> None:
     service_helpers(False)
 
 
+async def _http_server(app: web.Application) -> tuple[web.AppRunner, Callable[[], Protocol]]:
+    """aiohttp's server for the application, and what makes its handler of one connection:
+    aiohttp's own, but answering what does not parse as HTTP as every other refusal (Protocol)."""
+    from aiohttp import web
+
+    from sandboxer.service.http import HEAD_SECONDS, Protocol
+
+    loop = asyncio.get_running_loop()
+    options: dict[str, Any] = {"access_log": None, "keepalive_timeout": HEAD_SECONDS}
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE, **options)
+    await runner.setup()
+    server = runner.server
+    if server is None:
+        raise RuntimeError("aiohttp's runner made no server")
+
+    def protocol() -> Protocol:
+        return Protocol(server, app[AUDIT], loop=loop, **options)
+
+    return runner, protocol
+
+
 async def _run(
     dirs: Dirs,
     listener: socket.socket,
@@ -177,12 +203,9 @@ async def _run(
     commands: CommandTable,
     keep_exports: float,
 ) -> None:
-    from aiohttp import web
-
     from sandboxer.service.access import CallerSlots
     from sandboxer.service.app import make_app
     from sandboxer.service.connections import Activity, Connections
-    from sandboxer.service.http import HEAD_SECONDS
     from sandboxer.service.lifetimes import REAP_EVERY, Reaper
 
     # Commands run as long as they take (an exec as long as its command): they have a pool of
@@ -197,12 +220,9 @@ async def _run(
     install_thread_streams()  # a CLI client's command prints on the client's own descriptors
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=SHORT_WORKERS, thread_name_prefix="sandboxer"))
-    runner = web.AppRunner(
-        app, handle_signals=False, access_log=None, shutdown_timeout=SHUTDOWN_GRACE, keepalive_timeout=HEAD_SECONDS
-    )
-    await runner.setup()
+    runner, protocol = await _http_server(app)
     serving = Serving(dirs=dirs, audit=app[AUDIT], commands=commands)
-    connections = Connections(listener, runner.server, serving, activity=activity, slots=slots, workers=workers)
+    connections = Connections(listener, protocol, serving, activity=activity, slots=slots, workers=workers)
     acceptor = asyncio.create_task(connections.accept())
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -215,6 +235,7 @@ async def _run(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=REAP_EVERY)
             await loop.run_in_executor(reaper, lifetimes.reap)
+            await loop.run_in_executor(reaper, app[AUDIT].flush)  # suppressed refusals, counted
             if idle_exit is not None and activity.idle_for() > idle_exit:
                 sys.stderr.write("sandboxer: idle, exiting\n")
                 break
@@ -230,4 +251,5 @@ async def _run(
         workers.shutdown(wait=False)
         reaper.shutdown(wait=False)
         _stop_helpers(helpers)
+        app[AUDIT].flush(everything=True)
     sys.stderr.write("sandboxer: stopped; live sandboxes keep running\n")

@@ -531,8 +531,8 @@ print(json.dumps([busy, later]))
 
 
 def test_one_accounts_share_counts_its_cli_commands_and_http_requests_together(served: SandboxBroker) -> None:
-    """32 stalled CLI requests of one account: its HTTP request is refused at once (429); once
-    they end, it is answered again (here: refused as not granted, 403)."""
+    """32 stalled CLI requests of one account: its HTTP request is refused at once (429, with an
+    audit line); once they end, it is answered again (here: refused as not granted, 403)."""
     uid = str(UNPRIVILEGED_UID)
     argv = ["setpriv", "--reuid", uid, "--regid", uid, "--clear-groups", "--", sys.executable, "-c", SHARED_LIMIT]
     done = subprocess.run(
@@ -543,3 +543,4 @@ def test_one_accounts_share_counts_its_cli_commands_and_http_requests_together(s
     assert busy[0] == 429
     assert busy[1]["error"]["message"] == f"uid {uid} has 32 requests under way (the service's limit per caller)"
     assert later[0] == 403
+    assert ("version", 3) in audited(served)  # the refusal of a request past the share is audited too
