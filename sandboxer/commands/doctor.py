@@ -13,7 +13,7 @@ import stat
 from typing import Any
 
 from sandboxer.backends.protocol import Check
-from sandboxer.dirs import Dirs
+from sandboxer.dirs import Dirs, state_dir_problem
 
 TOOLS_PATH = "/usr/bin:/bin:/usr/local/bin"  # where the broker looks for git, whatever PATH says
 MIN_FREE_MIB = 1024  # free space below this on the state dir's filesystem is a warning
@@ -115,6 +115,10 @@ def _git() -> Check:
 
 
 def _directory(path: str, what: str) -> Check:
+    if what == "state dir":
+        problem = state_dir_problem(path, euid=os.geteuid())
+        if problem is not None:
+            return Check(what, "fail", problem, "use a directory of this account's own (--state-dir, SANDBOXER_STATE)")
     try:
         info = os.lstat(path)
     except FileNotFoundError:
