@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import stat
@@ -79,8 +80,10 @@ def state_dir_problem(path: str, *, euid: int) -> str | None:
     path = os.path.abspath(path)
     try:
         real = os.path.join(_checked_links(os.path.dirname(path), euid), os.path.basename(path))
-    except (OSError, _Unsafe) as exc:
-        return f"state dir {path}: {exc if isinstance(exc, _Unsafe) else f'cannot be checked ({exc.strerror})'}"
+    except _Unsafe as exc:
+        return f"state dir {path}: {exc}"
+    except OSError as exc:
+        return f"state dir {path}: cannot be checked ({exc.strerror})"
     try:
         seen: os.stat_result | None = os.lstat(real)
     except FileNotFoundError:
@@ -165,7 +168,7 @@ def _checked_links(path: str, euid: int) -> str:
             raise _Unsafe(f"the symlink {candidate} on its way is owned by uid {seen.st_uid}")
         hops += 1
         if hops > 40:
-            raise OSError(40, "too many levels of symbolic links")
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
         target = os.readlink(candidate)
         if target.startswith("/"):
             resolved = "/"
