@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: check demo tour deps system-deps lint typecheck test bench soak clean
+.PHONY: check demo tour deps system-deps lint typecheck test bench soak stress clean
 
 system-deps:
 	@scripts/install-system-deps
@@ -50,6 +50,13 @@ bench: deps
 SOAK_ARGS ?=
 soak: deps
 	$(PY) scripts/soak.py $(SOAK_ARGS)
+
+# 100 sandboxes live at once through a root service with a warm pool: creates, execs and
+# teardowns in parallel, four rounds (docs/soak.md); the suite runs a small version of it.
+# STRESS_ROUNDS=8 to vary it.
+STRESS_ROUNDS ?= 4
+stress: deps
+	SANDBOXER_STRESS=1 SANDBOXER_STRESS_ROUNDS=$(STRESS_ROUNDS) $(VENV)/bin/pytest tests/integration/test_stress.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .hypothesis *.egg-info

@@ -78,6 +78,12 @@ class Client:
         result: dict[str, Any] = self.service.request("GET", "/v1/version")
         return result
 
+    def whoami(self) -> dict[str, Any]:
+        """What this account may do here: {uid, owner, live, profiles: [{name, max_sandboxes,
+        max_ttl_seconds, status}]} (an account no grant names: PolicyError, 3)."""
+        result: dict[str, Any] = self.service.request("GET", "/v1/me")
+        return result
+
     def create(
         self,
         profile: str,

@@ -41,7 +41,7 @@ class Invocation:
     window: tuple[int, int] | None = None  # the client's terminal's (rows, columns), for exec -t
 
 
-_local = threading.local()
+_local = threading.local()  # each thread's own: the command it runs
 
 
 def current() -> Invocation:

@@ -158,7 +158,9 @@ def serve(
 @functools.cache
 def _command() -> click.Command:
     """The click command typer builds from the table (~10 ms): built once, for every command a
-    service runs."""
+    service runs. Shared by the service's threads safely: an invocation keeps its state in a
+    context of its own; what click fills in lazily (the help option, a parameter's runtime form)
+    is the same whoever fills it; two threads building it at once each get a whole one."""
     return typer.main.get_command(app)
 
 

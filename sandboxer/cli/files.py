@@ -33,15 +33,14 @@ def deliver(made: Export, option: str, destination: str) -> None:
         return
     if opened.fd is None:
         raise UsageError(f"export: {destination}: cannot be created ({os.strerror(opened.errno)})")
-    if made.format != "patch":
-        deliver_to_file(made, opened.fd, destination)
-        return
     rules = access()
     peer = rules.peer if rules is not None else None
-    if peer is not None and peer.uid != os.geteuid() and os.fstat(opened.fd).st_uid != peer.uid:
-        raise UsageError(f"export: {destination}: must be a directory of the caller's own")
+    uid = peer.uid if peer is not None else os.geteuid()  # whose file it must be
+    if made.format != "patch":
+        deliver_to_file(made, opened.fd, destination, uid=uid)
+        return
     owner = (peer.uid, peer.gid) if peer is not None and os.geteuid() == 0 and peer.uid != 0 else None
-    deliver_to_directory(made, opened.fd, destination, owner=owner)
+    deliver_to_directory(made, opened.fd, destination, uid=uid, owner=owner)
 
 
 def sandbox_path(value: str) -> tuple[str, str] | None:

@@ -13,14 +13,22 @@ import stat
 from typing import Any
 
 from sandboxer.backends.protocol import Check
-from sandboxer.dirs import Dirs, state_dir_problem
+from sandboxer.client import Client
+from sandboxer.commands.owner import list_entries, status_of
+from sandboxer.core.approvals import Status
+from sandboxer.core.config_types import GRANTS_NAME
+from sandboxer.core.configdir import load_grants
+from sandboxer.dirs import ROOT_SOCKET, Dirs, Untrusted, service_socket, state_dir_problem
+from sandboxer.errors import PolicyError, SandboxerError
 
 TOOLS_PATH = "/usr/bin:/bin:/usr/local/bin"  # where the broker looks for git, whatever PATH says
 MIN_FREE_MIB = 1024  # free space below this on the state dir's filesystem is a warning
 
 
 def doctor(dirs: Dirs) -> dict[str, Any]:
-    """Every check, in order, and whether all of them passed (warnings allowed)."""
+    """Every check, in order, and whether all of them passed (warnings allowed): this host's,
+    then the broker's (the service, and the approvals and grants an owner keeps, or what the
+    service lets a caller do)."""
     from sandboxer.backends import NAMES, backend_for
 
     sandboxes = [check for name in NAMES for check in backend_for(name).health()]
@@ -34,6 +42,7 @@ def doctor(dirs: Dirs) -> dict[str, Any]:
         _directory(dirs.state, "state dir"),
         _free_space(dirs.state),
         *sandboxes[1:],
+        *_broker(dirs),
     ]
     return {
         "ok": all(check.status != "fail" for check in checks),
@@ -152,3 +161,123 @@ def _free_space(path: str) -> Check:
             "disk space", "warn", f"{free} MiB free for {path}", "free some, or move the state dir (--state-dir)"
         )
     return Check("disk space", "ok", f"{free} MiB free for {path}")
+
+
+SERVICE_SECONDS = 10.0  # how long doctor waits for the service's answer
+
+
+def _broker(dirs: Dirs) -> list[Check]:
+    """The service this account's commands reach, and then, for an owner, the approvals and
+    grants in the config dir; for a caller, what the service lets it do."""
+    path = service_socket(dirs, os.environ)
+    if os.geteuid() != 0 and not _answers(path) and _answers(ROOT_SOCKET):
+        path = ROOT_SOCKET  # a caller of the machine's service
+    mine = _owns(dirs.config)
+    seen: dict[str, Any] | None = None
+    try:
+        seen = Client(path, timeout=SERVICE_SECONDS).whoami()
+    except Untrusted as exc:
+        return [Check("service", "fail", str(exc), "remove that socket, or point SANDBOXER_SOCKET at the broker's")]
+    except PolicyError:
+        return [
+            Check("service", "ok", f"answers on {path}"),
+            Check(
+                "access",
+                "fail",
+                f"uid {os.geteuid()} is not granted this broker",
+                "ask the broker's owner to grant this account profiles in grants.yaml",
+            ),
+        ]
+    except SandboxerError:
+        if not mine and path == ROOT_SOCKET:
+            return [Check("service", "fail", f"none answers on {path}", "ask the broker's owner to start it")]
+        idle = Check("service", "ok", f"none answers on {path} yet: the first command starts one on demand")
+        return [idle, *(_owner_files(dirs) if mine else [])]
+    service = Check("service", "ok", f"answers on {path}" + (" (as an owner)" if seen["owner"] else ""))
+    if seen["owner"]:
+        return [service, *(_owner_files(dirs) if mine else [])]
+    return [service, _access(seen)]
+
+
+def _answers(path: str) -> bool:
+    try:
+        Client(path, timeout=SERVICE_SECONDS).version()
+    except (SandboxerError, Untrusted):
+        return False
+    return True
+
+
+def _owns(config_dir: str) -> bool:
+    try:
+        return os.geteuid() == 0 or os.stat(config_dir).st_uid == os.geteuid()
+    except OSError:
+        return False
+
+
+def _owner_files(dirs: Dirs) -> list[Check]:
+    """The approvals ledger against the files, and each grant's profiles."""
+    try:
+        entries = list_entries(dirs)["entries"]
+    except SandboxerError as exc:
+        return [Check("approvals", "fail", exc.message, "repair it (docs/owner-guide.md)")]
+    by_status: dict[str, list[str]] = {}
+    for entry in entries:
+        by_status.setdefault(entry["status"], []).append(entry["name"])
+    approved = by_status.get(Status.APPROVED.value, [])
+    waiting = [
+        f"{status} {', '.join(names)}" for status, names in sorted(by_status.items()) if status != Status.APPROVED.value
+    ]
+    if not entries:
+        approvals = Check(
+            "approvals",
+            "warn",
+            f"no extension config or profile in {dirs.config}: no sandbox can be created",
+            "docs/owner-guide.md, Quickstart",
+        )
+    elif waiting:
+        approvals = Check(
+            "approvals",
+            "warn",
+            f"{len(approved)} approved; {'; '.join(waiting)}",
+            "review each with sandboxer ext check FILE, then sandboxer ext approve NAME",
+        )
+    else:
+        approvals = Check("approvals", "ok", f"{len(approved)} approved ({', '.join(approved)})")
+    return [approvals, _grants(dirs)]
+
+
+def _grants(dirs: Dirs) -> Check:
+    try:
+        loaded = load_grants(dirs.config)
+    except SandboxerError as exc:
+        return Check("grants", "fail", exc.message, "mend grants.yaml, then sandboxer ext approve grants")
+    if loaded is None:
+        return Check("grants", "ok", "no grants.yaml: only the owners may call the service")
+    _, grants = loaded
+    status = status_of(dirs, GRANTS_NAME)
+    if status != Status.APPROVED.value:
+        return Check("grants", "warn", f"grants.yaml is {status}: it admits nobody", "sandboxer ext approve grants")
+    problems = []
+    for number, entry in enumerate(grants.grants, 1):
+        who = ", ".join([*entry.users, *(f"group {group}" for group in entry.groups)])
+        for profile in entry.profiles:
+            profile_status = status_of(dirs, profile)
+            if profile_status != Status.APPROVED.value:
+                problems.append(f"grant {number} ({who}): profile {profile} is {profile_status}")
+    if problems:
+        return Check("grants", "warn", "; ".join(problems), "approve those profiles, or take them out of the grant")
+    return Check("grants", "ok", f"{len(grants.grants)} grant(s), every profile they name approved")
+
+
+def _access(seen: dict[str, Any]) -> Check:
+    """What the service lets this caller create."""
+    usable = [p for p in seen["profiles"] if p["status"] == Status.APPROVED.value]
+    parts = [f"{p['name']} (up to {p['max_sandboxes']} live, lifetime up to {p['max_ttl_seconds']} s)" for p in usable]
+    others = [f"{p['name']} ({p['status']})" for p in seen["profiles"] if p not in usable]
+    detail = f"uid {seen['uid']} has {seen['live']} live sandbox(es); may create " + (", ".join(parts) or "nothing")
+    if others:
+        detail += f"; granted but not usable now: {', '.join(others)}"
+        return Check("access", "warn", detail, "ask the broker's owner to approve them")
+    if not usable:
+        return Check("access", "fail", detail, "ask the broker's owner to grant this account a profile")
+    return Check("access", "ok", detail)

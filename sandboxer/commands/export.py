@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from sandboxer.commands.work import GIT, GIT_SECONDS, WorkState, git_inside, ready_work, work_state
+from sandboxer.core.tarcheck import TreeModel, TreeRefused, check_keywords, shown
 from sandboxer.errors import BackendError, SandboxerError, UsageError
 from sandboxer.host.fstree import remove_tree
 from sandboxer.host.hostgit import run_git
@@ -283,9 +284,10 @@ def _tar(inside: _Inside, state: WorkState) -> tuple[tuple[str, str], ...]:
 
 
 def _verify_tar(path: str) -> None:
-    """Files, directories and links that stay inside the tree, by relative names, none below a
-    link; nothing else (read as a stream: no member is kept)."""
-    links: set[str] = set()
+    """Files, directories and symbolic links, each path once, none below a link, and every link
+    leading inside the tree through the links it passes (sandboxer.core.tarcheck); nothing else
+    (read as a stream: no member is kept, only each path's kind and each link's target)."""
+    tree = TreeModel()
     count = 0
     try:
         with tarfile.open(path, "r|") as archive:
@@ -293,26 +295,20 @@ def _verify_tar(path: str) -> None:
                 if member.type in (tarfile.XGLTYPE, tarfile.XHDTYPE):
                     continue
                 count += 1
-                name = member.name.rstrip("/")
-                parts = name.split("/")
-                shown = name[:100].encode("ascii", errors="backslashreplace").decode()
                 if count > MAX_MEMBERS:
                     raise BackendError(f"export: the sandbox's tar holds more than {MAX_MEMBERS} entries")
-                if (
-                    not name
-                    or name.startswith("/")
-                    or ".." in parts
-                    or not (member.isfile() or member.isdir() or member.issym())
-                    or any("/".join(parts[:depth]) in links for depth in range(1, len(parts)))
-                ):
-                    raise BackendError(
-                        f"export: the sandbox's tar holds {shown!r}, which is not a plain part of a tree"
-                    )
-                if member.issym():
-                    target = os.path.normpath(os.path.join(os.path.dirname(name), member.linkname))
-                    if member.linkname.startswith("/") or target == ".." or target.startswith("../"):
-                        raise BackendError(f"export: {shown!r} in the tree links outside it")
-                    links.add(name)
+                check_keywords(member.name, member.pax_headers)
+                if member.isdir():
+                    tree.add(member.name.rstrip("/"), "directory")
+                elif member.isfile():
+                    tree.add(member.name, "file")
+                elif member.issym():
+                    tree.add(member.name, "link", member.linkname)
+                else:
+                    raise TreeRefused(f"{shown(member.name)}, which is not a plain part of a tree")
+        tree.finish()
+    except TreeRefused as exc:
+        raise BackendError(f"export: the sandbox's tar holds {exc}") from None
     except (tarfile.TarError, OSError) as exc:
         raise BackendError(f"export: the sandbox's tar cannot be read ({type(exc).__name__})") from None
 

@@ -3,6 +3,11 @@ the CLI in-process, the HTTP client), to descriptors a CLI client opened with it
 passed to the service, or as one byte stream (the HTTP API's body). Each makes only new files,
 never through a link, and leaves nothing of the export behind when it fails.
 
+Whatever a caller names is written only as a regular file (or directory) of that caller's own,
+checked on the open descriptor, on a filesystem made for files (FILE_SYSTEMS): never a file of
+the kernel's (procfs, sysfs, cgroupfs...), where a write can be judged by the writer's rights —
+a root service's — rather than by who opened it (sandboxer.commands.export_delivery.check_mine).
+
 A bundle or a tree's tar is one file; a patch series is files named NNNN-subject.patch in a new
 or empty directory (through HTTP, a tar of them, unpacked here by that rule only).
 """
@@ -10,6 +15,7 @@ or empty directory (through HTTP, a tar of them, unpacked here by that rule only
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import stat
@@ -25,6 +31,53 @@ CHUNK = 1024 * 1024
 PATCH_NAME = re.compile(r"[0-9]{4}-[A-Za-z0-9._-]{1,60}\.patch")
 MAX_PATCH = 256 * 1024 * 1024  # one patch file received through HTTP
 
+# statfs(2) f_type of the filesystems an export may be written on: disks', networks' and memory's
+# filesystems for files (linux/magic.h). Anything else — procfs, sysfs, cgroupfs, debugfs,
+# tracefs, securityfs, configfs, bpffs, efivarfs... — is refused.
+FILE_SYSTEMS = {
+    0x0000EF53: "ext2/3/4",
+    0x58465342: "xfs",
+    0x9123683E: "btrfs",
+    0x2FC12FC1: "zfs",
+    0xF2F52010: "f2fs",
+    0xCA451A4E: "bcachefs",
+    0x52654973: "reiserfs",
+    0x3153464A: "jfs",
+    0x00003434: "nilfs2",
+    0x0000482B: "hfsplus",
+    0x00004D44: "vfat",
+    0x2011BAB0: "exfat",
+    0x5346544E: "ntfs",
+    0x15013346: "udf",
+    0x01021994: "tmpfs",
+    0x858458F6: "ramfs",
+    0x794C7630: "overlayfs",
+    0x65735546: "fuse",
+    0x0000F15F: "ecryptfs",
+    0x00006969: "nfs",
+    0xFF534D42: "cifs",
+    0xFE534D42: "smb2",
+    0x01021997: "9p",
+    0x00C36400: "ceph",
+    0x01161970: "gfs2",
+    0x7461636F: "ocfs2",
+    0x0BD00BD0: "lustre",
+    0x5346414F: "afs",
+}
+KERNEL_FILE_SYSTEMS = {  # named in a refusal
+    0x00009FA0: "procfs",
+    0x62656572: "sysfs",
+    0x0027E0EB: "cgroupfs",
+    0x63677270: "cgroup2",
+    0x64626720: "debugfs",
+    0x74726163: "tracefs",
+    0x73636673: "securityfs",
+    0x62656570: "configfs",
+    0xCAFE4A11: "bpffs",
+    0xDE5E81E4: "efivarfs",
+    0x00001CD1: "devpts",
+}
+
 
 def deliver_to_path(export: Export, destination: str) -> None:
     """Write a verified export at `destination` (sandboxer.verbs's rules)."""
@@ -34,15 +87,57 @@ def deliver_to_path(export: Export, destination: str) -> None:
         write_file_at(destination, _chunks_of(export.files[0][1]))
 
 
-def deliver_to_file(export: Export, fd: int, shown: str) -> None:
-    """Copy a bundle's or a tar's bytes to `fd` (a new, empty file a CLI client opened)."""
+def deliver_to_file(export: Export, fd: int, shown: str, *, uid: int) -> None:
+    """Copy a bundle's or a tar's bytes to `fd`, which a CLI client opened: a new, empty file of
+    its account `uid` (check_mine)."""
+    check_mine(fd, shown, uid)
     _write_file(fd, _chunks_of(export.files[0][1]), shown)
 
 
-def deliver_to_directory(export: Export, directory: int, shown: str, *, owner: tuple[int, int] | None) -> None:
-    """Write a patch series into the empty directory `directory` a CLI client opened; `owner`
-    (uid, gid) is given the files a root service writes for another account."""
+def deliver_to_directory(
+    export: Export, directory: int, shown: str, *, uid: int, owner: tuple[int, int] | None
+) -> None:
+    """Write a patch series into the empty directory `directory` a CLI client opened, one of its
+    account `uid` (check_mine); `owner` (uid, gid) is given the files a root service writes for
+    another account."""
+    check_mine(directory, shown, uid, directory=True)
     _write_series(directory, _series(export), shown, owner=owner)
+
+
+def check_mine(fd: int, shown: str, uid: int, *, directory: bool = False) -> None:
+    """UsageError unless `fd` (opened without following a symlink) is a regular file — a
+    directory with `directory` — of the account `uid`, on one of FILE_SYSTEMS."""
+    what = "a directory" if directory else "a regular file"
+    try:
+        info = os.fstat(fd)
+        kind = _fs_type(fd)
+    except OSError as exc:
+        raise UsageError(f"export: {shown}: cannot be written ({exc.strerror})") from None
+    if not (stat.S_ISDIR if directory else stat.S_ISREG)(info.st_mode) or info.st_uid != uid:
+        raise UsageError(f"export: {shown}: must be {what} of the caller's own")
+    if kind not in FILE_SYSTEMS:
+        name = KERNEL_FILE_SYSTEMS.get(kind, f"filesystem type {kind:#x}")
+        raise UsageError(f"export: {shown}: must be {what} on a filesystem for files, not on {name}")
+
+
+class _StatFs(ctypes.Structure):
+    """struct statfs: its first field, f_type; room for the rest (120 bytes on 64-bit Linux)."""
+
+    _fields_ = (("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 248))
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.fstatfs.argtypes = (ctypes.c_int, ctypes.POINTER(_StatFs))
+_LIBC.fstatfs.restype = ctypes.c_int
+
+
+def _fs_type(fd: int) -> int:
+    """fstatfs(2)'s f_type of `fd` (the standard library has no fstatfs)."""
+    result = _StatFs()
+    if _LIBC.fstatfs(fd, ctypes.byref(result)) != 0:
+        number = ctypes.get_errno()
+        raise OSError(number, os.strerror(number))
+    return int(result.f_type) & 0xFFFFFFFF
 
 
 def stream_of(export: Export) -> Iterator[bytes]:
@@ -77,6 +172,7 @@ def write_file_at(destination: str, chunks: Iterable[bytes]) -> None:
     except OSError as exc:
         raise UsageError(f"export: {destination}: cannot be created ({exc.strerror})") from None
     try:
+        check_mine(fd, destination, os.geteuid())
         _write_file(fd, chunks, destination)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -102,6 +198,7 @@ def write_series_at(destination: str, series: Iterable[tuple[str, bytes]]) -> No
     except OSError as exc:
         raise UsageError(f"export: {destination}: must be a directory ({exc.strerror})") from None
     try:
+        check_mine(directory, destination, os.geteuid(), directory=True)
         _write_series(directory, series, destination, owner=None)
     except BaseException:
         if made:

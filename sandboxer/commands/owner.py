@@ -111,6 +111,17 @@ def list_entries(dirs: Dirs) -> dict[str, Any]:
     return {"config_dir": dirs.config, "entries": entries}
 
 
+def status_of(dirs: Dirs, name: str) -> str:
+    """Where one owner file stands now: approved, unapproved, changed-since-approval (its bytes
+    differ from the approved ones), or missing (no such file)."""
+    try:
+        raw = read_owner_file(dirs.config, name)
+    except SandboxerError:
+        return "missing"
+    approval = Ledger(dirs.config).read().get(name)
+    return _status(approval is not None, approval is not None and approval.sha256 == _sha256(raw.data)).value
+
+
 def _kind(name: str) -> str:
     from sandboxer.core.config_types import GRANTS_NAME
 

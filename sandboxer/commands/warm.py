@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from typing import TYPE_CHECKING, Any
 
 from sandboxer.errors import BackendError, SandboxerError, UsageError
@@ -23,7 +24,36 @@ if TYPE_CHECKING:
     from sandboxer.core.record import SandboxRecord
     from sandboxer.dirs import Dirs
 
-_fills: Executor | None = None  # where background fills run (fill_on); None: detached processes
+
+class Fills:
+    """Where this process's background fills run: the service's fill thread (an executor it
+    sets at its start and takes back at its stop), or, without one, detached processes. Read by
+    every create and teardown thread of the service while the service may be stopping: the
+    executor is this object's, read and changed under its lock, and a fill that can no longer be
+    handed to it (shut down meanwhile) is dropped, as a fill cut short is (gc or the next
+    create's fill tops the pool up). Handing a fill over never fails the create or teardown
+    that asked for it: the sandbox is made or gone by then."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._executor: Executor | None = None
+
+    def run_on(self, executor: Executor | None) -> None:
+        with self._lock:
+            self._executor = executor
+
+    def submit(self, dirs: Dirs, profile_name: str) -> bool:
+        """Hand the fill to the executor; False when there is none (fill in a detached process)."""
+        with self._lock:
+            executor = self._executor
+            if executor is None:
+                return False
+            with contextlib.suppress(RuntimeError):  # shut down: the service is stopping
+                executor.submit(_fill_logged, dirs, profile_name)
+            return True
+
+
+_FILLS = Fills()  # this process's (fill_on, spawn_fill)
 
 
 def wanted(request: CreateRequest) -> int:
@@ -133,8 +163,7 @@ def fill_on(executor: Executor | None) -> None:
     """Run this process's background fills on `executor` from now on (the service: it has every
     import and bwrap's spawner already, where a `sandboxer warm` process would start from
     nothing and compete with the next create for the CPU); None: back to detached processes."""
-    global _fills  # noqa: PLW0603 - one setting for the process, made by the service at its start
-    _fills = executor
+    _FILLS.run_on(executor)
 
 
 def spawn_fill(dirs: Dirs, profile_name: str) -> None:
@@ -143,12 +172,18 @@ def spawn_fill(dirs: Dirs, profile_name: str) -> None:
     session, no stream or descriptor of ours, the root directory as its cwd, an environment of
     its own). Errors go to warm.log in the state dir. The caller does not wait for it, not even
     for a detached one's execve (a plain fork: about 1 ms here, against 8 for subprocess, which
-    waits for the exec); once this process exits, init reaps it."""
-    import sys
-
-    if _fills is not None:
-        _fills.submit(_fill_logged, dirs, profile_name)
+    waits for the exec); once this process exits, init reaps it. It never raises: a fill that
+    cannot be started (no descriptor, no process left) is no failure of the create or teardown
+    that asked for it, whose sandbox is made or gone by then; gc and the next fill catch up."""
+    if _FILLS.submit(dirs, profile_name):
         return
+    with contextlib.suppress(OSError):
+        _fork_fill(dirs, profile_name)
+
+
+def _fork_fill(dirs: Dirs, profile_name: str) -> None:
+    """`sandboxer warm PROFILE`, detached (spawn_fill)."""
+    import sys
 
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
     log = os.open(os.path.join(dirs.state, "warm.log"), flags, 0o600)

@@ -77,7 +77,7 @@ def digest(*, allow_ptrace: bool) -> str:
     return hashlib.sha256(_compile(allow_ptrace)).hexdigest()
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=2)  # bytes, never changed: threads share them (two may compile the same)
 def _compile(allow_ptrace: bool) -> bytes:
     try:
         import pyseccomp  # type: ignore[import-untyped]

@@ -117,6 +117,7 @@ def _add_routes(app: web.Application) -> None:
     """The API's routes (openapi.json lists them), each named for the audit log."""
     app.router.add_get("/v1/version", version, name="version")
     app.router.add_get("/v1/openapi.json", openapi, name="openapi")
+    app.router.add_get("/v1/me", whoami, name="whoami")
     app.router.add_get("/v1/sandboxes", list_sandboxes, name="list")
     app.router.add_post("/v1/sandboxes", create, name="create")
     app.router.add_get("/v1/sandboxes/{id}", inspect, name="inspect")
@@ -137,6 +138,14 @@ async def version(request: web.Request) -> web.Response:
     from sandboxer import __version__
 
     return web.json_response({"version": __version__, "api": "v1"})
+
+
+async def whoami(request: web.Request) -> web.Response:
+    """What the calling account may do: owner, or its granted profiles (service/whoami.py)."""
+    from sandboxer.service.whoami import caller_view
+
+    access: Access = request["access"]
+    return web.json_response(await in_thread(caller_view, access))
 
 
 async def openapi(request: web.Request) -> web.Response:

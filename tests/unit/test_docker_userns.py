@@ -29,7 +29,7 @@ def test_the_map_is_dockremaps_ranges_one_after_another() -> None:
 @pytest.fixture
 def engine_says(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Stand in for the Engine's /info and forget what an earlier call learnt."""
-    monkeypatch.setattr(docker, "_REMAP", [])
+    monkeypatch.setattr(docker, "_LEARNT", docker.Learnt())
 
     def say(info: dict[str, Any]) -> None:
         monkeypatch.setattr(docker, "_engine", lambda method, path, body=None: (200, info))

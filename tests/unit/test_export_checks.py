@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sandboxer.commands.export import _slug, _verify_tar
-from sandboxer.commands.export_delivery import _unpacked, write_file_at, write_series_at
+from sandboxer.commands.export_delivery import _unpacked, check_mine, write_file_at, write_series_at
 from sandboxer.commands.work import WorkState, _parse_state
 from sandboxer.core.record import WorkRecord
 from sandboxer.errors import BackendError, UsageError
@@ -177,5 +177,93 @@ def test_a_trees_tar_with_a_member_below_a_link_is_refused(tmp_path: Path) -> No
     """Each link stays inside on its own, but one below another goes out: refused."""
     path = tmp_path / "tree.tar"
     _tar(path, ("a/l", b"", tarfile.SYMTYPE[0], ".."), ("a/l/m", b"", tarfile.SYMTYPE[0], ".."))
-    with pytest.raises(BackendError, match="not a plain part of a tree"):
+    with pytest.raises(BackendError, match="'a/l/m', which is below a link of the tree"):
         _verify_tar(str(path))
+
+
+def _links(tmp_path: Path, *members: tuple[str, bytes, int, str]) -> Path:
+    path = tmp_path / "tree.tar"
+    _tar(path, *members)
+    return path
+
+
+DIR, FILE, LINK = tarfile.DIRTYPE[0], tarfile.REGTYPE[0], tarfile.SYMTYPE[0]
+
+
+def test_links_that_lead_outside_together_are_refused(tmp_path: Path) -> None:
+    """a/b -> .. stays inside, and c -> a/b/.. does as a name, but through a/b it is the parent of
+    the tree: refused, naming c (issue 31)."""
+    path = _links(tmp_path, ("a/", b"", DIR, ""), ("a/b", b"", LINK, ".."), ("c", b"", LINK, "a/b/.."))
+    with pytest.raises(BackendError) as raised:
+        _verify_tar(str(path))
+    assert raised.value.message == (
+        "export: the sandbox's tar holds 'c', a link that leads outside the tree through the links it names"
+    )
+
+
+@pytest.mark.parametrize(
+    "members",
+    [
+        [("a", b"", LINK, "."), ("b", b"", LINK, "a/..")],  # .. of where a leads
+        [("b", b"", LINK, "a/.."), ("a", b"", LINK, ".")],  # a link that comes later counts too
+        [("x", b"", LINK, "y/.."), ("y", b"", LINK, "d/..")],  # y leads to the top: x to its parent
+        [("a", b"", LINK, "b"), ("b", b"", LINK, "c"), ("c", b"", LINK, "..")],  # to the end of a chain
+        [("a", b"", LINK, "b"), ("b", b"", LINK, "a")],  # a loop
+        [("a", b"", FILE, ""), ("a", b"", LINK, ".")],  # a later member replacing an earlier one
+        [("d/", b"", DIR, ""), ("d", b"", LINK, ".")],
+        [("f", b"", FILE, ""), ("f/g", b"", FILE, "")],  # below a file
+    ],
+)
+def test_links_are_judged_through_the_links_they_pass(
+    tmp_path: Path, members: list[tuple[str, bytes, int, str]]
+) -> None:
+    with pytest.raises(BackendError, match=r"^export: the sandbox's tar holds '"):
+        _verify_tar(str(_links(tmp_path, *members)))
+
+
+def test_links_that_stay_inside_through_other_links_are_kept(tmp_path: Path) -> None:
+    path = _links(
+        tmp_path,
+        ("a/", b"", DIR, ""),
+        ("a/b/", b"", DIR, ""),
+        ("a/b/c", b"", LINK, "../.."),  # the top
+        ("up", b"", LINK, "a/b/c/a"),  # a, through the top
+        ("d", b"", LINK, "up/b/.."),  # a again
+        ("e", b"", LINK, "missing/.."),  # nothing there: taken as named, as realpath does
+        ("a/", b"", DIR, ""),  # a directory given twice is still a directory
+    )
+    _verify_tar(str(path))
+
+
+def test_a_pax_keyword_two_tars_may_read_differently_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "tree.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as archive:
+        info = tarfile.TarInfo("f")
+        info.pax_headers = {"GNU.sparse.name": "../../etc/passwd"}
+        archive.addfile(info)
+    with pytest.raises(BackendError, match=r"pax keyword 'GNU\.sparse\.name'"):
+        _verify_tar(str(path))
+
+
+def test_an_export_is_written_only_into_a_callers_own_file_on_a_filesystem_for_files(tmp_path: Path) -> None:
+    """What a caller opened is checked on its descriptor: a regular file (or directory) of the
+    caller's, not a file of the kernel's, whose writes may be judged by the writer's rights."""
+    mine = tmp_path / "mine"
+    mine.write_bytes(b"")
+    uid = os.geteuid()
+    fd = os.open(mine, os.O_RDONLY)
+    try:
+        check_mine(fd, "mine", uid)
+        with pytest.raises(UsageError, match=r"^export: mine: must be a regular file of the caller's own$"):
+            check_mine(fd, "mine", uid + 1)
+        with pytest.raises(UsageError, match=r"^export: mine: must be a directory of the caller's own$"):
+            check_mine(fd, "mine", uid, directory=True)
+    finally:
+        os.close(fd)
+    for path, directory, name in (("/proc/self/sched", False, "procfs"), ("/sys", True, "sysfs")):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            with pytest.raises(UsageError, match=f"must be a .* on a filesystem for files, not on {name}$"):
+                check_mine(fd, path, os.fstat(fd).st_uid, directory=directory)
+        finally:
+            os.close(fd)

@@ -242,8 +242,9 @@ def start(plan: Plan, *, seccomp_program: bytes, limit_setup: LimitSetup) -> Liv
                 user=uid if as_root else None,
                 group=gid if as_root else None,
                 extra_groups=[] if as_root else None,
-                # Between fork and exec, so bwrap is confined before it runs. Safe here: the
-                # broker that starts bwrap has one thread (a threaded one must spawn differently).
+                # Between fork and exec, so bwrap is confined before it runs. Safe in the
+                # service's threads too: confine only makes system calls (os, resource, ctypes,
+                # all imported already), so the child takes no lock another thread may hold.
                 preexec_fn=lambda: privileges.confine(groups, before_start, keyring),  # noqa: PLW1509
             )
             stop.keep(process)

@@ -147,22 +147,53 @@ def _request_file(entry: Entry) -> int:
     return fd
 
 
-_active: list[Spawner] = []  # the service's spawner, once it started one (activate)
-_failed: list[float] = []  # when spawners died at once (FAILED_STARTS of them: execs are forked here)
-_active_lock = threading.Lock()
+class Slot:
+    """The service's spawner, and when spawners died: one object, read and replaced under its
+    lock by every exec thread of the service (and by serve.py, which activates it at its start
+    and deactivates it at its stop). A request to the spawner itself runs outside this lock,
+    under the spawner's own (one request at a time on its socket)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._spawner: Spawner | None = None
+        self._failed: list[float] = []  # when spawners died (FAILED_STARTS of them: execs are forked here)
+
+    def activate(self) -> None:
+        with self._lock:
+            if self._spawner is None:
+                self._spawner = Spawner()
+
+    def deactivate(self) -> None:
+        with self._lock:
+            spawner, self._spawner = self._spawner, None
+            if spawner is not None:
+                spawner.close()
+
+    def current(self) -> Spawner | None:
+        """The live spawner (a new one if it died), or None: fork the exec here."""
+        with self._lock:
+            spawner = self._spawner
+            if spawner is not None and not spawner.alive():
+                spawner.close()
+                self._spawner = spawner = None
+                self._failed.append(time.monotonic())
+                if len(self._failed) < FAILED_STARTS:
+                    self._spawner = spawner = Spawner()
+                else:
+                    log.error("the exec spawner keeps dying: the service forks its execs itself")
+            return spawner
+
+
+_SLOT = Slot()  # this process's: the service's spawner, once it started one (activate)
 
 
 def activate() -> None:
     """Start the service's spawner (serve.py, once): its execs are forked by it from now on."""
-    with _active_lock:
-        if not _active:
-            _active.append(Spawner())
+    _SLOT.activate()
 
 
 def deactivate() -> None:
-    with _active_lock:
-        while _active:
-            _active.pop().close()
+    _SLOT.deactivate()
 
 
 def start(entry: Entry, *, stdin: int, stdout: int, stderr: int) -> Started:
@@ -170,18 +201,7 @@ def start(entry: Entry, *, stdin: int, stdout: int, stderr: int) -> Started:
     when there is none (an exec in-process), or when spawners keep dying at once. A spawner that
     goes away in the middle of a request fails that exec (EntryError, 125): whether it had
     started cannot be known."""
-    with _active_lock:
-        spawner = _active[0] if _active else None
-        if spawner is not None and not spawner.alive():
-            spawner.close()
-            _active.clear()
-            _failed.append(time.monotonic())
-            if len(_failed) < FAILED_STARTS:
-                spawner = Spawner()
-                _active.append(spawner)
-            else:
-                log.error("the exec spawner keeps dying: the service forks its execs itself")
-                spawner = None
+    spawner = _SLOT.current()
     if spawner is None:
         return joiner.start(entry, stdin=stdin, stdout=stdout, stderr=stderr)
     try:

@@ -25,6 +25,8 @@ from sandboxer.host.fdpass import receive_fds
 FDS = 6  # the request (a sealed memfd), stdin, stdout, stderr, the report and the status pipe's write ends
 MAX_REQUEST = 16 * 1024 * 1024  # an Entry: argv and environment, as large as exec's command line
 ENTRY_FIELDS = Entry.__slots__
+# This process runs one thread: its state is module-level, changed by serve's loop and _reap
+# (SIGCHLD, blocked while _start adds to _status_of).
 _own_pid_namespace: int | None = None  # root's: execs are forked straight into their sandbox
 _status_of: dict[int, int] = {}  # a command forked straight into its sandbox: its status pipe
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -69,15 +70,34 @@ def id_map(text: str, *, names: tuple[str, ...]) -> IdMap:
     return tuple(mapped)
 
 
-_REMAP: list[Remap] = []  # what the daemon said, once per process (a create asks for it more than once)
+class Learnt:
+    """What the daemon said of its remapping, learnt once per process (a create asks for it more
+    than once): one object, filled under its lock by the first of the service's threads to ask
+    (the others wait for that answer); a failure is not kept, so the next create asks again."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._remap: Remap | None = None
+
+    def remap(self) -> Remap:
+        with self._lock:
+            if self._remap is None:
+                self._remap = _learn_remap()
+            return self._remap
+
+
+_LEARNT = Learnt()  # this process's
 
 
 def remap() -> Remap:
     """The Engine's user-namespace remapping, learnt from the daemon (`/info`: its security
     options and storage root) and dockremap's subordinate ranges; BackendError (5) when the
     daemon does not remap, which is refused: its containers' users would be host accounts."""
-    if _REMAP:
-        return _REMAP[0]
+    return _LEARNT.remap()
+
+
+def _learn_remap() -> Remap:
+    """remap(), asking the daemon."""
     status, info = _engine("GET", "/info")
     if status != 200 or not isinstance(info, dict):
         raise BackendError(f"docker: the Engine's /info answered HTTP {status}")
@@ -107,7 +127,6 @@ def remap() -> Remap:
         raise BackendError(
             f"the Docker daemon remaps user namespaces, but not to {REMAP_USER}'s subordinate ranges", hint=REMAP_HINT
         )
-    _REMAP.append(found)
     return found
 
 
