@@ -19,7 +19,7 @@ import builtins
 import os
 from collections.abc import Callable, Mapping, Sequence
 
-from sandboxer.dirs import Dirs, resolve_dirs
+from sandboxer.dirs import Dirs, require_state_dir, resolve_dirs
 from sandboxer.errors import EntryError, ExecError, NotFoundError, ResidueError
 from sandboxer.exec_threads import ExecSink, ExecStream, fed
 from sandboxer.results import (
@@ -47,7 +47,9 @@ class Broker:
     """The broker for one config directory and one state directory.
 
     Unset directories resolve as the CLI resolves them: SANDBOXER_CONFIG / SANDBOXER_STATE, then
-    the defaults for the calling user (/etc/sandboxer and /var/lib/sandboxer for root).
+    the defaults for the calling user (/etc/sandboxer and /var/lib/sandboxer for root). A state
+    dir another account could have written in is refused here (PolicyError, 3), as the CLI
+    refuses it (sandboxer.dirs.state_dir_problem).
     """
 
     def __init__(self, *, config_dir: str | None = None, state_dir: str | None = None) -> None:
@@ -58,6 +60,7 @@ class Broker:
             euid=os.geteuid(),
             home=os.path.expanduser("~"),
         )
+        require_state_dir(self.dirs.state)
         self.owner = Owner(self.dirs)
 
     @property

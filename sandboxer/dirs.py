@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
+import stat
 import struct
 from collections.abc import Mapping
 
@@ -56,6 +58,122 @@ def resolve_dirs(
 def _absolute(value: str | None) -> str | None:
     # The XDG spec says relative values are invalid and must be ignored.
     return value if value and os.path.isabs(value) else None
+
+
+STATE_DIR_HINT = (
+    "a state dir must be this account's own directory, mode 0700 (root's may be 0711), below directories "
+    "owned by root or this account that nobody else may write to (unless sticky, as /tmp); docs/security.md"
+)
+
+
+def state_dir_problem(path: str, *, euid: int) -> str | None:
+    """Why this account may not keep its sandboxes in `path` (None: it may).
+
+    The records in a state dir say which paths teardown and gc remove and which processes they
+    signal, so the broker keeps state only where no other account could have written or could
+    swap anything: `path` is a directory (not a symlink) owned by `euid`, with no permission for
+    group or others (root's may keep the search bit: 0711, so a sandbox user reaches its clone by
+    path); every directory above it is owned by root or `euid` and writable by nobody else unless
+    sticky (as /tmp); a symlink on the way is root's or `euid`'s. A state dir that does not exist
+    yet is judged by the directories above it (it is made 0700 when first needed).
+    """
+    path = os.path.abspath(path)
+    try:
+        real = os.path.join(_checked_links(os.path.dirname(path), euid), os.path.basename(path))
+    except _Unsafe as exc:
+        return f"state dir {path}: {exc}"
+    except OSError as exc:
+        return f"state dir {path}: cannot be checked ({exc.strerror})"
+    try:
+        seen: os.stat_result | None = os.lstat(real)
+    except FileNotFoundError:
+        seen = None
+    except OSError as exc:
+        return f"state dir {path}: cannot be checked ({exc.strerror})"
+    problem = None if seen is None else _own_problem(seen, euid)
+    if problem is None:
+        problem = _ancestors_problem(os.path.dirname(real), euid)
+    return None if problem is None else f"state dir {path}: {problem}"
+
+
+def _own_problem(seen: os.stat_result, euid: int) -> str | None:
+    if not stat.S_ISDIR(seen.st_mode):
+        return f"is a {'symlink' if stat.S_ISLNK(seen.st_mode) else 'file'}, must be a directory"
+    if seen.st_uid != euid:
+        return f"owned by uid {seen.st_uid}, must be this account's (uid {euid})"
+    allowed = 0o711 if euid == 0 else 0o700
+    mode = stat.S_IMODE(seen.st_mode)
+    if mode & 0o077 & ~allowed:
+        return f"mode {mode:04o}, must be {allowed:04o} (no access for group or others)"
+    return None
+
+
+def _ancestors_problem(parent: str, euid: int) -> str | None:
+    """Each existing directory from `parent` up to /: root's or `euid`'s, and writable by nobody
+    else unless sticky."""
+    while True:
+        try:
+            seen = os.lstat(parent)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            return f"{parent} cannot be checked ({exc.strerror})"
+        else:
+            if seen.st_uid not in (0, euid):
+                return f"the directory {parent} above it is owned by uid {seen.st_uid}, not by root or this account"
+            if seen.st_mode & 0o022 and not seen.st_mode & stat.S_ISVTX:
+                mode = stat.S_IMODE(seen.st_mode)
+                return f"the directory {parent} above it is writable by others (mode {mode:04o}, not sticky)"
+        if parent == "/":
+            return None
+        parent = os.path.dirname(parent)
+
+
+def require_state_dir(path: str) -> None:
+    """Refuse (PolicyError, 3) to keep sandboxes in `path` when state_dir_problem finds a reason."""
+    problem = state_dir_problem(path, euid=os.geteuid())
+    if problem is not None:
+        from sandboxer.errors import PolicyError  # not at the top: the CLI client imports this module
+
+        raise PolicyError(problem, hint=STATE_DIR_HINT)
+
+
+class _Unsafe(Exception):
+    """A symlink on the way to the state dir that another account owns."""
+
+
+def _checked_links(path: str, euid: int) -> str:
+    """`path` with its symlinks resolved, each of them root's or `euid`'s (else _Unsafe: whoever
+    owns a link can point it elsewhere later); the parts from the first missing one on are kept
+    as they are."""
+    resolved = "/"
+    parts = [part for part in path.split("/") if part]
+    hops = 0
+    while parts:
+        part = parts.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            resolved = os.path.dirname(resolved)
+            continue
+        candidate = os.path.join(resolved, part)
+        try:
+            seen = os.lstat(candidate)
+        except FileNotFoundError:
+            return os.path.normpath(os.path.join(candidate, *parts))
+        if not stat.S_ISLNK(seen.st_mode):
+            resolved = candidate
+            continue
+        if seen.st_uid not in (0, euid):
+            raise _Unsafe(f"the symlink {candidate} on its way is owned by uid {seen.st_uid}")
+        hops += 1
+        if hops > 40:
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+        target = os.readlink(candidate)
+        if target.startswith("/"):
+            resolved = "/"
+        parts = [p for p in target.split("/") if p] + parts
+    return resolved
 
 
 SOCKET_FILE = "broker.sock"

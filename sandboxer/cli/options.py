@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from sandboxer.dirs import Dirs
+from sandboxer.dirs import Dirs, require_state_dir
 from sandboxer.host.fsutil import CallerFile
 from sandboxer.invocation import current
 
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
 
 _DEBUG = "sandboxer.debug"
+_STATE_CHECKED = "sandboxer.state-checked"
 
 
 def remember(ctx: typer.Context, dirs: Dirs, *, debug: bool) -> None:
@@ -28,9 +29,19 @@ def remember(ctx: typer.Context, dirs: Dirs, *, debug: bool) -> None:
     ctx.meta[_DEBUG] = debug
 
 
-def dirs_of(ctx: typer.Context) -> Dirs:
-    """The config and state directories the global options (or their defaults) name."""
+def dirs_of(ctx: typer.Context, *, state: bool = True) -> Dirs:
+    """The config and state directories the global options (or their defaults) name.
+
+    In-process (SANDBOXER_NO_SERVICE=1, root without a service, a client whose private service
+    could not start, `serve` itself) the state dir is first held to the rule of
+    sandboxer.dirs.state_dir_problem — its records say what teardown and gc remove and signal —
+    and refused (PolicyError, 3) when another account could have written in it. A command that
+    never reads or writes the state passes `state=False` (manifest check, doctor, which reports
+    the problem instead). A service's own state dir was checked when it started."""
     dirs: Dirs = ctx.find_root().obj
+    if state and access() is None and not ctx.meta.get(_STATE_CHECKED):
+        require_state_dir(dirs.state)
+        ctx.meta[_STATE_CHECKED] = True
     return dirs
 
 

@@ -48,7 +48,7 @@ def manifest_check(
     """Validate a lease manifest and its sources; print what it grants (never a value)."""
     from sandboxer.core import manifest
 
-    dirs = dirs_of(ctx)
+    dirs = dirs_of(ctx, state=False)  # only to refuse sources inside it
     checked = manifest.load(os.path.abspath(caller_path(file, "manifest check")), forbidden=(dirs.config, dirs.state))
     result = {"valid": True, **manifest.meaning(checked)}
     lines = [f"{checked.file}: valid lease manifest, version {checked.version}, run {checked.run_id}"]
@@ -166,7 +166,7 @@ def doctor(ctx: typer.Context, json: JsonOption = False) -> None:
     and state dirs, disk space, Docker — one line each, with what to do. Exit 5 when any fails."""
     from sandboxer.commands.doctor import doctor as check_host
 
-    result = check_host(dirs_of(ctx))
+    result = check_host(dirs_of(ctx, state=False))  # it reports a state dir it would refuse
     lines = result.pop("lines")
     _print(result, "\n".join(lines), json)
     if not result["ok"]:

@@ -18,7 +18,7 @@ from sandboxer.commands.owner import list_entries, status_of
 from sandboxer.core.approvals import Status
 from sandboxer.core.config_types import GRANTS_NAME
 from sandboxer.core.configdir import load_grants
-from sandboxer.dirs import ROOT_SOCKET, Dirs, Untrusted, service_socket
+from sandboxer.dirs import ROOT_SOCKET, Dirs, Untrusted, service_socket, state_dir_problem
 from sandboxer.errors import PolicyError, SandboxerError
 
 TOOLS_PATH = "/usr/bin:/bin:/usr/local/bin"  # where the broker looks for git, whatever PATH says
@@ -124,6 +124,10 @@ def _git() -> Check:
 
 
 def _directory(path: str, what: str) -> Check:
+    if what == "state dir":
+        problem = state_dir_problem(path, euid=os.geteuid())
+        if problem is not None:
+            return Check(what, "fail", problem, "use a directory of this account's own (--state-dir, SANDBOXER_STATE)")
     try:
         info = os.lstat(path)
     except FileNotFoundError:

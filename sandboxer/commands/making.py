@@ -10,6 +10,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 from sandboxer.core.record import WorkRecord
+from sandboxer.dirs import require_state_dir
 from sandboxer.errors import PolicyError
 from sandboxer.host import workspace
 from sandboxer.host.registry import Registry
@@ -98,6 +99,7 @@ def _admit(dirs: Dirs, profile_name: str) -> tuple[str, Profile, ExtensionConfig
     from sandboxer.core.runtime import verify_pin
 
     Registry(dirs.state).ensure()  # the state dir first, with its own mode, before any cache in it
+    require_state_dir(dirs.state)  # again once made: nobody swapped a directory above it meanwhile
     cache_dir = os.path.join(dirs.state, "parsed")
     raw, profile = load_profile(dirs.config, profile_name, cache_dir=cache_dir)
     ledger = Ledger(dirs.config)

@@ -40,6 +40,7 @@ def destroy(registry: Registry, sandbox_id: str, record: SandboxRecord | None) -
             record.manifest,
             backend=backend,
             sandbox_id=sandbox_id,
+            sandbox_dir=registry.path(sandbox_id),
             materializations=record.state == "ready" or record.consumed,
         )
         removed.extend(lease_removed)

@@ -74,13 +74,20 @@ def check_private_dir(path: str, what: str, *, traversable: bool = False) -> Non
 
 
 def ensure_private_dir(path: str, what: str = "directory", *, traversable: bool = False) -> None:
-    """Create `path` (and parents) as 0700 (0711 if `traversable`) when missing; refuse it when not private."""
+    """Create `path` (and missing parents) as 0700 (0711 if `traversable`) when missing; refuse it
+    when not private. Parents are made with the same mode, never the umask's (a group-writable
+    parent would let others swap what is below it)."""
+    mode = 0o711 if traversable else 0o700
     try:
-        os.makedirs(path, mode=0o700)
-        if traversable:
-            os.chmod(path, 0o711)  # noqa: S103 - passable, not listable; see Registry.ensure
-    except FileExistsError:
-        pass
+        missing = []
+        probe = os.path.abspath(path)
+        while not os.path.lexists(probe):
+            missing.append(probe)
+            probe = os.path.dirname(probe)
+        for directory in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(directory, 0o700)
+                os.chmod(directory, mode)
     except OSError as exc:
         raise UsageError(f"{what} {path}: cannot be created ({exc.strerror})") from None
     check_private_dir(path, what, traversable=traversable)

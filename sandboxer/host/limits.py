@@ -170,6 +170,26 @@ def remove(groups: tuple[str, ...]) -> list[str]:
     return left
 
 
+def of_sandbox(group: str, sandbox_id: str) -> bool:
+    """Whether `group` is a cgroup of the broker's naming for this sandbox (`sandboxer/<id>` below
+    the cgroup hierarchy, as `setup` makes it), reached without a symlink: teardown and gc remove
+    only these, whatever a record says."""
+    parts = group.split("/")
+    if not group.startswith(CGROUP_ROOT + "/") or os.path.normpath(group) != group:
+        return False
+    if parts[-2:] != ["sandboxer", sandbox_id] or any(part in ("", ".", "..") for part in parts[1:]):
+        return False
+    from sandboxer.host.fsutil import open_dir_nofollow
+
+    try:
+        os.close(open_dir_nofollow(group))
+    except FileNotFoundError:
+        return True  # gone already: nothing to remove, nothing to refuse
+    except OSError:
+        return False
+    return True
+
+
 def members(group: str) -> list[int]:
     """The pids in a cgroup."""
     try:

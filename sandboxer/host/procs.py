@@ -130,28 +130,69 @@ def terminate(pids: list[int], *, grace: float) -> list[int]:
     return survivors
 
 
+def bwrap_marker(sandbox_id: str) -> bytes:
+    """What the command line of the sandbox's bwrap (and of its init, a fork of it) carries: the
+    option that sets the sandbox's id in its environment (backends/bwrap/argv.py)."""
+    return f"\0--setenv\0SANDBOXER_SANDBOX_ID\0{sandbox_id}\0".encode()
+
+
+def carries(pid: int, marker: bytes) -> bool:
+    """Whether the command line of `pid` contains `marker`."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as stream:
+            return marker in stream.read()
+    except OSError:
+        return False
+
+
+def namespace_pid(pid: int) -> int | None:
+    """The pid of `pid` in its own (innermost) pid namespace: NSpid's last field."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as stream:
+            for line in stream:
+                if line.startswith(b"NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def sandbox_namespace(sandbox_id: str, processes: Processes | None) -> int | None:
+    """The inode of the sandbox's pid namespace, when the record names it truly; else None.
+
+    A record is not believed on its word: its init (checked by start time) must still live, be
+    pid 1 of a namespace with the recorded inode, not this process's own namespace, and carry the
+    sandbox's bwrap marker on its command line (init is a fork of bwrap). A namespace number is
+    reused by the kernel once the namespace is gone, so it is trusted only while that init lives;
+    once it is dead, the kernel has already killed every process of the namespace."""
+    if processes is None:
+        return None
+    inode, init_pid, init_start = processes.pid_namespace, processes.init_pid, processes.init_start
+    if not (isinstance(inode, int) and isinstance(init_pid, int) and isinstance(init_start, int)):
+        return None
+    if inode == namespace_inode(os.getpid(), "pid") or not alive(init_pid, init_start):
+        return None
+    if namespace_inode(init_pid, "pid") != inode or namespace_pid(init_pid) != 1:
+        return None
+    return inode if carries(init_pid, bwrap_marker(sandbox_id)) else None
+
+
 def stop_sandbox(sandbox_id: str, processes: Processes | None, *, grace: float = 1.0) -> tuple[list[str], list[str]]:
-    """Kill every process of the sandbox: those its record names (bwrap, init, holder), all of its
-    pid namespace while its init lives, and any that carries its id in its environment (a bwrap
-    whose pids never reached the record, a container's processes): TERM, grace, KILL. Returns
-    (removed, residue)."""
+    """Kill every process of the sandbox: all of its pid namespace while its init lives, those its
+    record names (bwrap, init, holder), and any bwrap that carries its id (one whose pids never
+    reached the record): TERM, grace, KILL. Returns (removed, residue).
+
+    The record is not trusted with a pid (a forged one could name any process): a pid it names is
+    signalled only while it is the same process (its start time) and is the sandbox's own — in the
+    sandbox's verified pid namespace (sandbox_namespace), or carrying the sandbox's bwrap marker on
+    its command line."""
     removed: list[str] = []
     residue: list[str] = []
     targets: set[int] = set()
-    pid_namespace = processes.pid_namespace if processes else None
-    init_pid, init_start = (processes.init_pid, processes.init_start) if processes else (None, None)
-    # A namespace number is reused by the kernel once the namespace is gone, so it is trusted
-    # only while the sandbox's own init (checked by start time) still lives in it. When that
-    # init is dead, the kernel has already killed every process of the namespace.
-    namespace_is_ours = (
-        isinstance(pid_namespace, int)
-        and isinstance(init_pid, int)
-        and isinstance(init_start, int)
-        and alive(init_pid, init_start)
-        and namespace_inode(init_pid, "pid") == pid_namespace
-    )
-    if namespace_is_ours and isinstance(pid_namespace, int):
-        targets.update(in_pid_namespace(pid_namespace))
+    marker = bwrap_marker(sandbox_id)
+    namespace = sandbox_namespace(sandbox_id, processes)
+    members = set(in_pid_namespace(namespace)) if namespace is not None else set()
+    targets |= members
     named = (
         [
             (processes.bwrap_pid, processes.bwrap_start),
@@ -162,17 +203,19 @@ def stop_sandbox(sandbox_id: str, processes: Processes | None, *, grace: float =
         else []
     )
     for pid, started in named:
-        if pid is not None and started is not None and alive(pid, started):
+        if pid is None or started is None or not alive(pid, started):
+            continue
+        if pid in members or carries(pid, marker):
             targets.add(pid)
     # A bwrap whose pids never reached the record still carries the id in its argv.
-    targets.update(with_marker(f"SANDBOXER_SANDBOX_ID\0{sandbox_id}\0".encode()))
+    targets.update(with_marker(marker))
     targets.discard(os.getpid())
     if targets:
         survivors = terminate(sorted(targets), grace=grace)
         removed.append(f"processes: {len(targets) - len(survivors)}")
         residue.extend(f"process {pid} still running" for pid in survivors)
-    if namespace_is_ours and isinstance(pid_namespace, int):
-        late = in_pid_namespace(pid_namespace)
+    if namespace is not None and sandbox_namespace(sandbox_id, processes) == namespace:  # its init still lives
+        late = in_pid_namespace(namespace)
         if late:
             survivors = terminate(late, grace=0.0)
             residue.extend(f"process {pid} still running" for pid in survivors)

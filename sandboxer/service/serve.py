@@ -23,7 +23,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from sandboxer.dirs import Dirs, default_socket
+from sandboxer.dirs import Dirs, default_socket, require_state_dir
 from sandboxer.errors import PolicyError, UsageError
 from sandboxer.host.registry import Registry, try_lock_file
 from sandboxer.invocation import install_thread_streams
@@ -55,8 +55,10 @@ def serve(
 ) -> int:
     """Run the service until SIGTERM/SIGINT (or `idle_exit` seconds without a request)."""
     path = socket_path or default_socket(dirs)
+    require_state_dir(dirs.state)  # never serve records another account could have written
     registry = Registry(dirs.state)
     registry.ensure()
+    require_state_dir(dirs.state)  # again once made: nobody swapped a directory above it meanwhile
     lock = try_lock_file(os.path.join(dirs.state, LOCK_FILE))
     if lock is None:
         raise PolicyError(f"a service already answers for the state dir {dirs.state}")

@@ -118,9 +118,10 @@ def test_gc_collects_every_sandbox_it_can_when_one_fails(sb: SandboxBroker) -> N
     healthy one spared, and the failure is that sandbox's residue (exit 6)."""
     healthy = sb.create()
     broken, dead = "0" * 24, "f" * 24  # gc walks ids in order: the broken one comes first
-    # A record of the right shape whose destroy raises (a cgroup path no system call takes). One
-    # out of shape is refused as a whole and its sandbox destroyed by its id: the dead one's.
-    groups = ["/sys/fs/cgroup/pids/sandboxer/\0"]
+    # A record of the right shape whose destroy raises (a cgroup path of the broker's naming for
+    # the sandbox that no system call takes). One out of shape is refused as a whole and its
+    # sandbox destroyed by its id: the dead one's.
+    groups = [f"/sys/fs/cgroup/pids\0/sandboxer/{broken}"]
     limits = {"mechanism": "cgroup-v1", "groups": groups, "procs_files": [], "rlimits": [], "memory_mib": 1, "pids": 1}
     identity = {"format": 1, "profile": "p", "created_at": "2026-11-30T00:00:00Z", "backend": "bwrap"}
     for sandbox_id, record in (

@@ -124,8 +124,14 @@ class BwrapBackend:
         groups = record.limits.groups if record.limits else ()
         if not groups:
             groups = limits.leftover_groups(record.id)
-        left = limits.remove(groups)
-        return [f"cgroup {g}" for g in groups if g not in left], [f"cgroup {g}" for g in left]
+        # A record is not trusted with a path: a group not of the broker's naming for this
+        # sandbox is left alone and reported.
+        ours = tuple(g for g in groups if limits.of_sandbox(g, record.id))
+        refused = [
+            f"cgroup {g}: not this sandbox's (sandboxer/{record.id}), left alone" for g in groups if g not in ours
+        ]
+        left = limits.remove(ours)
+        return [f"cgroup {g}" for g in ours if g not in left], [f"cgroup {g}" for g in left] + refused
 
     def is_running(self, record: SandboxRecord) -> bool | None:
         processes = record.processes

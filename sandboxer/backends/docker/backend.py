@@ -204,9 +204,12 @@ class DockerBackend:
 
             container_id = container.labelled(registry.state_dir).get(record.id)
         if container_id:
-            from sandboxer.backends.docker.engine import remove_container  # no SDK, no plan code: teardown stays lean
+            from sandboxer.backends.docker.engine import remove_labelled  # no SDK, no plan code: teardown stays lean
+            from sandboxer.backends.docker.render import LABEL, STATE_LABEL
 
-            problem = remove_container(str(container_id))
+            # The record's container id is not trusted: only a container labelled as this
+            # sandbox of this state dir is removed.
+            problem = remove_labelled(str(container_id), {LABEL: record.id, STATE_LABEL: registry.state_dir})
             if problem is None or problem == "gone":
                 removed.append(f"container {str(container_id)[:12]}")
             else:

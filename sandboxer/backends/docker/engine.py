@@ -168,6 +168,28 @@ def remove_container(container: str) -> str | None:
     return None if status == 204 else f"the Engine answered HTTP {status}"
 
 
+def remove_labelled(container: str, labels: dict[str, str]) -> str | None:
+    """Remove a container (as remove_container) only when it carries every one of `labels`: a
+    container id read from a record is not trusted to be the sandbox's (teardown and gc of a
+    forged record never remove another broker's container, or one nobody's broker made). A
+    container that does not carry them is left alone: "not this sandbox's container"."""
+    if not all(c in "0123456789abcdef" for c in container) or not 12 <= len(container) <= 64:
+        return "not a container id, left alone"
+    try:
+        status, content = _request("GET", f"/containers/{container}/json")
+    except OSError as exc:
+        return f"the Engine cannot be reached ({exc.strerror})"
+    if status == 404:
+        return "gone"
+    if status != 200:
+        return f"the Engine answered HTTP {status}"
+    config = json.loads(content).get("Config") or {}
+    found = config.get("Labels") or {}
+    if not isinstance(found, dict) or any(found.get(key) != value for key, value in labels.items()):
+        return "not this sandbox's container (its labels say otherwise), left alone"
+    return remove_container(container)
+
+
 def request(method: str, path: str, body: dict[str, object] | None = None) -> tuple[int, bytes]:
     """One Engine API call (status, body); raises OSError when the Engine does not answer."""
     return _request(method, path, body)
