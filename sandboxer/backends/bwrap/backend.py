@@ -115,7 +115,13 @@ class BwrapBackend:
     def stop(self, registry: Registry, record: SandboxRecord) -> tuple[list[str], list[str]]:
         from sandboxer.backends.bwrap.stop import stop
 
-        return stop(record)
+        removed, residue = stop(record)
+        if not residue:  # nothing of the sandbox runs: its runtime image's mount goes
+            from sandboxer.host import staging
+
+            more_removed, residue = staging.unstage(registry.path(record.id))
+            removed += more_removed
+        return removed, residue
 
     def release(self, record: SandboxRecord) -> tuple[list[str], list[str]]:
         """The sandbox's cgroups (those recorded, or left by a create that died first)."""

@@ -43,6 +43,11 @@ def start_verified(
 
         owner = record.manifest.owner_uid if record.manifest else -1
         started = lease_mounts.stage(plan, registry.path(plan.sandbox_id), owner=owner)
+    if os.geteuid() == 0:  # the runtime from its image: no host path in the sandbox's mount table
+        from sandboxer.host import staging
+
+        point = staging.stage_runtime(plan, registry.state_dir, registry.path(plan.sandbox_id))
+        started = staging.staged_plan(started, point)
     live = namespace.start(started, seccomp_program=program, limit_setup=limit_setup)
     record = replace(record, processes=live.processes(), plan=PlanShare.of(plan))
     registry.write(record)
