@@ -60,8 +60,24 @@ def runtime_image(state_dir: str, runtime_path: str, sha256: str) -> str:
     fsutil.ensure_private_dir(directory, "runtime images directory")
     with fsutil.locked(os.path.join(directory, ".lock")):
         if not os.path.isfile(image):
+            _remove_leftovers(directory)
             _make_image(directory, image, runtime_path, sha256)
     return image
+
+
+def _remove_leftovers(directory: str) -> None:
+    """What a broker killed while it made an image left (the lock is held: nobody makes one now):
+    its partial image, and its check mount, unmounted first."""
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        if name.startswith(".partial-"):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        elif name.startswith(".check-"):
+            with contextlib.suppress(OSError):
+                if os.path.ismount(path):
+                    fsutil.unmount(path, detach=True)
+                os.rmdir(path)
 
 
 def _make_image(directory: str, image: str, runtime_path: str, sha256: str) -> None:

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.conftest import settled
 from tests.integration.conftest import SandboxBroker
@@ -95,3 +98,30 @@ def test_gc_unmounts_what_a_crashed_sandbox_left(sbx_root: SandboxBroker) -> Non
     assert settled(lambda: _mounts_below(sbx_root.state / "sandboxes"), []) == []
     assert settled(lambda: _loops_of(sbx_root.state), []) == []
     assert not sandbox_dir.exists()
+
+
+def test_an_image_of_another_tree_is_refused_and_leaves_nothing(tmp_path: Path, runtime_dir: Path) -> None:
+    """An image whose content does not have the pin is never kept; and what a broker killed while
+    it made one left (a partial image, a mounted check point) goes before the next is made."""
+    if os.geteuid() != 0 or shutil.which("mkfs.erofs", path="/usr/sbin:/usr/bin:/sbin:/bin") is None:
+        pytest.skip("runtime images are made by a root broker with mkfs.erofs (scripts/install-system-deps)")
+    from sandboxer.core.digest import tree_digest
+    from sandboxer.errors import PolicyError
+    from sandboxer.host import staging
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    with pytest.raises(PolicyError, match="changed while its image was made"):
+        staging.runtime_image(str(state), str(runtime_dir), "0" * 64)
+    images = state / staging.IMAGES
+    assert sorted(p.name for p in images.iterdir()) == [".lock"]
+    assert _mounts_below(state) == []
+
+    (images / ".partial-killed.erofs").write_bytes(b"half")
+    (images / ".check-killed").mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(images / ".check-killed")], check=True)
+    sha256 = tree_digest(str(runtime_dir)).sha256
+    image = staging.runtime_image(str(state), str(runtime_dir), sha256)
+    assert sorted(p.name for p in images.iterdir()) == [".lock", f"{sha256}.erofs"]
+    assert image == str(images / f"{sha256}.erofs")
+    assert _mounts_below(state) == []
