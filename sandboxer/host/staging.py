@@ -180,7 +180,10 @@ def stage_runtime(plan: Plan, state_dir: str, sandbox_dir: str) -> str:
     image = runtime_image(state_dir, plan.runtime_path, plan.runtime_sha256)
     point = os.path.join(sandbox_dir, RUNTIME_POINT)
     os.mkdir(point, 0o755)
-    mount_image(image, point)
+    try:
+        mount_image(image, point)
+    except FileNotFoundError:  # the owner removed the image meanwhile: it is made again
+        mount_image(runtime_image(state_dir, plan.runtime_path, plan.runtime_sha256), point)
     return point
 
 
