@@ -125,3 +125,15 @@ def test_an_image_of_another_tree_is_refused_and_leaves_nothing(tmp_path: Path, 
     assert sorted(p.name for p in images.iterdir()) == [".lock", f"{sha256}.erofs"]
     assert image == str(images / f"{sha256}.erofs")
     assert _mounts_below(state) == []
+
+
+def test_inspect_tells_a_runtime_that_is_not_its_image(sbx_root: SandboxBroker) -> None:
+    """The evidence compares the runtime inside with the image the broker mounted for it: gone
+    from the host (unmounted there), it is a difference."""
+    sandbox_id = sbx_root.create()
+    point = sbx_root.sandbox_dir(sandbox_id) / "runtime"
+    subprocess.run(["umount", "-l", str(point)], check=True)
+    inspected = sbx_root.run("inspect", sandbox_id, "--json")
+    evidence = inspected.json()
+    assert evidence["matches_plan"] is False, evidence
+    assert "mount /opt/sandboxer/runtime: not the runtime's staged image" in evidence["differences"]

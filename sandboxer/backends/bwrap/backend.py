@@ -146,7 +146,7 @@ class BwrapBackend:
         from sandboxer.backends.bwrap.argv import HOLDER_TARGET
         from sandboxer.backends.bwrap.netview import observe_network
         from sandboxer.backends.protocol import Observed
-        from sandboxer.host import limits
+        from sandboxer.host import limits, staging
         from sandboxer.host.observe import differences, read_mountinfo
         from sandboxer.host.registry import Registry
 
@@ -168,6 +168,8 @@ class BwrapBackend:
         )
         problems = differences(plan, mounts, network["interfaces"], probe, backend_files=(HOLDER_TARGET,))
         problems += bwrap.confinement_problems(live, limit_setup)
+        if os.path.isdir(registry.path(sandbox_id, staging.RUNTIME_POINT)):  # a root broker's: its image
+            problems += staging.runtime_mismatches(registry.path(sandbox_id), mounts)
         return Observed(
             mounts=mounts,
             probe=probe,

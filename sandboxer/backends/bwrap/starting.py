@@ -72,6 +72,10 @@ def _verify(
     interfaces = interfaces_from_proc(live.holder_pid)
     problems = differences(plan, mounts, interfaces, observed, backend_files=(HOLDER_TARGET,))
     problems += bwrap.confinement_problems(live, limit_setup)
+    if os.geteuid() == 0:  # the runtime is its staged image (host/staging.py)
+        from sandboxer.host.staging import runtime_mismatches
+
+        problems += runtime_mismatches(os.path.dirname(plan.workspace_source), mounts)
     if limit_setup.groups and not any(plan.sandbox_id in line for line in observed.cgroups):
         problems.append("limits: the probe is not in the sandbox's cgroup")
     if problems:
