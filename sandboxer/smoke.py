@@ -29,8 +29,12 @@ PROFILE = "smoke"
 # Run inside the sandbox by the runtime's own Python: every distribution installed in the
 # runtime, and every top-level module or package its RECORD says it installed, imported.
 # (RECORD, not top_level.txt: Debian's setuptools wheel lists a "debian" it does not ship.)
+# Each module is imported by an interpreter of its own: in one, what one module imports first
+# changes whether another imports (pip's distutils before setuptools' is an AssertionError), and
+# the order would be the runtime directory's listing order (a name order on its erofs image).
 _IMPORTS = r"""
-import importlib, importlib.metadata as md, json, sys
+import importlib.metadata as md, json, subprocess, sys
+IMPORT = "import importlib, sys; importlib.import_module(sys.argv[1])"
 results = {}
 for dist in md.distributions():
     if not str(dist.locate_file("")).startswith(sys.prefix):
@@ -45,11 +49,9 @@ for dist in md.distributions():
         elif len(parts) == 2 and parts[1] == "__init__.py":
             names.add(parts[0])
     for name in sorted(names):
-        try:
-            importlib.import_module(name)
-            results[f"{dist.metadata['Name']}:{name}"] = "ok"
-        except Exception as exc:
-            results[f"{dist.metadata['Name']}:{name}"] = type(exc).__name__
+        done = subprocess.run([sys.executable, "-I", "-c", IMPORT, name], capture_output=True, text=True)
+        last = (done.stderr.strip().splitlines() or ["failed"])[-1]
+        results[f"{dist.metadata['Name']}:{name}"] = "ok" if done.returncode == 0 else last.partition(":")[0]
 print(json.dumps(results))
 """
 _ENTRY_POINTS = r"""

@@ -115,7 +115,13 @@ class BwrapBackend:
     def stop(self, registry: Registry, record: SandboxRecord) -> tuple[list[str], list[str]]:
         from sandboxer.backends.bwrap.stop import stop
 
-        return stop(record)
+        removed, residue = stop(record)
+        if not residue:  # nothing of the sandbox runs: its runtime image's mount goes
+            from sandboxer.host import staging
+
+            more_removed, residue = staging.unstage(registry.path(record.id))
+            removed += more_removed
+        return removed, residue
 
     def release(self, record: SandboxRecord) -> tuple[list[str], list[str]]:
         """The sandbox's cgroups (those recorded, or left by a create that died first)."""
@@ -146,7 +152,7 @@ class BwrapBackend:
         from sandboxer.backends.bwrap.argv import HOLDER_TARGET
         from sandboxer.backends.bwrap.netview import observe_network
         from sandboxer.backends.protocol import Observed
-        from sandboxer.host import limits
+        from sandboxer.host import limits, staging
         from sandboxer.host.observe import differences, read_mountinfo
         from sandboxer.host.registry import Registry
 
@@ -168,6 +174,8 @@ class BwrapBackend:
         )
         problems = differences(plan, mounts, network["interfaces"], probe, backend_files=(HOLDER_TARGET,))
         problems += bwrap.confinement_problems(live, limit_setup)
+        if os.path.isdir(registry.path(sandbox_id, staging.RUNTIME_POINT)):  # a root broker's: its image
+            problems += staging.runtime_mismatches(registry.path(sandbox_id), mounts)
         return Observed(
             mounts=mounts,
             probe=probe,

@@ -43,6 +43,11 @@ def start_verified(
 
         owner = record.manifest.owner_uid if record.manifest else -1
         started = lease_mounts.stage(plan, registry.path(plan.sandbox_id), owner=owner)
+    if os.geteuid() == 0:  # the runtime from its image: no host path in the sandbox's mount table
+        from sandboxer.host import staging
+
+        point = staging.stage_runtime(plan, registry.state_dir, registry.path(plan.sandbox_id))
+        started = staging.staged_plan(started, point)
     live = namespace.start(started, seccomp_program=program, limit_setup=limit_setup)
     record = replace(record, processes=live.processes(), plan=PlanShare.of(plan))
     registry.write(record)
@@ -67,6 +72,10 @@ def _verify(
     interfaces = interfaces_from_proc(live.holder_pid)
     problems = differences(plan, mounts, interfaces, observed, backend_files=(HOLDER_TARGET,))
     problems += bwrap.confinement_problems(live, limit_setup)
+    if os.geteuid() == 0:  # the runtime is its staged image (host/staging.py)
+        from sandboxer.host.staging import runtime_mismatches
+
+        problems += runtime_mismatches(os.path.dirname(plan.workspace_source), mounts)
     if limit_setup.groups and not any(plan.sandbox_id in line for line in observed.cgroups):
         problems.append("limits: the probe is not in the sandbox's cgroup")
     if problems:

@@ -54,10 +54,12 @@ def start_docker(
     problems += process_differences(plan, interfaces, probe)
     from sandboxer.backends.docker.volumes import spool_mismatches
     from sandboxer.host.lease_mounts import staged_mismatches
+    from sandboxer.host.staging import runtime_mismatches
 
     if staged is not plan:
         problems += staged_mismatches(staged, mounts)
     problems += spool_mismatches(plan, mounts)
+    problems += runtime_mismatches(registry.path(sandbox_id), mounts)
     if problems:
         raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))
     return record, probe, interfaces
@@ -214,6 +216,11 @@ class DockerBackend:
                 removed.append(f"container {str(container_id)[:12]}")
             else:
                 residue.append(f"container {str(container_id)[:12]}: {problem}")
+        if not residue:  # no container holds them now: its runtime image and /etc tmpfs go
+            from sandboxer.host import staging
+
+            more_removed, residue = staging.unstage(registry.path(record.id))
+            removed += more_removed
         return removed, residue
 
     def release(self, record: SandboxRecord) -> tuple[list[str], list[str]]:
@@ -247,6 +254,7 @@ class DockerBackend:
         from sandboxer.core import seccomp
         from sandboxer.host.lease_mounts import staged_mismatches
         from sandboxer.host.observe import process_differences
+        from sandboxer.host.staging import runtime_mismatches
 
         registry = Registry(dirs.state)
         sandbox_id = record.id
@@ -260,6 +268,7 @@ class DockerBackend:
         if os.path.isdir(registry.path(sandbox_id, "leases")):
             problems += staged_mismatches(plan, mounts)
         problems += spool_mismatches(plan, mounts)
+        problems += runtime_mismatches(registry.path(sandbox_id), mounts)
         host = attrs.get("HostConfig") or {}
         seen = container.host_view((attrs.get("State") or {}).get("Pid"))
         return Observed(

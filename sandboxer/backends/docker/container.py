@@ -246,6 +246,12 @@ def start(plan: Plan, *, image: str, etc_dir: str, state_dir: str) -> tuple[str,
         raise BackendError(f"image {image}: not present locally (images are never pulled)")
     if status != 200:
         raise BackendError(f"image {image}: the Engine answered HTTP {status} ({_message(document)})")
+    from sandboxer.host import staging
+
+    # The runtime from its image, the /etc files on a tmpfs: no host path in the container's
+    # mount table (host/staging.py); teardown unmounts them (DockerBackend.stop).
+    staging.stage_runtime(plan, state_dir, os.path.dirname(etc_dir))
+    staging.mount_etc(os.path.dirname(etc_dir))
     write_etc(plan, etc_dir, owner=remap().root)
     body = create_body(plan, image=image, etc_dir=etc_dir, state_dir=state_dir)
     status, document = _engine("POST", "/containers/create", body)

@@ -1,8 +1,9 @@
 """Render a plan as Docker container settings: a pure function, the Docker side of one policy.
 
 The host's /usr, the runtime and the workspace are bind mounts exactly as under bwrap (see
-docs/docker.md for why /usr comes from the host); generated /etc files are bound read-only from
-the sandbox's own directory; the private state is tmpfs, 0700, owned by the sandbox user. The
+docs/docker.md for why /usr comes from the host), the runtime from its image's mount and the
+generated /etc files from a tmpfs, both in the sandbox's own directory (host/staging.py: no host
+path in the container's mount table); the private state is tmpfs, 0700, owned by the sandbox user. The
 syscall policy is the project's own (sandboxer.core.seccomp), rendered as a Docker seccomp profile.
 """
 
@@ -13,7 +14,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from sandboxer.core.plan import STATE_ROOT, MountKind, Plan
+from sandboxer.core.plan import RUNTIME_TARGET, STATE_ROOT, MountKind, Plan
+from sandboxer.host.staging import RUNTIME_POINT
 
 LABEL = "io.sandboxer.sandbox"
 STATE_LABEL = "io.sandboxer.state-dir"  # gc of one broker never touches another broker's containers
@@ -47,10 +49,14 @@ class BindSpec:
 
 
 def binds(plan: Plan, *, etc_dir: str) -> list[BindSpec]:
-    """Every bind mount of the container, generated /etc files included."""
+    """Every bind mount of the container, generated /etc files included. `etc_dir` is in the
+    sandbox's directory, where its runtime image is mounted too (host/staging.py)."""
     specs: list[BindSpec] = []
     for mount in plan.mounts:
-        if mount.kind in (MountKind.RO_BIND, MountKind.BIND):
+        if mount.target == RUNTIME_TARGET:
+            source = os.path.join(os.path.dirname(etc_dir), RUNTIME_POINT)
+            specs.append(BindSpec(source=source, target=mount.target, read_only=True))
+        elif mount.kind in (MountKind.RO_BIND, MountKind.BIND):
             specs.append(BindSpec(source=str(mount.source), target=mount.target, read_only=mount.read_only))
         elif mount.kind is MountKind.FILE:
             source = os.path.join(etc_dir, os.path.basename(mount.target))
