@@ -12,9 +12,14 @@ Where the command runs:
   and reads or writes the local files with the caller's own rights; `doctor` (this host, for
   this account).
 - A service answers on `SANDBOXER_SOCKET`, else on the state dir's `broker.sock`: there.
-- None answers: an unprivileged user's client starts a private service for its state dir
-  (`serve --idle-exit`, in a session of its own, logging to `<state>/service.log`) and uses it;
-  root's runs the command in-process (root's service is the systemd unit's to start).
+- An account other than root with no broker of its own (no SANDBOXER_SOCKET, SANDBOXER_CONFIG,
+  SANDBOXER_STATE, --config-dir, --state-dir, and no config dir at its default place) is a
+  caller of the system service: root's on /run/sandboxer/broker.sock when it answers; when
+  neither that nor a service of its own state dir answers, it is told to ask the owner (125).
+- None answers: the client starts the service for its state dir (`serve --idle-exit`, in a
+  session of its own, logging to `<state>/service.log`) and uses it — an unprivileged user's
+  private service, or root's (for /var/lib/sandboxer, the system service on
+  /run/sandboxer/broker.sock), so root pays what a caller pays.
 
 Standard library only, and few modules of it (tests/unit/test_cli_client_imports.py): every
 command of every caller pays for what this module imports.
@@ -31,7 +36,7 @@ import stat
 import sys
 from collections.abc import Iterator
 
-from sandboxer.dirs import Untrusted, connect, resolve_dirs, service_socket
+from sandboxer.dirs import ROOT_SOCKET, Untrusted, connect, own_configuration, resolve_dirs, service_socket
 from sandboxer.host.pumps import Pumps
 
 IDLE_EXIT = 600  # seconds a private service waits for its next command before it exits
@@ -75,25 +80,34 @@ def run(argv: list[str]) -> int:
     ):
         return _in_process(argv)
     config_dir, state_dir = _global_dirs(argv)
-    dirs = resolve_dirs(
-        config_dir=config_dir, state_dir=state_dir, environ=environ, euid=os.geteuid(), home=os.path.expanduser("~")
-    )
+    euid, home = os.geteuid(), os.path.expanduser("~")
+    dirs = resolve_dirs(config_dir=config_dir, state_dir=state_dir, environ=environ, euid=euid, home=home)
     path = service_socket(dirs, environ)
+    # An account with no broker of its own is a caller of the system service, when root's answers.
+    caller = euid != 0 and not own_configuration(config_dir=config_dir, state_dir=state_dir, environ=environ, home=home)
     try:
-        conn = connect(path)
+        conn = connect(ROOT_SOCKET, root_only=True) if caller else None
+        if conn is None:
+            conn = connect(path)
     except Untrusted as exc:
         sys.stderr.write(f"sandboxer: {exc}; refused\n")
         return SERVICE_FAILED
     if conn is None:
         if environ.get("SANDBOXER_SOCKET"):
             sys.stderr.write(
-                f"sandboxer: no service answers on {path} (SANDBOXER_SOCKET); "
-                "unset it, or set SANDBOXER_NO_SERVICE=1 to run in-process\n"
+                f"sandboxer: no service answers on {path} (SANDBOXER_SOCKET): ask its owner whether it runs, "
+                "or unset SANDBOXER_SOCKET to use your default service\n"
             )
             return SERVICE_FAILED
-        if os.geteuid() == 0:
-            return _in_process(argv)
-        conn = _start_private_service(dirs.config, dirs.state, path)
+        if caller:
+            sys.stderr.write(
+                f"sandboxer: no service answers on {ROOT_SOCKET} (the system service) and this account "
+                f"has no broker of its own ({dirs.config} does not exist): ask the owner of this host "
+                "whether the sandboxer service runs and grants you; to run a broker of your own, make "
+                "that directory first\n"
+            )
+            return SERVICE_FAILED
+        conn = _start_service(dirs.config, dirs.state, path)
         if conn is None:
             return _in_process(argv)  # it could not start: the same command, only slower
     return _forward(conn, argv, words)
@@ -139,8 +153,9 @@ def _global_dirs(argv: list[str]) -> tuple[str | None, str | None]:
     return found.get("--config-dir"), found.get("--state-dir")
 
 
-def _start_private_service(config: str, state: str, path: str) -> socket.socket | None:
-    """Start this user's service for its state dir and connect to it (None: it did not answer)."""
+def _start_service(config: str, state: str, path: str) -> socket.socket | None:
+    """Start this account's service for its state dir (root's too: the system service when the
+    state dir is root's default) and connect to it (None: it did not answer)."""
     import subprocess
     import time
 

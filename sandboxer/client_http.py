@@ -14,10 +14,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from sandboxer import errors
+from sandboxer.dirs import ROOT_SOCKET, Untrusted, check_peer
 from sandboxer.results import Receipt, Stream
 from sandboxer.service import frames
 from sandboxer.verbs import InputChunks, Stdin, checked_signal
 
+UNTRUSTED_HINT = "nothing was sent to it: a client talks only to a service of root or of its own account"
 INLINE_BODY = 64 * 1024  # an exec body this small is sent without a thread (a Unix socket buffers more)
 
 
@@ -50,7 +52,7 @@ class ServiceHttp:
             except OSError as exc:
                 raise errors.BackendError(
                     f"the broker service at {self.socket} does not answer ({exc.strerror or exc})",
-                    hint="start it: sandboxer serve",
+                    hint=not_answering_hint(self.socket),
                 ) from None
         finally:
             connection.close()
@@ -63,16 +65,30 @@ class ServiceHttp:
         return document
 
 
+def not_answering_hint(path: str) -> str:
+    """What to do when no service answers on `path`: the system service is its owner's to start."""
+    if path == ROOT_SOCKET:
+        return "ask the owner of this host whether the sandboxer service runs: only its owner starts it"
+    return "the sandboxer command starts a service for your own state dir when none answers"
+
+
 class _UnixConnection(http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float | None) -> None:
         super().__init__("sandboxer", timeout=timeout)
         self.path = path
 
     def connect(self) -> None:
-        sock = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+        """Connect, and refuse a socket another account answers on before a byte is sent
+        (sandboxer.dirs.check_peer, the CLI client's check): a request, a bootstrap credential
+        or an exec's stdin goes only to a service of root or of this process's own account."""
+        sock = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM | socketlib.SOCK_CLOEXEC)
         try:
             sock.settimeout(self.timeout)
             sock.connect(self.path)
+            check_peer(sock, self.path)
+        except Untrusted as exc:
+            sock.close()
+            raise errors.PolicyError(f"{exc}; refused", hint=UNTRUSTED_HINT) from None
         except BaseException:
             sock.close()
             raise

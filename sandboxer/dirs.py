@@ -193,22 +193,51 @@ def service_socket(dirs: Dirs, environ: Mapping[str, str]) -> str:
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
-def connect(path: str) -> socket.socket | None:
+def connect(path: str, *, root_only: bool = False) -> socket.socket | None:
     """A connection to the service at `path`, or None when none answers there. A service is
     trusted with this process's environment and terminal only when the kernel says it runs as
-    root or as this account."""
+    root or as this account (`root_only`: as root); else Untrusted, and nothing is sent."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         conn.connect(path)
-        _, uid, _ = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
     except OSError:
         conn.close()
         return None
-    if uid not in (0, os.geteuid()):
+    try:
+        check_peer(conn, path, root_only=root_only)
+    except BaseException:
         conn.close()
-        raise Untrusted(f"the service on {path} runs as uid {uid}, neither root nor this account")
+        raise
     return conn
+
+
+def check_peer(conn: socket.socket, path: str, *, root_only: bool = False) -> None:
+    """Untrusted unless the kernel says the process answering on the connected `conn` (at
+    `path`, for the message) runs as root or as this account (`root_only`: as root). Every
+    client of the service checks each connection with this before it sends a byte: the CLI
+    client (connect) and sandboxer.Client (client_http)."""
+    try:
+        _, uid, _ = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    except OSError as exc:
+        raise Untrusted(f"the kernel does not say who answers on {path} ({exc.strerror})") from None
+    if root_only and uid != 0:
+        raise Untrusted(f"the service on {path} runs as uid {uid}, not root")
+    if uid not in (0, os.geteuid()):
+        raise Untrusted(f"the service on {path} runs as uid {uid}, neither root nor this account")
 
 
 class Untrusted(Exception):
     """A socket answered by another account's process: nothing is sent to it."""
+
+
+def own_configuration(*, config_dir: str | None, state_dir: str | None, environ: Mapping[str, str], home: str) -> bool:
+    """Whether a non-root account has a broker of its own to talk to: it names a socket, a config
+    dir or a state dir (options or SANDBOXER_SOCKET / SANDBOXER_CONFIG / SANDBOXER_STATE), or its
+    config dir exists at its default place (XDG_CONFIG_HOME or ~/.config, `sandboxer`). An
+    account without is a caller of the system service (ROOT_SOCKET) when one answers there."""
+    if config_dir or state_dir:
+        return True
+    if any(environ.get(name) for name in ("SANDBOXER_SOCKET", "SANDBOXER_CONFIG", "SANDBOXER_STATE")):
+        return True
+    default = resolve_dirs(config_dir=None, state_dir=None, environ=environ, euid=os.geteuid(), home=home)
+    return os.path.isdir(default.config)

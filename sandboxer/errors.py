@@ -6,6 +6,7 @@
     │   ├── DocumentError          2  a manifest or bootstrap file breaks a rule (file: field: rule)
     │   └── UnexportedWorkError    2  teardown would lose work not exported (--discard loses it)
     ├── PolicyError                3  refused: unapproved, digest mismatch, forbidden setting
+    │   └── UnapprovedError        3  an owner file not approved, or changed since
     ├── NotFoundError              4  no such sandbox
     ├── BackendError               5  bwrap or Docker failed, or the live state differs from the plan
     ├── ResidueError               6  teardown left something behind
@@ -84,6 +85,12 @@ class PolicyError(SandboxerError):
 
     exit_status = 3
     kind = "policy"
+
+
+class UnapprovedError(PolicyError):
+    """A profile or extension config that is not approved, or changed since it was: the hint is
+    the owner's command; a caller of the service is told to ask the owner instead
+    (sandboxer.service.access)."""
 
 
 class ForbiddenSettingError(PolicyError):

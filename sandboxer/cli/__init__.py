@@ -84,15 +84,16 @@ def main_options(
             home=os.path.expanduser("~"),
         )
     else:
-        dirs = _service_dirs(invocation.access.dirs, config_dir, state_dir, invocation.environ, invocation.cwd)
+        access = invocation.access
+        dirs = _service_dirs(access.dirs, config_dir, state_dir, invocation.environ, invocation.cwd, owner=access.owner)
     remember(ctx, dirs, debug=debug and debug_allowed())
 
 
 def _service_dirs(
-    served: Dirs, config_dir: str | None, state_dir: str | None, environ: Mapping[str, str], cwd: str
+    served: Dirs, config_dir: str | None, state_dir: str | None, environ: Mapping[str, str], cwd: str, *, owner: bool
 ) -> Dirs:
     """The service's own directories; a client that names others is refused, never served from
-    the wrong ones."""
+    the wrong ones (an owner may run the command in-process instead; a caller uses the service's)."""
     for what, named, own in (
         ("config dir", config_dir or environ.get("SANDBOXER_CONFIG"), served.config),
         ("state dir", state_dir or environ.get("SANDBOXER_STATE"), served.state),
@@ -100,7 +101,9 @@ def _service_dirs(
         if named and os.path.realpath(os.path.join(cwd, named)) != os.path.realpath(own):
             raise UsageError(
                 f"this service answers for the {what} {own}, not {named}",
-                hint="set SANDBOXER_NO_SERVICE=1 to run in-process",
+                hint="set SANDBOXER_NO_SERVICE=1 to run in-process"
+                if owner
+                else "name no directories: a caller uses the service's, which only its owner configures",
             )
     return served
 

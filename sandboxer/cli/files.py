@@ -81,8 +81,8 @@ def sandbox_of(dirs: Dirs, sandbox_id: str) -> Sandbox | ClientSandbox:
             raise UsageError(f"cp: {exc}; refused") from None
         if probe is None and os.environ.get("SANDBOXER_SOCKET"):  # as the sandboxer command says it (125)
             sys.stderr.write(
-                f"sandboxer: no service answers on {path} (SANDBOXER_SOCKET); "
-                "unset it, or set SANDBOXER_NO_SERVICE=1 to run in-process\n"
+                f"sandboxer: no service answers on {path} (SANDBOXER_SOCKET): ask its owner whether it runs, "
+                "or unset SANDBOXER_SOCKET to use your default service\n"
             )
             raise typer.Exit(125)
         if probe is not None:

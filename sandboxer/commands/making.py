@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from sandboxer.core.record import WorkRecord
 from sandboxer.dirs import require_state_dir
-from sandboxer.errors import PolicyError
+from sandboxer.errors import PolicyError, UnapprovedError
 from sandboxer.host import workspace
 from sandboxer.host.registry import Registry
 
@@ -79,9 +79,11 @@ def _require_approved(ledger: Ledger, name: str, file_sha256: str) -> None:
 
     status = ledger.status(name, file_sha256)
     if status is Status.UNAPPROVED:
-        raise PolicyError(f"{name} is not approved", hint=f"sandboxer ext approve {name}")
+        raise UnapprovedError(f"{name} is not approved", hint=f"sandboxer ext approve {name}")
     if status is Status.CHANGED:
-        raise PolicyError(f"{name} changed since it was approved", hint=f"review it, then sandboxer ext approve {name}")
+        raise UnapprovedError(
+            f"{name} changed since it was approved", hint=f"review it, then sandboxer ext approve {name}"
+        )
 
 
 def backend_name(extension: ExtensionConfig) -> BackendName:

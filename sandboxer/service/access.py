@@ -18,11 +18,14 @@ from typing import Any, TypeVar
 
 from sandboxer.commands.export_space import Budget, default_budget
 from sandboxer.dirs import Dirs
-from sandboxer.errors import NotFoundError, PolicyError
+from sandboxer.errors import NotFoundError, PolicyError, UnapprovedError
 from sandboxer.service.grants import Rights
 from sandboxer.service.peer import Peer
 
 T = TypeVar("T")
+
+# Why a caller's create of a profile that is not approved (or changed since) is refused.
+CALLER_UNAPPROVED = "only the owner approves a profile, and a sandbox starts only from approved bytes"
 
 # A caller's count of live sandboxes and of its creates under way, taken under one lock: two
 # creates at once cannot both pass the count, and neither waits for the other's create.
@@ -95,6 +98,8 @@ class Access:
         try:
             with checked_by(lambda step: self.recheck(step, profile)):
                 return make(uid, ceiling if ttl is None else ttl)
+        except UnapprovedError as exc:  # its hint is the owner's command: a caller cannot run it
+            raise PolicyError(exc.message, hint=f"ask the owner: {CALLER_UNAPPROVED}") from None
         finally:
             with _CREATE_LOCK:
                 _CREATING[uid] -= 1
@@ -135,10 +140,11 @@ class Access:
             return
         if why is not None:
             raise PolicyError(f"{what}: {why}: the service takes one from its own account only")
-        raise PolicyError(
-            f"{what}: the service does not open files for another account",
-            hint="run this command with SANDBOXER_NO_SERVICE=1: it reads the file with your own rights",
-        )
+        if self.rights is not None:  # a caller: the sandboxer command opens such files itself
+            hint = "name it to the sandboxer command, which opens it with your own rights and passes it on"
+        else:
+            hint = "run this command with SANDBOXER_NO_SERVICE=1: it reads the file with your own rights"
+        raise PolicyError(f"{what}: the service does not open files for another account", hint=hint)
 
 
 def _with_kept(unknown: Exception, dirs: Dirs, sandbox_id: str, uid: int) -> Exception:
@@ -199,7 +205,11 @@ def admit(dirs: Dirs, sock: socket.socket) -> Access:
     groups = peer_groups(sock, peer)
     rights = rights_of(peer, groups, dirs)
     if rights is None:
-        raise Refused(peer, f"uid {peer.uid} is not granted this broker", hint="an owner grants it in grants.yaml")
+        raise Refused(
+            peer,
+            f"uid {peer.uid} is not granted this broker",
+            hint="ask the owner: only the owner grants an account (grants.yaml)",
+        )
     return Access(dirs, peer, rights, frozenset(groups))
 
 

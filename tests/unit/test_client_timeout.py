@@ -30,4 +30,4 @@ def test_no_service_at_the_socket_is_said_with_a_hint(tmp_path: Path) -> None:
     with pytest.raises(BackendError) as failed:
         Client(str(path), timeout=5).list()
     assert failed.value.message.startswith(f"the broker service at {path} does not answer (")
-    assert failed.value.hint == "start it: sandboxer serve"
+    assert failed.value.hint == "the sandboxer command starts a service for your own state dir when none answers"
