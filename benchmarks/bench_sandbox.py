@@ -117,7 +117,8 @@ class World:
         (self.config / "extensions").mkdir(parents=True)
         (self.config / "profiles").mkdir()
         self.config.chmod(0o700)
-        digest = run(self.cli("runtime", "digest", str(runtime))).strip()
+        owner = cli_env(through_service=False)  # set-up in-process: no service for the world yet
+        digest = run(self.cli("runtime", "digest", str(runtime)), env=owner).strip()
         (self.config / "extensions" / "ext.bwrap.yaml").write_text(
             f"extension: ext.bwrap\nconfig:\n  runtime:\n    path: {runtime}\n    sha256: {digest}\n"
         )
@@ -125,8 +126,8 @@ class World:
             f"profile: bench\nextension: ext.bwrap\nworkspace:\n  repository: {repo}\n  ref: main\n"
             "network:\n  default: deny\n  egress: []\nsetup:\n  secrets: []\n"
         )
-        run(self.cli("ext", "approve", "ext.bwrap"))
-        run(self.cli("ext", "approve", "bench"))
+        run(self.cli("ext", "approve", "ext.bwrap"), env=owner)
+        run(self.cli("ext", "approve", "bench"), env=owner)
 
     def cli(self, *args: str) -> list[str]:
         cli = self.sandboxer or SANDBOXER
@@ -148,8 +149,9 @@ class World:
         profile = (self.config / "profiles" / "bench.yaml").read_text()
         profile = profile.replace("profile: bench", "profile: bench-docker").replace("ext.bwrap", "ext.docker")
         (self.config / "profiles" / "bench-docker.yaml").write_text(profile)
-        run(self.cli("ext", "approve", "ext.docker"))
-        run(self.cli("ext", "approve", "bench-docker"))
+        owner = cli_env(through_service=False)
+        run(self.cli("ext", "approve", "ext.docker"), env=owner)
+        run(self.cli("ext", "approve", "bench-docker"), env=owner)
 
     def exec_true(self, sandbox_id: str) -> None:
         self.run("exec", sandbox_id, "--", "true")
@@ -426,12 +428,63 @@ def docker_warm(world: World, image: str, rounds: int) -> dict[str, Any]:
     return {(key if key.startswith("docker_") else f"docker_{key}"): value for key, value in measured.items()}
 
 
+def command_as_is(rounds: int, source: Path) -> dict[str, Any]:
+    """`sandboxer exec ID -- true` as the account running this gets it with nothing set (no
+    SANDBOXER_* variable, no service running beforehand: as root, the command starts its state
+    dir's service on demand at the first command since issue 31, and ran in-process before),
+    alternating round by round with `docker exec`; the CLI installed from the tree `source`."""
+    global SANDBOXER  # noqa: PLW0603 - the world runs the installed CLI
+    with tempfile.TemporaryDirectory(prefix="sbx-bench-") as tmp:
+        Path(tmp).chmod(0o755)
+        SANDBOXER = install_as_users_do(Path(tmp), source)
+        world = World(Path(tmp))
+        docker = docker_setup()
+        as_is = {key: value for key, value in os.environ.items() if not key.startswith("SANDBOXER_")}
+        try:
+            sandbox_id = run(world.cli("create", "--profile", "bench"), env=as_is).strip()
+            commands = {"as_is_exec_true_ms": world.cli("exec", sandbox_id, "--", "true")}
+            if docker is not None:
+                commands["docker_exec_true_ms"] = ["docker", "exec", docker[1], "true"]
+            samples: dict[str, list[float]] = {key: [] for key in commands}
+            for _ in range(rounds):
+                for key, argv in commands.items():
+                    start = time.perf_counter()
+                    run(argv, env=as_is)
+                    samples[key].append((time.perf_counter() - start) * 1000)
+            run(world.cli("teardown", "--discard", sandbox_id), env=as_is)
+        finally:
+            if docker is not None:
+                subprocess.run(["docker", "rm", "-f", docker[1]], capture_output=True, check=False)
+            started = [  # the service the command started on demand, if it did
+                process
+                for process in psutil.process_iter(["cmdline"])
+                if {"serve", str(world.state)} <= set(process.info["cmdline"] or [])
+            ]
+            for process in started:
+                process.terminate()
+        results: dict[str, Any] = {key: statistics.median(values) for key, values in samples.items() if values}
+        results["service_started"] = bool(started)
+        if "docker_exec_true_ms" in results:
+            results["as_is_vs_docker_exec"] = results["as_is_exec_true_ms"] / results["docker_exec_true_ms"]
+        return results
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="bwrap sandboxes vs plain bwrap and Docker")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--as-is",
+        metavar="TREE",
+        type=Path,
+        help="only `sandboxer exec` with nothing set (root: no service beforehand) vs docker exec, "
+        "the CLI installed from TREE (a checkout of this repository)",
+    )
     args = parser.parse_args()
     rounds = args.rounds
+    if args.as_is is not None:
+        print(json.dumps({"rounds": rounds, "tree": str(args.as_is), **command_as_is(rounds, args.as_is)}, indent=2))
+        return 0
     results: dict[str, Any] = {"rounds": rounds, "cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="sbx-bench-") as tmp:
         Path(tmp).chmod(0o755)  # as root the sandbox's uid must reach the runtime and the state dir

@@ -42,7 +42,9 @@ def sources_fingerprint() -> str:
 
 def runtime_digest(runtime: Path) -> str:
     argv = [sys.executable, "-m", "sandboxer", "runtime", "digest", str(runtime)]
-    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+    # In-process: as root, the command would start the system service on demand for one digest.
+    env = {**os.environ, "SANDBOXER_NO_SERVICE": "1"}
+    return subprocess.run(argv, capture_output=True, text=True, check=True, env=env).stdout.strip()
 
 
 def ensure_runtime(cache: Path) -> tuple[Path, str, bool]:

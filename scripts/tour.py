@@ -193,7 +193,9 @@ def main() -> int:
         root.chmod(0o755)  # as root, the sandbox's own uid must reach the runtime and the state dir
         config, state, runtime, repo = root / "config", root / "state", root / "runtime", root / "repo"
         sandboxer = [sys.executable, "-m", "sandboxer", "--config-dir", str(config), "--state-dir", str(state)]
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+        # In-process: as root, the command would start a service for the tour's state dir, which
+        # outlives the tour's temporary directory until its idle exit.
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "SANDBOXER_NO_SERVICE": "1"}
 
         step("build a throwaway runtime: /usr/bin/python3 -m venv --copies")
         run(["/usr/bin/python3", "-m", "venv", "--copies", "--without-pip", str(runtime)])

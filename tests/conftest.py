@@ -79,8 +79,10 @@ def settled(read: Callable[[], T], wanted: object, seconds: float = 10) -> T:
 
 
 def _child_env() -> dict[str, str]:
+    """The CLI in-process (SANDBOXER_NO_SERVICE=1): these brokers test the command table itself,
+    and root's command would otherwise start a service for each state dir on demand."""
     keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR")
-    return {key: os.environ[key] for key in keep if key in os.environ}
+    return {key: os.environ[key] for key in keep if key in os.environ} | {"SANDBOXER_NO_SERVICE": "1"}
 
 
 @pytest.fixture

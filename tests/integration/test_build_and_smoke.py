@@ -21,7 +21,9 @@ GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "-c", "init.d
 
 
 def run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    # The CLI in-process (root's would start the system service for /var/lib/sandboxer on demand).
     base = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
+    base["SANDBOXER_NO_SERVICE"] = "1"
     return subprocess.run(argv, capture_output=True, text=True, env=env or base, timeout=600, check=False)
 
 
