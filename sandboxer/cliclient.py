@@ -160,7 +160,10 @@ def _start_service(config: str, state: str, path: str) -> socket.socket | None:
     import time
 
     try:
-        os.makedirs(state, mode=0o700, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.makedirs(state, mode=0o700)
+            if os.geteuid() == 0:  # as the registry makes root's: the sandboxes' uid passes through
+                os.chmod(state, 0o711)  # noqa: S103 - passable, not listable (Registry.ensure)
         seen = os.lstat(state)
         if not stat.S_ISDIR(seen.st_mode) or seen.st_uid != os.geteuid() or seen.st_mode & 0o022:
             return None  # not this account's own directory: the command runs in-process, which says why

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -62,3 +65,22 @@ def answers(path: Path) -> bool:
     finally:
         probe.close()
     return True
+
+
+@contextlib.contextmanager
+def as_service_account(broker: SandboxBroker) -> Iterator[None]:
+    """The block's sandboxer.Client calls made as the account the broker's service runs as: a
+    client trusts only a service of root or of its own account, so root's test process talks to
+    an unprivileged broker's service as that account (its effective ids; set back after)."""
+    if not broker.as_user:
+        yield
+        return
+    from tests.integration.conftest import UNPRIVILEGED_UID
+
+    os.setegid(UNPRIVILEGED_UID)
+    os.seteuid(UNPRIVILEGED_UID)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(0)

@@ -27,7 +27,7 @@ import pytest
 from sandboxer import Broker, Client, ClientSandbox
 from sandboxer.errors import ExecError, NotFoundError, SandboxerError, UsageError
 from tests.integration.conftest import UNPRIVILEGED_UID, SandboxBroker, backend_profile_text
-from tests.integration.services import Service, answers
+from tests.integration.services import Service, answers, as_service_account
 
 # Test accounts, one set per pytest-xdist worker (`make check` runs two: the modules that use
 # them may run at once).
@@ -57,31 +57,32 @@ def service(sbx: SandboxBroker) -> Iterator[Service]:
 def test_the_client_drives_a_whole_sandbox_life(service: Service) -> None:
     from sandboxer.service.app import API_DOCUMENT
 
-    client = Client(str(service.socket))
-    assert client.version()["api"] == "v1"
-    assert client.service.request("GET", "/v1/openapi.json") == json.loads(API_DOCUMENT.read_text())
-    with client.create(service.broker.profile) as sandbox:
-        result = sandbox.exec(["sh", "-c", "cat; echo warning >&2; exit 3"], stdin=b"hello\n")
-        assert (result.status, result.stdout, result.stderr) == (3, b"hello\n", b"warning\n")
-        stream = sandbox.exec_stream(["sh", "-c", "for i in 1 2 3; do echo $i; done; echo done >&2"])
-        chunks = list(stream)
-        assert b"".join(c for s, c in chunks if s == "stdout") == b"1\n2\n3\n"
-        assert ("stderr", b"done\n") in chunks
-        assert stream.status == 0
-        assert sandbox.exec(["pwd"], cwd="/workspace").stdout == b"/workspace\n"
-        assert sandbox.exec(["no-such-program"]).status == 127
-        assert sandbox.exec(["sleep", "30"], timeout=0.5).status == 124
-        evidence = sandbox.inspect()
-        assert evidence.matches_plan is True, evidence.differences
-        assert [(i.id, i.status) for i in client.list()] == [(sandbox.id, "running")]
-    assert sandbox.teardown().residue == ()
-    assert client.list() == []
-    with pytest.raises(ExecError) as gone:
-        sandbox.exec(["true"])
-    assert gone.value.status == 125
-    with pytest.raises(NotFoundError):
-        sandbox.inspect()
-    assert not (service.broker.state / "sandboxes" / sandbox.id).exists()
+    with as_service_account(service.broker):
+        client = Client(str(service.socket))
+        assert client.version()["api"] == "v1"
+        assert client.service.request("GET", "/v1/openapi.json") == json.loads(API_DOCUMENT.read_text())
+        with client.create(service.broker.profile) as sandbox:
+            result = sandbox.exec(["sh", "-c", "cat; echo warning >&2; exit 3"], stdin=b"hello\n")
+            assert (result.status, result.stdout, result.stderr) == (3, b"hello\n", b"warning\n")
+            stream = sandbox.exec_stream(["sh", "-c", "for i in 1 2 3; do echo $i; done; echo done >&2"])
+            chunks = list(stream)
+            assert b"".join(c for s, c in chunks if s == "stdout") == b"1\n2\n3\n"
+            assert ("stderr", b"done\n") in chunks
+            assert stream.status == 0
+            assert sandbox.exec(["pwd"], cwd="/workspace").stdout == b"/workspace\n"
+            assert sandbox.exec(["no-such-program"]).status == 127
+            assert sandbox.exec(["sleep", "30"], timeout=0.5).status == 124
+            evidence = sandbox.inspect()
+            assert evidence.matches_plan is True, evidence.differences
+            assert [(i.id, i.status) for i in client.list()] == [(sandbox.id, "running")]
+        assert sandbox.teardown().residue == ()
+        assert client.list() == []
+        with pytest.raises(ExecError) as gone:
+            sandbox.exec(["true"])
+        assert gone.value.status == 125
+        with pytest.raises(NotFoundError):
+            sandbox.inspect()
+        assert not (service.broker.state / "sandboxes" / sandbox.id).exists()
 
 
 def test_the_orchestrator_drives_a_whole_sandbox_life_through_the_service(service: Service) -> None:
@@ -191,17 +192,19 @@ def test_an_idle_service_exits_but_never_while_an_exec_runs(sb_root: SandboxBrok
 def test_sigterm_leaves_sandboxes_running_for_the_next_service(sbx: SandboxBroker) -> None:
     path = _socket_dir(sbx) / "broker.sock"
     first = Service(sbx, path).start()
-    sandbox = Client(str(path)).create(sbx.profile)
+    with as_service_account(sbx):
+        sandbox = Client(str(path)).create(sbx.profile)
     assert first.stop(signal.SIGTERM) == 0
     assert "live sandboxes keep running" in first.log.read_text()
     assert not path.exists()
     assert sbx.exec(sandbox.id, "true").status == 0  # still running, without any service
     second = Service(sbx, path).start()
     try:
-        client = Client(str(path))
-        assert [(i.id, i.status) for i in client.list()] == [(sandbox.id, "running")]
-        assert client.sandbox(sandbox.id).exec(["echo", "adopted"]).stdout == b"adopted\n"
-        assert client.sandbox(sandbox.id).teardown().residue == ()
+        with as_service_account(sbx):
+            client = Client(str(path))
+            assert [(i.id, i.status) for i in client.list()] == [(sandbox.id, "running")]
+            assert client.sandbox(sandbox.id).exec(["echo", "adopted"]).stdout == b"adopted\n"
+            assert client.sandbox(sandbox.id).teardown().residue == ()
     finally:
         second.stop()
 

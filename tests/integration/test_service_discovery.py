@@ -165,6 +165,7 @@ def test_roots_command_starts_the_service_of_its_state_dir(sb_root: SandboxBroke
     user's starts its private one (it leaves after IDLE_EXIT seconds unused), and uses it."""
     sb_root.through_service = True  # no SANDBOXER_NO_SERVICE
     socket_path = sb_root.state / "broker.sock"
+    shutil.rmtree(sb_root.state)  # a first command ever: the command makes the state dir (as root: 0711)
     assert services_of(sb_root.state) == []
     sandbox_id = sb_root.create()
     assert sb_root.exec(sandbox_id, "echo", "served").stdout == "served\n"
