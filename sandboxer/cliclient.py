@@ -36,7 +36,15 @@ import stat
 import sys
 from collections.abc import Iterator
 
-from sandboxer.dirs import ROOT_SOCKET, Untrusted, connect, own_configuration, resolve_dirs, service_socket
+from sandboxer.dirs import (
+    ROOT_SOCKET,
+    Untrusted,
+    connect,
+    no_service,
+    own_configuration,
+    resolve_dirs,
+    service_socket,
+)
 from sandboxer.host.pumps import Pumps
 
 IDLE_EXIT = 600  # seconds a private service waits for its next command before it exits
@@ -100,12 +108,7 @@ def run(argv: list[str]) -> int:
             )
             return SERVICE_FAILED
         if caller:
-            sys.stderr.write(
-                f"sandboxer: no service answers on {ROOT_SOCKET} (the system service) and this account "
-                f"has no broker of its own ({dirs.config} does not exist): ask the owner of this host "
-                "whether the sandboxer service runs and grants you; to run a broker of your own, make "
-                "that directory first\n"
-            )
+            sys.stderr.write(f"sandboxer: {no_service(dirs.config)}\n")
             return SERVICE_FAILED
         conn = _start_service(dirs.config, dirs.state, path)
         if conn is None:

@@ -241,3 +241,13 @@ def own_configuration(*, config_dir: str | None, state_dir: str | None, environ:
         return True
     default = resolve_dirs(config_dir=None, state_dir=None, environ=environ, euid=os.geteuid(), home=home)
     return os.path.isdir(default.config)
+
+
+def no_service(config: str) -> str:
+    """What an account with no configuration of its own is told when neither the system service
+    nor a service of its own answers (docs/service.md, "Finding the service")."""
+    return (
+        f"no service answers on {ROOT_SOCKET} (the system service) and this account has no broker "
+        f"of its own ({config} does not exist): ask the owner of this host whether the sandboxer "
+        "service runs and grants you; to run a broker of your own, make that directory first"
+    )

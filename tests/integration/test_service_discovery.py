@@ -285,6 +285,13 @@ def test_a_granted_account_finds_the_system_service(
     sandbox_id = created.stdout.strip()
     ran = _as(granted, [*cli, "exec", sandbox_id, "--", "id", "-u"], env)
     assert (ran.returncode, ran.stdout) == (0, "1000\n"), ran.stderr
+    local = caller_home / "note.txt"
+    local.write_text("from the caller\n")
+    os.chown(local, granted.pw_uid, granted.pw_gid)
+    copied = _as(granted, [*cli, "cp", str(local), f"{sandbox_id}:/workspace/note.txt"], env)  # its own process
+    assert copied.returncode == 0, copied.stderr
+    read = _as(granted, [*cli, "exec", sandbox_id, "--", "cat", "/workspace/note.txt"], env)
+    assert read.stdout == "from the caller\n", read.stderr
     assert _as(granted, [*cli, "teardown", "--discard", sandbox_id], env).returncode == 0
     assert not (caller_home / ".local").exists()  # no private service, no state dir of its own
 
@@ -324,6 +331,8 @@ def test_with_no_service_anywhere_a_caller_is_told_to_ask_the_owner(
         assert "serve" not in done.stderr
         assert "NO_SERVICE" not in done.stderr
         assert not (caller_home / ".local").exists()
+        copied = _as(granted, [sys.executable, "-m", "sandboxer", "cp", "/etc/hostname", f"{'0' * 24}:/x"], env)
+        assert (copied.returncode, copied.stderr) == (125, done.stderr)  # cp says the same
         code = (
             "from sandboxer import Client\nfrom sandboxer.errors import SandboxerError\n"
             "client = Client()\ntry:\n    client.list()\nexcept SandboxerError as exc:\n"
