@@ -189,7 +189,9 @@ def _fork_fill(dirs: Dirs, profile_name: str) -> None:
     log = os.open(os.path.join(dirs.state, "warm.log"), flags, 0o600)
     argv = [sys.executable, "-I", "-m", "sandboxer", "--config-dir", dirs.config, "--state-dir", dirs.state]
     argv += ["warm", profile_name]
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+    # In its own process, as the command that started it ran (root's would otherwise start a
+    # service for the state dir and leave it running until its idle exit).
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "SANDBOXER_NO_SERVICE": "1"}
     try:
         child = os.fork()
         if child == 0:  # pragma: no cover - replaced by execve, or _exit
