@@ -42,7 +42,7 @@ from tests.integration.test_bootstrap_cli_and_delivery import document, new_cred
 REPO = Path(__file__).resolve().parents[2]
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 STRANGER, GRANTED = f"sbxdscother{_WORKER}", f"sbxdscgrant{_WORKER}"
-SYSTEM_LOCK = Path(ROOT_SOCKET).with_name("broker.sock.test-lock")  # beside the system socket
+SYSTEM_LOCK = Path(ROOT_SOCKET).parent.with_name("sandboxer.test-lock")  # /run, beside /run/sandboxer
 
 
 @pytest.fixture
@@ -205,35 +205,32 @@ class SystemService:
 @pytest.fixture(scope="module")
 def system_service(runtime_dir: Path) -> Iterator[SystemService]:
     """A root service answering on /run/sandboxer/broker.sock for a test broker's directories.
-    The path is the host's: a lock file beside it keeps two workers (or two runs) apart; a
-    service this fixture did not start is never replaced (the tests skip); afterwards the socket
-    is gone and /run/sandboxer as it was."""
+    The path is the host's: a lock file beside /run/sandboxer keeps two workers (or two runs)
+    apart; a service this fixture did not start is never replaced (the tests skip); afterwards
+    the socket is gone (serve removes it) and /run/sandboxer as it was."""
     _require_tools()
     if os.geteuid() != 0:
         pytest.skip("the system service runs as root (CI runs as root)")
     run_dir = Path(ROOT_SOCKET).parent
-    made_run_dir = not run_dir.exists()
-    run_dir.mkdir(mode=0o755, exist_ok=True)
-    lock = os.open(SYSTEM_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lock = os.open(SYSTEM_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # waits for another worker's module to end
+        fcntl.flock(lock, fcntl.LOCK_EX)  # waits for another worker's (or run's) module to end
         if answers(Path(ROOT_SOCKET)):
             pytest.skip(f"a service this test did not start answers on {ROOT_SOCKET}")
+        made_run_dir = not run_dir.exists()
         broker = _bwrap_broker(runtime_dir, as_user=False)
         system = SystemService(broker)
         try:
-            system.start()
+            system.start()  # serve makes /run/sandboxer when missing
             yield system
         finally:
             system.stop()
             _cleanup(broker)
+            if made_run_dir:
+                with contextlib.suppress(OSError):
+                    run_dir.rmdir()
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(SYSTEM_LOCK)
-        os.close(lock)
-        if made_run_dir:
-            with contextlib.suppress(OSError):
-                run_dir.rmdir()
+        os.close(lock)  # the lock file stays (a few bytes in /run): removing it would let two in
 
 
 @pytest.fixture
