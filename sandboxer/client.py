@@ -49,39 +49,21 @@ DISPATCH_MARGIN = 60.0  # seconds a dispatch may take past its wait: the relay t
 def default_socket() -> str:
     """SANDBOXER_SOCKET, else the socket of the caller's state dir's service (root's:
     /run/sandboxer/broker.sock). An account other than root with no configuration of its own
-    (sandboxer.dirs.own_configuration) is a caller of the system service: its socket when root's
-    service answers there or no private one does (docs/service.md, "Finding the service")."""
-    from sandboxer.dirs import ROOT_SOCKET, own_configuration, resolve_dirs, service_socket
+    is a caller of the system service: its socket when root's service answers there or no
+    private one does (sandboxer.dirs.find_service; docs/service.md, "Finding the service")."""
+    from sandboxer.dirs import find_service, resolve_dirs
 
     euid, home = os.geteuid(), os.path.expanduser("~")
     dirs = resolve_dirs(config_dir=None, state_dir=None, environ=os.environ, euid=euid, home=home)
-    own = service_socket(dirs, os.environ)
-    if euid == 0 or own_configuration(config_dir=None, state_dir=None, environ=os.environ, home=home):
-        return own
-    if _answers(ROOT_SOCKET, root_only=True) or not _answers(own, root_only=False):
-        return ROOT_SOCKET
-    return own
-
-
-def _answers(path: str, *, root_only: bool) -> bool:
-    """Whether a service of root (`root_only`), or of root or this account, answers on `path`."""
-    from sandboxer.dirs import Untrusted, connect
-
-    try:
-        conn = connect(path, root_only=root_only)
-    except Untrusted:
-        return False
-    if conn is None:
-        return False
-    conn.close()
-    return True
+    return find_service(dirs, os.environ)
 
 
 class Client:
     """The broker service at `socket` (default: SANDBOXER_SOCKET, root's /run/sandboxer/broker.sock,
     else the caller's state dir's broker.sock; an account with no configuration of its own finds
     the system service: default_socket). Every connection is checked before a byte is sent: a
-    socket answered by a process of neither root nor this account raises PolicyError (3).
+    socket answered by a process of neither root nor this account raises UntrustedServiceError
+    (a PolicyError, 3).
     `timeout` bounds each request but an exec's."""
 
     def __init__(self, socket: str | None = None, *, timeout: float = 300.0) -> None:

@@ -88,7 +88,7 @@ class _UnixConnection(http.client.HTTPConnection):
             check_peer(sock, self.path)
         except Untrusted as exc:
             sock.close()
-            raise errors.PolicyError(f"{exc}; refused", hint=UNTRUSTED_HINT) from None
+            raise errors.UntrustedServiceError(f"{exc}; refused", hint=UNTRUSTED_HINT) from None
         except BaseException:
             sock.close()
             raise

@@ -251,3 +251,35 @@ def no_service(config: str) -> str:
         f"of its own ({config} does not exist): ask the owner of this host whether the sandboxer "
         "service runs and grants you; to run a broker of your own, make that directory first"
     )
+
+
+def answering(path: str, *, root_only: bool = False) -> bool:
+    """Whether a service the check_peer rule trusts (`root_only`: root's) answers on `path`."""
+    try:
+        conn = connect(path, root_only=root_only)
+    except Untrusted:
+        return False
+    if conn is None:
+        return False
+    conn.close()
+    return True
+
+
+def find_service(dirs: Dirs, environ: Mapping[str, str]) -> str:
+    """The socket a program's client uses for `dirs` (docs/service.md, "Finding the service"),
+    starting nothing: service_socket's, but for an account other than root with no configuration
+    of its own (dirs that differ from its defaults count as named), the system service's when
+    root's answers there or no service of its own does. (The sandboxer command decides the same
+    in cliclient.py with the connection it keeps.)"""
+    euid, home = os.geteuid(), os.path.expanduser("~")
+    own = service_socket(dirs, environ)
+    if euid == 0:
+        return own
+    default = resolve_dirs(config_dir=None, state_dir=None, environ=environ, euid=euid, home=home)
+    config = dirs.config if dirs.config != default.config else None
+    state = dirs.state if dirs.state != default.state else None
+    if own_configuration(config_dir=config, state_dir=state, environ=environ, home=home):
+        return own
+    if answering(ROOT_SOCKET, root_only=True) or not answering(own):
+        return ROOT_SOCKET
+    return own

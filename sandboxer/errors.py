@@ -6,7 +6,8 @@
     │   ├── DocumentError          2  a manifest or bootstrap file breaks a rule (file: field: rule)
     │   └── UnexportedWorkError    2  teardown would lose work not exported (--discard loses it)
     ├── PolicyError                3  refused: unapproved, digest mismatch, forbidden setting
-    │   └── UnapprovedError        3  an owner file not approved, or changed since
+    │   ├── UnapprovedError        3  an owner file not approved, or changed since
+    │   └── UntrustedServiceError  3  a socket another account answers on: nothing was sent
     ├── NotFoundError              4  no such sandbox
     ├── BackendError               5  bwrap or Docker failed, or the live state differs from the plan
     ├── ResidueError               6  teardown left something behind
@@ -91,6 +92,11 @@ class UnapprovedError(PolicyError):
     """A profile or extension config that is not approved, or changed since it was: the hint is
     the owner's command; a caller of the service is told to ask the owner instead
     (sandboxer.service.access)."""
+
+
+class UntrustedServiceError(PolicyError):
+    """sandboxer.Client refused a socket: the kernel says a process of neither root nor this
+    account answers on it, so nothing was sent (sandboxer.dirs.check_peer)."""
 
 
 class ForbiddenSettingError(PolicyError):

@@ -72,43 +72,22 @@ def sandbox_of(dirs: Dirs, sandbox_id: str) -> Sandbox | ClientSandbox:
     """The sandbox through the service that answers for the state dir (as sandboxer.Client; only
     a service of root or of this account), else through the embedded broker. An account with no
     configuration of its own uses the system service's, as the sandboxer command does."""
-    from sandboxer.dirs import (
-        ROOT_SOCKET,
-        Untrusted,
-        connect,
-        no_service,
-        own_configuration,
-        resolve_dirs,
-        service_socket,
-    )
+    from sandboxer.dirs import ROOT_SOCKET, Untrusted, connect, find_service, no_service
 
     if os.environ.get("SANDBOXER_NO_SERVICE") != "1":
-        path = service_socket(dirs, os.environ)
-        euid, home = os.geteuid(), os.path.expanduser("~")
-        default = resolve_dirs(config_dir=None, state_dir=None, environ=os.environ, euid=euid, home=home)
-        named = (  # the directories the command line named (those that differ from the defaults)
-            dirs.config if dirs.config != default.config else None,
-            dirs.state if dirs.state != default.state else None,
-        )
-        caller = euid != 0 and not own_configuration(
-            config_dir=named[0], state_dir=named[1], environ=os.environ, home=home
-        )
+        path = find_service(dirs, os.environ)
         try:
-            probe = connect(ROOT_SOCKET, root_only=True) if caller else None
-            if probe is not None:
-                path = ROOT_SOCKET
-            else:
-                probe = connect(path)
+            probe = connect(path)
         except Untrusted as exc:
             raise UsageError(f"cp: {exc}; refused") from None
-        if probe is None and caller:  # as the sandboxer command says it (125)
-            sys.stderr.write(f"sandboxer: {no_service(dirs.config)}\n")
-            raise typer.Exit(125)
         if probe is None and os.environ.get("SANDBOXER_SOCKET"):  # as the sandboxer command says it (125)
             sys.stderr.write(
                 f"sandboxer: no service answers on {path} (SANDBOXER_SOCKET): ask its owner whether it runs, "
                 "or unset SANDBOXER_SOCKET to use your default service\n"
             )
+            raise typer.Exit(125)
+        if probe is None and path == ROOT_SOCKET and os.geteuid() != 0:
+            sys.stderr.write(f"sandboxer: {no_service(dirs.config)}\n")
             raise typer.Exit(125)
         if probe is not None:
             probe.close()

@@ -18,8 +18,8 @@ from sandboxer.commands.owner import list_entries, status_of
 from sandboxer.core.approvals import Status
 from sandboxer.core.config_types import GRANTS_NAME
 from sandboxer.core.configdir import load_grants
-from sandboxer.dirs import ROOT_SOCKET, Dirs, Untrusted, service_socket, state_dir_problem
-from sandboxer.errors import PolicyError, SandboxerError
+from sandboxer.dirs import ROOT_SOCKET, Dirs, find_service, state_dir_problem
+from sandboxer.errors import PolicyError, SandboxerError, UntrustedServiceError
 
 TOOLS_PATH = "/usr/bin:/bin:/usr/local/bin"  # where the broker looks for git, whatever PATH says
 MIN_FREE_MIB = 1024  # free space below this on the state dir's filesystem is a warning
@@ -169,15 +169,13 @@ SERVICE_SECONDS = 10.0  # how long doctor waits for the service's answer
 def _broker(dirs: Dirs) -> list[Check]:
     """The service this account's commands reach, and then, for an owner, the approvals and
     grants in the config dir; for a caller, what the service lets it do."""
-    path = service_socket(dirs, os.environ)
-    if os.geteuid() != 0 and not _answers(path) and _answers(ROOT_SOCKET):
-        path = ROOT_SOCKET  # a caller of the machine's service
+    path = find_service(dirs, os.environ)  # as this account's commands find it
     mine = _owns(dirs.config)
     seen: dict[str, Any] | None = None
     try:
         seen = Client(path, timeout=SERVICE_SECONDS).whoami()
-    except Untrusted as exc:
-        return [Check("service", "fail", str(exc), "remove that socket, or point SANDBOXER_SOCKET at the broker's")]
+    except UntrustedServiceError as exc:
+        return [Check("service", "fail", exc.message, "remove that socket, or point SANDBOXER_SOCKET at the broker's")]
     except PolicyError:
         return [
             Check("service", "ok", f"answers on {path}"),
@@ -197,14 +195,6 @@ def _broker(dirs: Dirs) -> list[Check]:
     if seen["owner"]:
         return [service, *(_owner_files(dirs) if mine else [])]
     return [service, _access(seen)]
-
-
-def _answers(path: str) -> bool:
-    try:
-        Client(path, timeout=SERVICE_SECONDS).version()
-    except (SandboxerError, Untrusted):
-        return False
-    return True
 
 
 def _owns(config_dir: str) -> bool:

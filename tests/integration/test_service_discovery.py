@@ -26,7 +26,7 @@ import pytest
 from sandboxer import Client
 from sandboxer.cliclient import IDLE_EXIT
 from sandboxer.dirs import ROOT_SOCKET
-from sandboxer.errors import PolicyError
+from sandboxer.errors import UntrustedServiceError
 from tests.integration.conftest import (
     PROFILE,
     SandboxBroker,
@@ -139,7 +139,7 @@ def test_neither_client_sends_a_byte_to_a_socket_of_another_account(
             lambda: client.sandbox("0123456789abcdef01234567").exec(["cat"], stdin=credential.encode()),
         )
         for call in calls:
-            with pytest.raises(PolicyError) as refused:
+            with pytest.raises(UntrustedServiceError) as refused:
                 call()
             assert (refused.value.message, refused.value.status) == (refusal, 3)
             assert credential not in str(refused.value)
