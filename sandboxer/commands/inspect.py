@@ -22,10 +22,11 @@ def inspect(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
     registry = Registry(dirs.state)
     record = registry.read_caller(check_id(sandbox_id))
     backend = backend_for(record.backend)
+    gone = f"tear it down: sandboxer teardown {sandbox_id}"  # its caller may (gc is the owners')
     if record.state != "ready" or not backend.is_running(record):
-        raise BackendError(f"sandbox {sandbox_id} is not running (state {record.state})", hint="sandboxer gc")
+        raise BackendError(f"sandbox {sandbox_id} is not running (state {record.state})", hint=gone)
     if record.plan is None or record.limits is None:
-        raise BackendError(f"sandbox {sandbox_id}: its record has no plan", hint="sandboxer gc")
+        raise BackendError(f"sandbox {sandbox_id}: its record has no plan", hint=gone)
     seen = backend.observe(dirs, record)
     evidence = _evidence(record, state_dir=dirs.state, mounts=seen.mounts, probe=seen.probe, problems=seen.problems)
     evidence["network"] = seen.network

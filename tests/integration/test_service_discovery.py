@@ -15,9 +15,11 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -289,7 +291,15 @@ def test_a_granted_account_finds_the_system_service(
     assert copied.returncode == 0, copied.stderr
     read = _as(granted, [*cli, "exec", sandbox_id, "--", "cat", "/workspace/note.txt"], env)
     assert read.stdout == "from the caller\n", read.stderr
-    assert _as(granted, [*cli, "teardown", "--discard", sandbox_id], env).returncode == 0
+    record = json.loads((broker.state / "sandboxes" / sandbox_id / "record.json").read_text())
+    os.kill(record["holder_pid"], signal.SIGKILL)  # the sandbox dies under its caller
+    deadline = time.monotonic() + 20
+    while (inspected := _as(granted, [*cli, "inspect", sandbox_id], env)).returncode == 0:
+        assert time.monotonic() < deadline, "the sandbox never stopped"
+        time.sleep(0.1)
+    assert inspected.returncode == 5
+    assert inspected.stderr.endswith(f"(hint: tear it down: sandboxer teardown {sandbox_id})\n"), inspected.stderr
+    assert _as(granted, [*cli, "teardown", "--discard", sandbox_id], env).returncode == 0  # which it may do
     assert not (caller_home / ".local").exists()  # no private service, no state dir of its own
 
     through_client = _as(granted, [sys.executable, "-c", CLIENT_CODE, PROFILE], env)
