@@ -55,6 +55,12 @@ def resolve_dirs(
     return Dirs(config=os.path.abspath(config), state=os.path.abspath(state))
 
 
+def user_config(environ: Mapping[str, str], home: str) -> str:
+    """The default config dir of an account other than root: `sandboxer` in its XDG config dir
+    (as resolve_dirs makes it)."""
+    return os.path.join(_absolute(environ.get("XDG_CONFIG_HOME")) or os.path.join(home, ".config"), "sandboxer")
+
+
 def _absolute(value: str | None) -> str | None:
     # The XDG spec says relative values are invalid and must be ignored.
     return value if value and os.path.isabs(value) else None
@@ -239,8 +245,7 @@ def own_configuration(*, config_dir: str | None, state_dir: str | None, environ:
         return True
     if any(environ.get(name) for name in ("SANDBOXER_SOCKET", "SANDBOXER_CONFIG", "SANDBOXER_STATE")):
         return True
-    default = resolve_dirs(config_dir=None, state_dir=None, environ=environ, euid=os.geteuid(), home=home)
-    return os.path.isdir(default.config)
+    return os.path.isdir(user_config(environ, home))
 
 
 def no_service(config: str) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sandboxer.core.runtime import check_overlap
-from sandboxer.dirs import resolve_dirs, service_socket
+from sandboxer.dirs import own_configuration, resolve_dirs, service_socket
 from sandboxer.errors import PolicyError
 
 
@@ -19,6 +19,27 @@ def test_root_defaults() -> None:
     assert service_socket(dirs, {"SANDBOXER_SOCKET": "/tmp/s.sock"}) == "/tmp/s.sock"
     other = resolve_dirs(config_dir=None, state_dir="/srv/state", environ={}, euid=0, home="/root")
     assert service_socket(other, {}) == "/srv/state/broker.sock"
+
+
+def test_own_configuration_is_a_named_directory_or_socket_or_a_default_config_dir(tmp_path: Path) -> None:
+    """What makes an account other than root a broker of its own rather than a caller of the
+    system service (docs/service.md, "Finding the service")."""
+    home = str(tmp_path)
+
+    def own(config_dir: str | None = None, state_dir: str | None = None, **environ: str) -> bool:
+        return own_configuration(config_dir=config_dir, state_dir=state_dir, environ=environ, home=home)
+
+    assert not own()
+    assert own(config_dir="/srv/c")
+    assert own(state_dir="/srv/s")
+    for name in ("SANDBOXER_SOCKET", "SANDBOXER_CONFIG", "SANDBOXER_STATE"):
+        assert own(**{name: "/srv/x"})
+    assert not own(SANDBOXER_SOCKET="")  # set but empty: nothing named
+    (tmp_path / ".config" / "sandboxer").mkdir(parents=True)
+    assert own()
+    assert not own(XDG_CONFIG_HOME=str(tmp_path / "elsewhere"))
+    (tmp_path / "elsewhere" / "sandboxer").mkdir(parents=True)
+    assert own(XDG_CONFIG_HOME=str(tmp_path / "elsewhere"))
 
 
 def test_user_defaults_follow_xdg() -> None:
