@@ -19,40 +19,66 @@ import builtins
 import os
 from collections.abc import Callable, Mapping, Sequence
 
+from sandboxer.caller import Authority, Caller
+from sandboxer.commands import owner as owner_commands
+from sandboxer.commands.create import create as create_sandbox
+from sandboxer.commands.export import Export, check_format, discard_quarantine, finished, prepare
+from sandboxer.commands.export_delivery import copy_to_path, deliver_to_path
+from sandboxer.commands.inspect import inspect as inspect_sandbox
+from sandboxer.commands.kept import kept_file, list_kept, remove_kept
+from sandboxer.commands.owner import status_of
+from sandboxer.commands.teardown import gc as collect
+from sandboxer.commands.teardown import list_sandboxes
+from sandboxer.commands.teardown import teardown as remove_sandbox
+from sandboxer.commands.warm import fill
 from sandboxer.dirs import Dirs, require_state_dir, resolve_dirs
-from sandboxer.errors import EntryError, ExecError, NotFoundError, ResidueError
+from sandboxer.errors import EntryError, ExecError, Interrupted, NotFoundError, ResidueError
 from sandboxer.exec_threads import ExecSink, ExecStream, fed
+from sandboxer.host.fsutil import CallerFile
+from sandboxer.host.registry import Registry, check_id
 from sandboxer.results import (
     Approval,
+    CallerView,
     Created,
     Dispatched,
     Evidence,
     ExecResult,
     Exported,
     GcReport,
+    GrantedProfile,
     KeptExport,
+    KeptExportRemoved,
     OwnerEntry,
+    OwnerListing,
     Receipt,
     RuntimeDigest,
     SandboxInfo,
     Stream,
-    owner_entries,
+    WarmFill,
 )
 from sandboxer.verbs import SandboxBase, Stdin
 
 __all__ = ["Broker", "ExecStream", "Owner", "Sandbox"]
 
+# Why a service takes a lease manifest from its own account only.
+MANIFEST_PATHS = "a lease manifest names host paths the broker binds into the sandbox and later removes"
+
 
 class Broker:
-    """The broker for one config directory and one state directory.
+    """The broker for one config directory and one state directory, as one caller sees it.
 
     Unset directories resolve as the CLI resolves them: SANDBOXER_CONFIG / SANDBOXER_STATE, then
     the defaults for the calling user (/etc/sandboxer and /var/lib/sandboxer for root). A state
     dir another account could have written in is refused here (PolicyError, 3), as the CLI
-    refuses it (sandboxer.dirs.state_dir_problem).
+    refuses it (sandboxer.dirs.state_dir_problem). In-process the caller is this process's
+    account, an owner; the service makes one per request for the caller the kernel reported
+    (`Broker.serving`). Every verb is authorized here (sandboxer.caller.Authority), whichever
+    front end asks.
     """
 
-    def __init__(self, *, config_dir: str | None = None, state_dir: str | None = None) -> None:
+    def __init__(
+        self, *, config_dir: str | None = None, state_dir: str | None = None, caller: Caller | None = None
+    ) -> None:
         self.dirs: Dirs = resolve_dirs(
             config_dir=config_dir,
             state_dir=state_dir,
@@ -61,7 +87,21 @@ class Broker:
             home=os.path.expanduser("~"),
         )
         require_state_dir(self.dirs.state)
-        self.owner = Owner(self.dirs)
+        self.authority = Authority(self.dirs, caller or Caller.this_process())
+        self.owner = Owner(self)
+
+    @classmethod
+    def serving(cls, dirs: Dirs, caller: Caller) -> Broker:
+        """The broker of a service (whose state dir was checked when it started) for one caller."""
+        broker = cls.__new__(cls)
+        broker.dirs = dirs
+        broker.authority = Authority(dirs, caller)
+        broker.owner = Owner(broker)
+        return broker
+
+    @property
+    def caller(self) -> Caller:
+        return self.authority.caller
 
     @property
     def config_dir(self) -> str:
@@ -76,66 +116,105 @@ class Broker:
         profile: str,
         *,
         manifest: str | None = None,
-        bootstrap: str | None = None,
+        bootstrap: str | CallerFile | None = None,
         ttl: float | None = None,
         ref: str | None = None,
         branch: str | None = None,
+        abandoned: Callable[[], bool] | None = None,
     ) -> Sandbox:
         """A new sandbox from the approved `profile` (with a lease manifest and a runtime
         bootstrap file, by path, if given; its workspace at `ref`, on a new `branch`, if given).
-        Nothing is left behind when it fails."""
-        from sandboxer.commands.create import create
+        Nothing is left behind when it fails, nor when `abandoned()` says the one who asked went
+        away meanwhile (Interrupted, 130: it would never learn the id)."""
+        if manifest is not None:
+            self.authority.require_own_files("manifest", why=MANIFEST_PATHS)
+        with self.authority.creating(profile, ttl) as lifetime:
+            created = create_sandbox(
+                self.dirs,
+                profile,
+                manifest_path=manifest,
+                bootstrap=bootstrap,
+                ttl=lifetime,
+                caller_uid=self.authority.caller_uid(),
+                ref=ref,
+                branch=branch,
+            )
+        sandbox = Sandbox(self, Created.from_json(created))
+        if abandoned is not None and abandoned():
+            remove_sandbox(self.dirs, sandbox.id)
+            raise Interrupted("interrupted")
+        return sandbox
 
-        document = create(
-            self.dirs, profile, manifest_path=manifest, bootstrap=bootstrap, ttl=ttl, ref=ref, branch=branch
-        )
-        return Sandbox(self, Created.from_json(document))
-
-    def sandbox(self, sandbox_id: str) -> Sandbox:
-        """The sandbox `sandbox_id` of this state directory (NotFoundError, 4, when there is none)."""
-        from sandboxer.host.registry import Registry, check_id
-
+    def sandbox(self, sandbox_id: str, *, unknown: Exception | None = None) -> Sandbox:
+        """The sandbox `sandbox_id` of this state directory, when this caller may name it;
+        NotFoundError (4) — or `unknown` — when there is none (or it is another caller's)."""
+        error = unknown if unknown is not None else NotFoundError(f"no such sandbox: {sandbox_id}")
+        self.authority.require_own(sandbox_id, error)
         check_id(sandbox_id)
         record = Registry(self.dirs.state).read_or_none(sandbox_id)
         if record is None or record.hidden:
-            raise NotFoundError(f"no such sandbox: {sandbox_id}")
+            raise error
         return Sandbox(self, None, sandbox_id=sandbox_id)
 
     def list(self) -> list[SandboxInfo]:
-        """Every sandbox of this state directory with its status."""
-        from sandboxer.commands.teardown import list_sandboxes
-
-        return [SandboxInfo.from_json(entry) for entry in list_sandboxes(self.dirs)["sandboxes"]]
+        """Every sandbox of this state directory this caller may see, with its status."""
+        entries = [SandboxInfo.from_json(entry) for entry in list_sandboxes(self.dirs)["sandboxes"]]
+        own = self.authority.visible([entry.id for entry in entries])
+        return entries if own is None else [entry for entry in entries if entry.id in own]
 
     def gc(self) -> GcReport:
-        """Finish what crashed creates and teardowns left; healthy and busy sandboxes stay."""
-        from sandboxer.commands.teardown import gc
+        """Finish what crashed creates and teardowns left; healthy and busy sandboxes stay (owners)."""
+        self.authority.require_owner("gc")
+        return GcReport.from_json(collect(self.dirs))
 
-        return GcReport.from_json(gc(self.dirs))
+    def warm(self, profile: str) -> WarmFill:
+        """Start the warm sandboxes `profile` keeps; remove stale ones (owners)."""
+        self.authority.require_owner("warm")
+        return WarmFill.from_json(fill(self.dirs, profile))
+
+    def whoami(self) -> CallerView:
+        """What this caller may do: an owner everything; a granted caller its profiles, with their
+        limits and approval now, and its live sandboxes."""
+        caller = self.caller
+        rights = caller.rights
+        if rights is None:
+            return CallerView(uid=caller.uid, owner=True, live=None, profiles=())
+        names = sorted({name for entry in rights.entries for name in entry.profiles})
+        profiles = tuple(
+            GrantedProfile(
+                name=name,
+                max_sandboxes=rights.limit_for(name),
+                max_ttl_seconds=rights.ttl_ceiling_for(name),
+                status=status_of(self.dirs, name),
+            )
+            for name in names
+        )
+        live = len(self.authority.visible([*Registry(self.dirs.state).ids()]) or ())
+        return CallerView(uid=caller.uid, owner=False, live=live, profiles=profiles)
 
     def exports(self) -> builtins.list[KeptExport]:
-        """The work a service's reaper kept of expired sandboxes of this state directory."""
-        from sandboxer.commands.kept import list_kept
+        """The work the service's reaper kept of this caller's expired sandboxes (an owner's: all)."""
+        found = list_kept(self.dirs, self.authority.kept_viewer())["exports"]
+        return [KeptExport.from_json(entry) for entry in found]
 
-        return [KeptExport.from_json(entry) for entry in list_kept(self.dirs, None)["exports"]]
+    def kept_export_file(self, export_id: str, format: str = "bundle") -> str:
+        """The path of a kept export's commits (`format` "bundle") or changed tree ("tar"), for a
+        caller that may name it; the front end copies it out."""
+        return kept_file(self.dirs, export_id, format, self.authority.kept_viewer())
 
     def get_export(self, export_id: str, destination: str, *, format: str = "bundle") -> None:
         """Write a kept export's commits (`format` "bundle") or changed tree ("tar") to the new
         local file `destination`."""
-        from sandboxer.commands.export_delivery import copy_to_path
-        from sandboxer.commands.kept import kept_file
+        copy_to_path(self.kept_export_file(export_id, format), destination)
 
-        copy_to_path(kept_file(self.dirs, export_id, format, None), destination)
-
-    def remove_export(self, export_id: str) -> tuple[str, ...]:
+    def remove_export(self, export_id: str) -> KeptExportRemoved:
         """Remove a kept export; the files it held."""
-        from sandboxer.commands.kept import remove_kept
-
-        return tuple(remove_kept(self.dirs, export_id, None)["removed"])
+        return KeptExportRemoved.from_json(remove_kept(self.dirs, export_id, self.authority.kept_viewer()))
 
 
 class Sandbox(SandboxBase):
-    """One live sandbox. As a context manager it is torn down when the block ends."""
+    """One live sandbox, as its caller reaches it. As a context manager it is torn down when the
+    block ends."""
 
     def __init__(self, broker: Broker, created: Created | None, *, sandbox_id: str | None = None) -> None:
         super().__init__(created, sandbox_id)
@@ -238,26 +317,38 @@ class Sandbox(SandboxBase):
         """NotFoundError (4) when the broker has no such sandbox (any more)."""
         self.broker.sandbox(self.id)
 
+    def prepare_export(self, format: str) -> Export:
+        """The sandbox's work made and verified in the service's quarantine, within this caller's
+        export budget (its grant checked again first); the front end delivers it, then calls
+        `finish_export` (or `discard_export` when it could not)."""
+        fmt = check_format(format)
+        authority = self.broker.authority
+        budget = authority.export_budget()
+        return authority.checking(lambda: prepare(self.broker.dirs, self.id, fmt, budget=budget))
+
+    def finish_export(self, made: Export) -> None:
+        """The export was delivered whole: the record notes what it took out."""
+        finished(self.broker.dirs, made)
+
+    @staticmethod
+    def discard_export(made: Export) -> None:
+        """An export that was not delivered: its quarantine goes."""
+        discard_quarantine(made)
+
     def export(self, format: str, destination: str) -> Exported:
         """Take the sandbox's work out to the new local `destination` (sandboxer.verbs)."""
-        from sandboxer.commands.export import check_format, discard_quarantine, finished, prepare
-        from sandboxer.commands.export_delivery import deliver_to_path
-        from sandboxer.commands.export_space import default_budget
-
-        made = prepare(self.broker.dirs, self.id, check_format(format), budget=default_budget())
+        made = self.prepare_export(format)
         try:
             deliver_to_path(made, destination)
         except BaseException:
             discard_quarantine(made)
             raise
-        finished(self.broker.dirs, made)
+        self.finish_export(made)
         return Exported.from_json(made.summary(destination))
 
     def inspect(self) -> Evidence:
         """The live sandbox observed against its plan (inspect --json)."""
-        from sandboxer.commands.inspect import inspect
-
-        return Evidence.from_json(inspect(self.broker.dirs, self.id))
+        return Evidence.from_json(inspect_sandbox(self.broker.dirs, self.id))
 
     def dispatch_tool(self, lease: str, request_id: str, wait_seconds: int = 0) -> Dispatched:
         """Relay the request `request_id` from the spool of the tool-request lease `lease` to its
@@ -276,9 +367,7 @@ class Sandbox(SandboxBase):
         raises UnexportedWorkError (2) unless `discard`."""
         if self._receipt is not None:
             return self._receipt
-        from sandboxer.commands.teardown import teardown
-
-        receipt = Receipt.from_json(teardown(self.broker.dirs, self.id, keep_work=not discard))
+        receipt = Receipt.from_json(remove_sandbox(self.broker.dirs, self.id, keep_work=not discard))
         if receipt.residue:
             error = ResidueError(f"teardown of {receipt.id} left residue: {'; '.join(receipt.residue)}")
             error.receipt = receipt
@@ -288,33 +377,49 @@ class Sandbox(SandboxBase):
 
 
 class Owner:
-    """The owner's verbs: check, approve, revoke and list owner files; digest a runtime."""
+    """The owner's verbs: check, approve, revoke and list owner files; digest and pin a runtime.
+    Each is refused (PolicyError, 3) to a granted caller."""
 
-    def __init__(self, dirs: Dirs) -> None:
-        self.dirs = dirs
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self.dirs = broker.dirs
+
+    def _require(self, what: str) -> None:
+        self._broker.authority.require_owner(what)
 
     def check(self, path: str) -> dict[str, object]:
         """Validate one owner file; its normalized meaning (ConfigError, 2, when invalid)."""
-        from sandboxer.commands.owner import check
-
-        return check(path)
+        return owner_commands.check(path)
 
     def approve(self, name: str) -> Approval:
-        from sandboxer.commands.owner import approve
-
-        return Approval.from_json(approve(self.dirs, name))
+        """Approve the exact current bytes of one owner file."""
+        self._require("ext approve")
+        return Approval.from_json(owner_commands.approve(self.dirs, name))
 
     def revoke(self, name: str) -> Approval:
-        from sandboxer.commands.owner import revoke
+        """Withdraw an approval."""
+        self._require("ext revoke")
+        return Approval.from_json(owner_commands.revoke(self.dirs, name))
 
-        return Approval.from_json(revoke(self.dirs, name))
+    def listing(self) -> OwnerListing:
+        """Every owner file with its approval status (ext list --json)."""
+        self._require("ext list")
+        return OwnerListing.from_json(owner_commands.list_entries(self.dirs))
 
     def list(self) -> list[OwnerEntry]:
-        from sandboxer.commands.owner import list_entries
-
-        return owner_entries(list_entries(self.dirs))
+        """The entries of `listing()`."""
+        return list(self.listing().entries)
 
     def runtime_digest(self, path: str, *, full: bool = False) -> RuntimeDigest:
-        from sandboxer.commands.owner import runtime_digest
+        """The tree digest v1 of the runtime directory `path` (read with the broker's rights: only
+        for a caller of the broker's own account)."""
+        self._require("runtime digest")
+        self._broker.authority.require_own_files("runtime digest")
+        return RuntimeDigest.from_json(owner_commands.runtime_digest(self.dirs, path, full=full))
 
-        return RuntimeDigest.from_json(runtime_digest(self.dirs, path, full=full))
+    def runtime_pin(self, path: str, extension: str) -> dict[str, object]:
+        """Write a runtime directory and its digest into an extension config, for the owner to
+        review and approve."""
+        self._require("runtime pin")
+        self._broker.authority.require_own_files("runtime pin")
+        return owner_commands.runtime_pin(self.dirs, path, extension)

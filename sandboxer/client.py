@@ -27,16 +27,21 @@ from sandboxer import errors
 from sandboxer.client_http import ClientExecStream, ServiceHttp, raise_for
 from sandboxer.results import (
     Approval,
+    CallerView,
     Created,
     Dispatched,
     Evidence,
     Exported,
     GcReport,
     KeptExport,
+    KeptExportRemoved,
+    KeptExports,
     OwnerEntry,
     Receipt,
     RuntimeDigest,
     SandboxInfo,
+    SandboxList,
+    Version,
     owner_entries,
 )
 from sandboxer.verbs import SandboxBase, Stdin
@@ -80,16 +85,14 @@ class Client:
         """The seconds each request may take (an exec's stream and an export: as long as they take)."""
         return self.service.timeout
 
-    def version(self) -> dict[str, Any]:
+    def version(self) -> Version:
         """The service's version and API version."""
-        result: dict[str, Any] = self.service.request("GET", "/v1/version")
-        return result
+        return Version.from_json(self.service.request("GET", "/v1/version"))
 
-    def whoami(self) -> dict[str, Any]:
-        """What this account may do here: {uid, owner, live, profiles: [{name, max_sandboxes,
-        max_ttl_seconds, status}]} (an account no grant names: PolicyError, 3)."""
-        result: dict[str, Any] = self.service.request("GET", "/v1/me")
-        return result
+    def whoami(self) -> CallerView:
+        """What this account may do here: owner, or its granted profiles with their limits and
+        approval now, and its live sandboxes (an account no grant names: PolicyError, 3)."""
+        return CallerView.from_json(self.service.request("GET", "/v1/me"))
 
     def create(
         self,
@@ -122,14 +125,15 @@ class Client:
         return ClientSandbox(self, None, sandbox_id=sandbox_id)
 
     def list(self) -> list[SandboxInfo]:
-        return [SandboxInfo.from_json(entry) for entry in self.service.request("GET", "/v1/sandboxes")["sandboxes"]]
+        """Every sandbox of the service's this caller may see, with its status."""
+        return list(SandboxList.from_json(self.service.request("GET", "/v1/sandboxes")).sandboxes)
 
     def gc(self) -> GcReport:
         return GcReport.from_json(self.service.request("POST", "/v1/gc"))
 
     def exports(self) -> builtins.list[KeptExport]:
         """The work the service kept of this caller's expired sandboxes (an owner's: every one)."""
-        return [KeptExport.from_json(entry) for entry in self.service.request("GET", "/v1/exports")["exports"]]
+        return list(KeptExports.from_json(self.service.request("GET", "/v1/exports")).exports)
 
     def get_export(self, export_id: str, destination: str, *, format: str = "bundle") -> None:
         """Write a kept export's commits (`format` "bundle") or changed tree ("tar") to the new
@@ -156,10 +160,10 @@ class Client:
         finally:
             connection.close()
 
-    def remove_export(self, export_id: str) -> tuple[str, ...]:
+    def remove_export(self, export_id: str) -> KeptExportRemoved:
         """Remove a kept export (its room in the caller's export budget is free at once); the
         files it held."""
-        return tuple(self.service.request("DELETE", f"/v1/exports/{export_id}")["removed"])
+        return KeptExportRemoved.from_json(self.service.request("DELETE", f"/v1/exports/{export_id}"))
 
 
 def _sent_bootstrap(path: str) -> dict[str, str]:

@@ -12,7 +12,8 @@
     ├── BackendError               5  bwrap or Docker failed, or the live state differs from the plan
     ├── ResidueError               6  teardown left something behind
     ├── ExecError                125  the broker could not run an exec (the Python API; the CLI prints it)
-    └── NotPendingError           75  dispatch-tool found nothing yet (retryable)
+    ├── NotPendingError           75  dispatch-tool found nothing yet (retryable)
+    └── Interrupted              130  the one who asked went away (Ctrl-C): what was made is removed
 
 Messages name the file, the field and the rule. They never carry a value read from a config,
 manifest, bootstrap or secret file: callers may log them anywhere.
@@ -91,7 +92,7 @@ class PolicyError(SandboxerError):
 class UnapprovedError(PolicyError):
     """A profile or extension config that is not approved, or changed since it was: the hint is
     the owner's command; a caller of the service is told to ask the owner instead
-    (sandboxer.service.access)."""
+    (sandboxer.caller)."""
 
 
 class UntrustedServiceError(PolicyError):
@@ -146,6 +147,14 @@ class NotPendingError(SandboxerError):
 
     exit_status = 75
     kind = "not-pending"
+
+
+class Interrupted(SandboxerError):
+    """The one who asked went away (Ctrl-C at a client, a closed connection) while it was being
+    done; whatever was made for it is removed."""
+
+    exit_status = 130
+    kind = "interrupted"
 
 
 class EntryError(Exception):

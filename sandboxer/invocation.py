@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
+    from sandboxer.caller import Caller
+    from sandboxer.dirs import Dirs
     from sandboxer.host.fsutil import CallerFile
-    from sandboxer.service.access import Access
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +36,8 @@ class Invocation:
     cwd: str
     stdio: tuple[int, int, int] | None = None
     control: int | None = None
-    access: Access | None = None  # the service's rules for its caller; None: in-process
+    caller: Caller | None = None  # the service's caller (the kernel's word); None: in-process
+    dirs: Dirs | None = None  # the service's directories; None: in-process
     sandboxes: list[str] = field(default_factory=list)  # the sandbox the command named or made (audit)
     files: Mapping[str, CallerFile] = field(default_factory=dict)  # the client's opens, by the name given
     window: tuple[int, int] | None = None  # the client's terminal's (rows, columns), for exec -t

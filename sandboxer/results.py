@@ -1,10 +1,11 @@
-"""What the Python API returns: frozen dataclasses, each built from the JSON form the CLI prints.
+"""What the core returns: frozen dataclasses, one per JSON document the CLI prints with `--json`.
 
-The CLI's `--json` documents are the contract (docs/cli.md); these types give programs the same
-fields as attributes. Where a document has parts that differ by backend or are open-ended (a
-Docker sandbox's `docker` section, a manifest's leases), the part is kept as a read-only
-mapping, and `json` always holds the whole document as the CLI would print it (`thawed`
-turns either back into plain dicts and lists).
+One type is one JSON shape: `to_json()` renders it (the CLI's `--json`, the service's response
+body), `from_json()` parses it back (the HTTP client), and `json_schema()` describes it (the
+service's OpenAPI document, sandboxer.service.openapi). All three come from the type's fields
+through pydantic's TypeAdapter, so they cannot drift apart. Parts that differ by backend or are
+open-ended (inspect's backend sections, a manifest's leases) are read-only mappings; `thawed`
+turns one back into plain dicts and lists.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, ClassVar, Literal, Protocol, Self
+
+from pydantic import AfterValidator, PlainSerializer, TypeAdapter
 
 Stream = Literal["stdout", "stderr"]
 
@@ -30,9 +33,9 @@ class OutputStream(Protocol):
 
 def _frozen(value: Any) -> Any:
     """A read-only view of a JSON value: mappings become mappingproxies, lists tuples."""
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return MappingProxyType({key: _frozen(item) for key, item in value.items()})
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return tuple(_frozen(item) for item in value)
     return value
 
@@ -46,10 +49,63 @@ def thawed(value: Any) -> Any:
     return value
 
 
+# An open-ended JSON object inside a result: read-only once parsed, plain JSON when rendered.
+JsonObject = Annotated[Mapping[str, Any], AfterValidator(_frozen), PlainSerializer(thawed)]
+
+
+_ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
+
+
+def _adapter(cls: type[Any]) -> TypeAdapter[Any]:
+    """The codec of one result type, built on first use (a few ms each) and kept (two threads
+    building it at once each get a whole one)."""
+    adapter = _ADAPTERS.get(cls)
+    if adapter is None:
+        adapter = _ADAPTERS[cls] = TypeAdapter(cls)
+    return adapter
+
+
+class JsonResult:
+    """The JSON form of a result type: one shape for rendering, parsing and the schema."""
+
+    __slots__ = ()
+    # The keys of a document that are not fields but the open-ended `sections` of one (inspect).
+    _sections_field: ClassVar[str | None] = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The document the CLI prints with --json and the service answers with."""
+        document: dict[str, Any] = _adapter(type(self)).dump_python(self, mode="json")
+        if self._sections_field is not None:
+            document.update(document.pop(self._sections_field))
+        return document
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> Self:
+        """The result a document describes (keys it does not know are ignored: a newer service)."""
+        if cls._sections_field is not None:
+            known = set(cls.__dataclass_fields__)  # type: ignore[attr-defined]
+            sections = {key: value for key, value in document.items() if key not in known}
+            document = {**{k: v for k, v in document.items() if k in known}, cls._sections_field: sections}
+        result: Self = _adapter(cls).validate_python(document)
+        return result
+
+    @classmethod
+    def json_schema(cls) -> dict[str, Any]:
+        """The JSON Schema of the document (pydantic's, in its serialization mode)."""
+        schema: dict[str, Any] = _adapter(cls).json_schema(
+            mode="serialization", ref_template="#/components/schemas/{model}"
+        )
+        if cls._sections_field is not None:
+            schema["properties"].pop(cls._sections_field, None)
+            schema["required"] = [name for name in schema.get("required", []) if name != cls._sections_field]
+            schema["additionalProperties"] = True  # a backend's own sections
+        return schema
+
+
 @dataclass(frozen=True, slots=True)
 class ExecResult:
     """How one exec ended: its exit status (the CLI's, 124 on timeout, 125 a broker failure,
-    128+N for signal N) and everything it wrote."""
+    128+N for signal N) and everything it wrote. (Not a JSON document: exec's output is bytes.)"""
 
     status: int
     stdout: bytes
@@ -57,7 +113,19 @@ class ExecResult:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Created:
+class ManifestSummary(JsonResult):
+    run_id: str
+    leases: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BootstrapSummary(JsonResult):
+    target: str
+    suspend_control: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Created(JsonResult):
     """What `create --json` reports of a new sandbox."""
 
     id: str
@@ -65,36 +133,24 @@ class Created:
     backend: str
     runtime_sha256: str
     workspace: str
-    limits: str  # the mechanism: "cgroup-v1", "cgroup-v2", "rlimits", "docker"
-    manifest: Mapping[str, Any] | None = None
-    bootstrap: Mapping[str, Any] | None = None
-    json: Mapping[str, Any] = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def from_json(cls, document: Mapping[str, Any]) -> Created:
-        return cls(
-            id=document["id"],
-            profile=document["profile"],
-            backend=document["backend"],
-            runtime_sha256=document["runtime_sha256"],
-            workspace=document["workspace"],
-            limits=document["limits"],
-            manifest=_frozen(document.get("manifest")),
-            bootstrap=_frozen(document.get("bootstrap")),
-            json=_frozen(dict(document)),
-        )
+    limits: str | None  # the mechanism: "cgroup-v1", "cgroup-v2", "rlimits", "docker"
+    manifest: ManifestSummary | None = None
+    bootstrap: BootstrapSummary | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class MountEvidence:
+class MountEvidence(JsonResult):
     target: str
     read_only: bool
     fstype: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Evidence:
-    """What `inspect --json` observes of a live sandbox, against its plan."""
+class Evidence(JsonResult):
+    """What `inspect --json` observes of a live sandbox, against its plan. A backend's own
+    sections (a container's `docker`) are `sections`; in the document they are top-level keys."""
+
+    _sections_field: ClassVar[str | None] = "sections"
 
     id: str
     profile: str
@@ -102,62 +158,34 @@ class Evidence:
     status: str
     matches_plan: bool
     differences: tuple[str, ...]
-    runtime: Mapping[str, Any]
+    runtime: JsonObject
     mounts: tuple[MountEvidence, ...]
-    user: Mapping[str, Any]
-    capabilities: Mapping[str, Any]
-    seccomp: Mapping[str, Any]
+    user: JsonObject
+    capabilities: JsonObject
+    seccomp: JsonObject
     env_names: tuple[str, ...]
-    limits: Mapping[str, Any]
-    network: Mapping[str, Any]
-    leases: Mapping[str, Any] | None
-    json: Mapping[str, Any] = field(repr=False)
-
-    @classmethod
-    def from_json(cls, document: Mapping[str, Any]) -> Evidence:
-        return cls(
-            id=document["id"],
-            profile=document["profile"],
-            backend=document["backend"],
-            status=document["status"],
-            matches_plan=bool(document["matches_plan"]),
-            differences=tuple(document["differences"]),
-            runtime=_frozen(document["runtime"]),
-            mounts=tuple(
-                MountEvidence(target=m["target"], read_only=m["read_only"], fstype=m["fstype"])
-                for m in document["mounts"]
-            ),
-            user=_frozen(document["user"]),
-            capabilities=_frozen(document["capabilities"]),
-            seccomp=_frozen(document["seccomp"]),
-            env_names=tuple(document["env_names"]),
-            limits=_frozen(document["limits"]),
-            network=_frozen(document.get("network") or {}),
-            leases=_frozen(document.get("leases")),
-            json=_frozen(dict(document)),
-        )
+    limits: JsonObject
+    network: JsonObject = field(default_factory=lambda: MappingProxyType({}))
+    leases: JsonObject | None = None
+    sections: JsonObject = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Receipt:
+class Receipt(JsonResult):
     """What a teardown (or gc, for one sandbox) removed, and what it could not."""
 
     id: str
     removed: tuple[str, ...]
     residue: tuple[str, ...]
 
-    @classmethod
-    def from_json(cls, document: Mapping[str, Any]) -> Receipt:
-        return cls(id=document["id"], removed=tuple(document["removed"]), residue=tuple(document["residue"]))
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Exported:
+class Exported(JsonResult):
     """What an export took out (export --json): the new commits (a bundle, a patch series) or
     the working tree (a tar), written at `destination`."""
 
     id: str
-    format: str  # bundle, patch, tar
+    format: Literal["bundle", "patch", "tar"]
     destination: str | None
     files: tuple[str, ...]  # the patch series' file names; the one file otherwise
     head: str  # the sandbox's HEAD commit
@@ -167,24 +195,9 @@ class Exported:
     ahead: int | None  # commits on HEAD since `base` (None: `base` is gone from its history)
     dirty: bool  # the working tree has changes not committed
 
-    @classmethod
-    def from_json(cls, document: Mapping[str, Any]) -> Exported:
-        return cls(
-            id=document["id"],
-            format=document["format"],
-            destination=document.get("destination"),
-            files=tuple(document["files"]),
-            head=document["head"],
-            branch=document.get("branch"),
-            base=document["base"],
-            ref=document["ref"],
-            ahead=document.get("ahead"),
-            dirty=bool(document["dirty"]),
-        )
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class KeptExport:
+class KeptExport(JsonResult):
     """One line of `exports`: the work the service's reaper kept of an expired sandbox (its id),
     the caller's to fetch (`format` "bundle": the commits; "tar": the changed tree) and remove."""
 
@@ -201,26 +214,33 @@ class KeptExport:
     ahead: int | None
     dirty: bool | None
 
-    @classmethod
-    def from_json(cls, document: Mapping[str, Any]) -> KeptExport:
-        return cls(
-            id=document["id"],
-            uid=int(document["uid"]),
-            files=tuple(document["files"]),
-            bytes=document.get("bytes"),
-            kept_until=document.get("kept_until"),
-            directory=document["directory"],
-            head=document.get("head"),
-            branch=document.get("branch"),
-            base=document.get("base"),
-            ref=document.get("ref"),
-            ahead=document.get("ahead"),
-            dirty=document.get("dirty"),
-        )
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeptExports(JsonResult):
+    """`exports --json`."""
+
+    exports: tuple[KeptExport, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SandboxInfo:
+class KeptExportFetched(JsonResult):
+    """`exports get --json`: which kept file was written where."""
+
+    id: str
+    format: Literal["bundle", "tar"]
+    destination: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeptExportRemoved(JsonResult):
+    """`exports rm --json`: the files the kept export held."""
+
+    id: str
+    removed: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SandboxInfo(JsonResult):
     """One line of `list`."""
 
     id: str
@@ -230,20 +250,16 @@ class SandboxInfo:
     created_at: str | None
     expires_at: str | None = None  # when the service tears it down (create --ttl)
 
-    @classmethod
-    def from_json(cls, document: Mapping[str, Any]) -> SandboxInfo:
-        return cls(
-            id=document["id"],
-            profile=document["profile"],
-            backend=document["backend"],
-            status=document["status"],
-            created_at=document["created_at"],
-            expires_at=document.get("expires_at"),
-        )
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SandboxList(JsonResult):
+    """`list --json`."""
+
+    sandboxes: tuple[SandboxInfo, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class GcReport:
+class GcReport(JsonResult):
     """What `gc` did: the sandboxes it collected, and those it left (healthy, busy, warm); the
     quarantines of exports whose exporter died, which it removed (`exports`)."""
 
@@ -253,23 +269,13 @@ class GcReport:
     warm: tuple[str, ...]
     exports: tuple[str, ...] = ()
 
-    @classmethod
-    def from_json(cls, document: Mapping[str, Any]) -> GcReport:
-        return cls(
-            collected=tuple(Receipt.from_json(item) for item in document["collected"]),
-            healthy=tuple(document["healthy"]),
-            busy=tuple(document["busy"]),
-            warm=tuple(document["warm"]),
-            exports=tuple(document.get("exports", ())),
-        )
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class OwnerEntry:
+class OwnerEntry(JsonResult):
     """One owner file (or an approval whose file is gone), as `ext list` shows it."""
 
     name: str
-    kind: Literal["extension", "profile"]
+    kind: Literal["extension", "profile", "grants"]
     file: str | None
     valid: bool
     problem: str | None
@@ -278,13 +284,17 @@ class OwnerEntry:
     approved_sha256: str | None
     status: str  # approved, unapproved, changed
 
-    @classmethod
-    def from_json(cls, document: Mapping[str, Any]) -> OwnerEntry:
-        return cls(**{name: document[name] for name in cls.__dataclass_fields__})
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OwnerListing(JsonResult):
+    """`ext list --json`."""
+
+    config_dir: str
+    entries: tuple[OwnerEntry, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Approval:
+class Approval(JsonResult):
     """The ledger's answer to `ext approve` or `ext revoke`."""
 
     name: str
@@ -293,22 +303,13 @@ class Approval:
     sha256: str | None = None
     revoked: bool | None = None
 
-    @classmethod
-    def from_json(cls, document: Mapping[str, Any]) -> Approval:
-        return cls(
-            name=document["name"],
-            file=document["file"],
-            status=document["status"],
-            sha256=document.get("sha256"),
-            revoked=document.get("revoked"),
-        )
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RuntimeDigest:
+class RuntimeDigest(JsonResult):
     """`runtime digest`: the tree digest v1 of a runtime directory and what computing it took."""
 
     path: str
+    format: str = "tree-digest-v1"
     sha256: str
     full: bool
     entries: int
@@ -317,18 +318,9 @@ class RuntimeDigest:
     bytes_read: int
     reused: int
 
-    @classmethod
-    def from_json(cls, document: Mapping[str, Any]) -> RuntimeDigest:
-        return cls(**{name: document[name] for name in cls.__dataclass_fields__})
-
-
-def owner_entries(document: Mapping[str, Any]) -> list[OwnerEntry]:
-    """The entries of `ext list --json`'s document, in its order."""
-    return [OwnerEntry.from_json(entry) for entry in document["entries"]]
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Dispatched:
+class Dispatched(JsonResult):
     """What `dispatch-tool --json` reports of one relayed request: where its response is inside the
     sandbox, and whether it came from the replay ledger (`cached`) rather than the endpoint."""
 
@@ -339,17 +331,55 @@ class Dispatched:
     cached: bool
     attempts: int
     response: str  # the response file's path inside the sandbox
-    json: Mapping[str, Any] = field(repr=False)
 
-    @classmethod
-    def from_json(cls, document: Mapping[str, Any]) -> Dispatched:
-        return cls(
-            sandbox=document["sandbox"],
-            lease_id=document["lease_id"],
-            request_id=document["request_id"],
-            fingerprint=document["fingerprint"],
-            cached=bool(document["cached"]),
-            attempts=int(document["attempts"]),
-            response=document["response"],
-            json=_frozen(dict(document)),
-        )
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WarmFill(JsonResult):
+    """`warm --json`: the profile's warm sandboxes after a fill, and what it started and removed
+    (`busy`: another fill was running, so this one did nothing)."""
+
+    profile: str
+    warm: int
+    started: tuple[str, ...]
+    removed: tuple[str, ...]
+    busy: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GrantedProfile(JsonResult):
+    name: str
+    max_sandboxes: int | None
+    max_ttl_seconds: int | None
+    status: str  # the profile's approval now: approved, unapproved, changed, missing
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallerView(JsonResult):
+    """`GET /v1/me`: what the calling account may do — an owner everything; a granted caller its
+    profiles, with its live sandboxes (`live`)."""
+
+    uid: int
+    owner: bool
+    live: int | None
+    profiles: tuple[GrantedProfile, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExportNoted(JsonResult):
+    """The service's answer to an export's confirmation: whether the record noted it."""
+
+    id: str
+    noted: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Version(JsonResult):
+    """`GET /v1/version`."""
+
+    version: str
+    api: str
+
+
+def owner_entries(document: Mapping[str, Any]) -> list[OwnerEntry]:
+    """The entries of `ext list --json`'s document, in its order."""
+    return list(OwnerListing.from_json(document).entries)

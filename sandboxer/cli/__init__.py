@@ -75,7 +75,7 @@ def main_options(
     """Resolve the broker's directories once for every command."""
     del version  # handled by its callback
     invocation = current()
-    if invocation.access is None:
+    if invocation.caller is None or invocation.dirs is None:
         dirs = resolve_dirs(
             config_dir=config_dir,
             state_dir=state_dir,
@@ -84,8 +84,8 @@ def main_options(
             home=os.path.expanduser("~"),
         )
     else:
-        access = invocation.access
-        dirs = _service_dirs(access.dirs, config_dir, state_dir, invocation.environ, invocation.cwd, owner=access.owner)
+        owner = invocation.caller.owner
+        dirs = _service_dirs(invocation.dirs, config_dir, state_dir, invocation.environ, invocation.cwd, owner=owner)
     remember(ctx, dirs, debug=debug and debug_allowed())
 
 
@@ -152,7 +152,7 @@ def serve(
     from sandboxer.service.cliserver import CommandTable
     from sandboxer.service.serve import serve as run_service
 
-    if current().access is not None:
+    if current().caller is not None:
         raise UsageError("serve runs in its own process, never as a service's command")
     table = CommandTable(run=main, name=command_path)
     run_service(dirs_of(ctx), socket_path=socket, idle_exit=idle_exit, commands=table, keep_exports=keep_exports)

@@ -9,7 +9,8 @@ line on stderr and status 125 (sandboxer.commands.execute).
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any
+from collections.abc import Sequence
+from typing import Annotated, Literal
 
 import typer
 from typer._click.core import Context
@@ -17,24 +18,23 @@ from typer._click.exceptions import BadOptionUsage, NoSuchOption
 from typer._click.exceptions import UsageError as ClickUsageError
 from typer.core import TyperCommand
 
+from sandboxer.api import MANIFEST_PATHS
 from sandboxer.cli.files import deliver, deliver_kept, sandbox_of, sandbox_path
 from sandboxer.cli.options import (
-    MANIFEST_PATHS,
     JsonOption,
-    access,
+    broker_of,
+    caller,
     caller_file,
     caller_path,
     debug_of,
     dirs_of,
-    export_budget,
     interrupted,
-    made_sandbox,
-    require_own,
-    require_owner,
+    named,
 )
-from sandboxer.errors import EntryError, ExecUsage, NotFoundError, UsageError
+from sandboxer.errors import EntryError, ExecUsage, ResidueError, UsageError
 from sandboxer.invocation import current
 from sandboxer.output import flatten, print_result
+from sandboxer.results import KeptExportFetched, KeptExports, Receipt, SandboxList
 
 app = typer.Typer()
 exports_app = typer.Typer(
@@ -65,33 +65,14 @@ def create(
     json: JsonOption = False,
 ) -> None:
     """Create a sandbox from an approved profile and print its id."""
-    from sandboxer.commands.create import create as create_sandbox
-
-    dirs = dirs_of(ctx)
+    broker = broker_of(ctx)
     manifest = None if manifest is None else caller_path(manifest, "--manifest", why=MANIFEST_PATHS)
     source = None if bootstrap is None else caller_file(bootstrap, "--bootstrap")
-
-    def make(caller_uid: int | None, lifetime: float | None) -> dict[str, Any]:
-        return create_sandbox(
-            dirs,
-            profile,
-            manifest_path=manifest,
-            bootstrap=source,
-            ttl=lifetime,
-            caller_uid=caller_uid,
-            ref=ref,
-            branch=branch,
-        )
-
-    rules = access()
-    result = make(None, ttl) if rules is None else rules.create(profile, ttl, make)
-    made_sandbox(result["id"])
-    if interrupted():  # Ctrl-C at a client of the service: as in-process, no sandbox is left
-        from sandboxer.commands.teardown import teardown
-
-        teardown(dirs, result["id"])
-        raise typer.Abort
-    print_result(result, result["id"], json)
+    sandbox = broker.create(
+        profile, manifest=manifest, bootstrap=source, ttl=ttl, ref=ref, branch=branch, abandoned=interrupted
+    )
+    named(sandbox.id)
+    print_result(sandbox.created.to_json() if sandbox.created else {"id": sandbox.id}, sandbox.id, json)
 
 
 _COMMAND = "sandboxer.exec.command"  # where exec's parser leaves the command for exec_()
@@ -187,7 +168,7 @@ def exec_(
         control = None if invocation.control is None else Control(invocation.control, invocation.window)
         program = CallerStdio(invocation.stdio, control)
     try:
-        require_own(sandbox_id, ExecUsage(f"exec: no such sandbox: {sandbox_id}"))
+        broker_of(ctx).sandbox(named(sandbox_id), unknown=ExecUsage(f"exec: no such sandbox: {sandbox_id}"))
         exec_env = _assignments(env or [])
         status = execute(dirs_of(ctx), options, ctx.meta[_COMMAND], program, exec_env=exec_env)
     except Exception as exc:
@@ -229,31 +210,29 @@ def _exec_failure(exc: Exception, *, debug: bool) -> int:
 @app.command("inspect")
 def inspect(ctx: typer.Context, sandbox_id: IdArgument, json: JsonOption = False) -> None:
     """Evidence observed from a live sandbox."""
-    from sandboxer.commands.inspect import inspect as inspect_sandbox
-
-    require_own(sandbox_id, NotFoundError(f"no such sandbox: {sandbox_id}"))
-    result = inspect_sandbox(dirs_of(ctx), sandbox_id)
+    result = broker_of(ctx).sandbox(named(sandbox_id)).inspect().to_json()
     print_result(result, "\n".join(f"{k}: {v}" for k, v in flatten(result)), json)
 
 
 @app.command("list")
 def list_(ctx: typer.Context, json: JsonOption = False) -> None:
     """List the sandboxes of this state dir."""
-    from sandboxer.commands.teardown import list_sandboxes
-    from sandboxer.service.access import visible
-
-    rules = access()
-    result = list_sandboxes(dirs_of(ctx))
-    if rules is not None:
-        result = visible(result, rules.own_ids())
+    entries = broker_of(ctx).list()
     rows = [("ID", "PROFILE", "BACKEND", "STATUS", "CREATED", "EXPIRES")]
-    rows += [
-        (e["id"], str(e["profile"]), str(e["backend"]), e["status"], str(e["created_at"]), e["expires_at"] or "-")
-        for e in result["sandboxes"]
-    ]
+    rows += [(e.id, str(e.profile), str(e.backend), e.status, str(e.created_at), e.expires_at or "-") for e in entries]
+    print_result(SandboxList(sandboxes=tuple(entries)).to_json(), _table(rows) if entries else "no sandboxes", json)
+
+
+def _table(rows: Sequence[tuple[str, ...]]) -> str:
+    """Rows as columns padded to their widest cell."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    table = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
-    print_result(result, table if result["sandboxes"] else "no sandboxes", json)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+
+
+def _receipt_text(receipt: Receipt) -> str:
+    lines = [f"removed {item}" for item in receipt.removed]
+    lines += [f"RESIDUE {item}" for item in receipt.residue]
+    return "\n".join(lines) or f"{receipt.id}: nothing to remove"
 
 
 @app.command("teardown")
@@ -267,15 +246,13 @@ def teardown(
 ) -> None:
     """Remove everything a sandbox owns; print the receipt. A sandbox with commits or changes no
     export took out is refused (2) unless --discard."""
-    from sandboxer.commands.teardown import receipt_or_raise
-    from sandboxer.commands.teardown import teardown as teardown_sandbox
-
-    require_own(sandbox_id, NotFoundError(f"no such sandbox: {sandbox_id}"))
-    receipt = teardown_sandbox(dirs_of(ctx), sandbox_id, keep_work=not discard)
-    lines = [f"removed {item}" for item in receipt["removed"]]
-    lines += [f"RESIDUE {item}" for item in receipt["residue"]]
-    print_result(receipt, "\n".join(lines) or f"{sandbox_id}: nothing to remove", json)
-    receipt_or_raise(receipt)
+    try:
+        receipt = broker_of(ctx).sandbox(named(sandbox_id)).teardown(discard=discard)
+    except ResidueError as exc:
+        if isinstance(exc.receipt, Receipt):
+            print_result(exc.receipt.to_json(), _receipt_text(exc.receipt), json)
+        raise
+    print_result(receipt.to_json(), _receipt_text(receipt), json)
 
 
 @app.command("export")
@@ -296,27 +273,20 @@ def export(
     """Take a sandbox's work out: its new commits (--bundle, --patch) or its tree (--tar), made by
     git inside the sandbox and verified on the host before it is written (a new file or
     directory). teardown then loses nothing that was exported."""
-    from sandboxer.commands.export import finished, prepare
-
     chosen = [(fmt, value) for fmt, value in (("bundle", bundle), ("patch", patch), ("tar", tar)) if value is not None]
     if len(chosen) != 1:
         raise UsageError("export: give exactly one of --bundle FILE, --patch DIR, --tar FILE")
     fmt, destination = chosen[0]
     if not destination:
         raise UsageError(f"export: --{fmt}: must name a file or directory")
-    require_own(sandbox_id, NotFoundError(f"no such sandbox: {sandbox_id}"))
-    dirs = dirs_of(ctx)
-    made = prepare(
-        dirs, sandbox_id, "bundle" if fmt == "bundle" else "patch" if fmt == "patch" else "tar", budget=export_budget()
-    )
+    sandbox = broker_of(ctx).sandbox(named(sandbox_id))
+    made = sandbox.prepare_export(fmt)
     try:
         deliver(made, f"--{fmt}", destination)
     except BaseException:
-        from sandboxer.commands.export import discard_quarantine
-
-        discard_quarantine(made)
+        sandbox.discard_export(made)
         raise
-    finished(dirs, made)
+    sandbox.finish_export(made)
     summary = made.summary(destination)
     what = f"{summary['ahead']} commit(s)" if fmt != "tar" else "the working tree"
     print_result(summary, f"exported {what} of {sandbox_id} to {destination}", json)
@@ -327,19 +297,15 @@ def exports(ctx: typer.Context, json: JsonOption = False) -> None:
     """List the work the service kept of your expired sandboxes (docs/service.md, Lifetimes)."""
     if ctx.invoked_subcommand is not None:
         return
-    from sandboxer.commands.kept import fetch_hint, list_kept
+    from sandboxer.commands.kept import fetch_hint
 
-    result = list_kept(dirs_of(ctx), _kept_viewer())
+    kept = broker_of(ctx).exports()
     rows = [("ID", "FILES", "MIB", "KEPT UNTIL")]
-    rows += [
-        (e["id"], ",".join(e["files"]), str(-(-int(e["bytes"] or 0) // (1024 * 1024))), str(e["kept_until"]))
-        for e in result["exports"]
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    table = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
-    if result["exports"]:
+    rows += [(e.id, ",".join(e.files), str(-(-int(e.bytes or 0) // (1024 * 1024))), str(e.kept_until)) for e in kept]
+    table = _table(rows)
+    if kept:
         table += f"\nget one with: {fetch_hint('ID')}; remove it with: sandboxer exports rm ID"
-    print_result(result, table if result["exports"] else "no kept exports", json)
+    print_result(KeptExports(exports=tuple(kept)).to_json(), table if kept else "no kept exports", json)
 
 
 @exports_app.command("get")
@@ -355,16 +321,13 @@ def exports_get(
 ) -> None:
     """Write a kept export's commits as a Git bundle (or, with --tar, its changed tree as a tar)
     to FILE, a new file made with your own rights."""
-    from sandboxer.commands.kept import kept_file
-
-    invocation = current()
-    invocation.sandboxes.append(export_id)
-    source = kept_file(dirs_of(ctx), export_id, "tar" if tar else "bundle", _kept_viewer())
+    fmt: Literal["bundle", "tar"] = "tar" if tar else "bundle"
+    source = broker_of(ctx).kept_export_file(named(export_id), fmt)
     if not destination:
         raise UsageError("exports get: FILE must name a file")
     deliver_kept(source, destination)
-    result = {"id": export_id, "format": "tar" if tar else "bundle", "destination": destination}
-    print_result(result, f"wrote the kept {result['format']} of {export_id} to {destination}", json)
+    result = KeptExportFetched(id=export_id, format=fmt, destination=destination)
+    print_result(result.to_json(), f"wrote the kept {fmt} of {export_id} to {destination}", json)
 
 
 @exports_app.command("rm")
@@ -374,18 +337,8 @@ def exports_rm(
     json: JsonOption = False,
 ) -> None:
     """Remove a kept export: its room in your export budget is free at once."""
-    from sandboxer.commands.kept import remove_kept
-
-    current().sandboxes.append(export_id)
-    result = remove_kept(dirs_of(ctx), export_id, _kept_viewer())
-    print_result(result, f"removed the kept export {export_id}", json)
-
-
-def _kept_viewer() -> int | None:
-    """Whose kept exports the caller sees: a granted caller's own (by the kernel's uid); an
-    owner's (and in-process) every one."""
-    rules = access()
-    return None if rules is None or rules.owner else rules.peer.uid
+    result = broker_of(ctx).remove_export(named(export_id))
+    print_result(result.to_json(), f"removed the kept export {export_id}", json)
 
 
 @app.command("cp")
@@ -402,7 +355,7 @@ def cp(
     if len(remote) != 1:
         raise UsageError("cp: exactly one of SRC and DST must be ID:/path (a sandbox id, a colon, an absolute path)")
     end, (sandbox_id, path) = remote[0]
-    if access() is not None:
+    if caller() is not None:
         raise UsageError("cp runs in the caller's own process, never as a service's command")
     sandbox = sandbox_of(dirs_of(ctx), sandbox_id)
     if end == "destination":
@@ -414,16 +367,13 @@ def cp(
 @app.command("gc")
 def gc(ctx: typer.Context, json: JsonOption = False) -> None:
     """Finish sandboxes whose broker died mid-way."""
-    from sandboxer.commands.teardown import gc as collect
-    from sandboxer.commands.teardown import receipt_or_raise
-
-    require_owner("gc")
-    result = collect(dirs_of(ctx))
-    lines = [f"collected {r['id']}" + (" (RESIDUE)" if r["residue"] else "") for r in result["collected"]]
-    lines += [f"removed the quarantine of an abandoned export ({name})" for name in result["exports"]]
-    print_result(result, "\n".join(lines) or "nothing to collect", json)
-    for receipt in result["collected"]:
-        receipt_or_raise(receipt)
+    report = broker_of(ctx).gc()
+    lines = [f"collected {r.id}" + (" (RESIDUE)" if r.residue else "") for r in report.collected]
+    lines += [f"removed the quarantine of an abandoned export ({name})" for name in report.exports]
+    print_result(report.to_json(), "\n".join(lines) or "nothing to collect", json)
+    for receipt in report.collected:
+        if receipt.residue:
+            raise ResidueError(f"teardown of {receipt.id} left residue: {'; '.join(receipt.residue)}")
 
 
 @app.command("dispatch-tool")
@@ -437,11 +387,9 @@ def dispatch_tool(
     json: JsonOption = False,
 ) -> None:
     """Relay one tool request from a sandbox's spool to its endpoint."""
-    from sandboxer.host.dispatch import dispatch
-
-    require_own(sandbox_id, NotFoundError(f"no such sandbox: {sandbox_id}"))
-    result = dispatch(dirs_of(ctx).state, sandbox_id, lease_id=lease, request_id=request_id, wait_seconds=wait_seconds)
-    print_result(result, f"dispatched {result['request_id']} ({result['response']})", json)
+    sandbox = broker_of(ctx).sandbox(named(sandbox_id))
+    result = sandbox.dispatch_tool(lease, request_id, wait_seconds)
+    print_result(result.to_json(), f"dispatched {result.request_id} ({result.response})", json)
 
 
 @app.command("warm")
@@ -451,13 +399,10 @@ def warm(
     json: JsonOption = False,
 ) -> None:
     """Start the warm sandboxes a profile keeps (its extension's config.warm); remove stale ones."""
-    from sandboxer.commands.warm import fill
-
-    require_owner("warm")
-    result = fill(dirs_of(ctx), profile)
-    text = f"{result['profile']}: " + (
+    result = broker_of(ctx).warm(profile)
+    text = f"{result.profile}: " + (
         "another fill is running"
-        if result["busy"]
-        else f"{result['warm']} warm (started {len(result['started'])}, removed {len(result['removed'])})"
+        if result.busy
+        else f"{result.warm} warm (started {len(result.started)}, removed {len(result.removed)})"
     )
-    print_result(result, text, json)
+    print_result(result.to_json(), text, json)

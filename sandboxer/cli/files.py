@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from sandboxer.cli.options import access, caller_path
+from sandboxer.cli.options import caller, caller_path
 from sandboxer.errors import UsageError
 from sandboxer.invocation import current
 
@@ -33,8 +33,7 @@ def deliver(made: Export, option: str, destination: str) -> None:
         return
     if opened.fd is None:
         raise UsageError(f"export: {destination}: cannot be created ({os.strerror(opened.errno)})")
-    rules = access()
-    peer = rules.peer if rules is not None else None
+    peer = caller()
     uid = peer.uid if peer is not None else os.geteuid()  # whose file it must be
     if made.format != "patch":
         deliver_to_file(made, opened.fd, destination, uid=uid)
@@ -54,8 +53,8 @@ def deliver_kept(source: str, destination: str) -> None:
         return
     if opened.fd is None:
         raise UsageError(f"exports get: {destination}: cannot be created ({os.strerror(opened.errno)})")
-    rules = access()
-    copy_to_fd(source, opened.fd, destination, uid=rules.peer.uid if rules is not None else os.geteuid())
+    peer = caller()
+    copy_to_fd(source, opened.fd, destination, uid=peer.uid if peer is not None else os.geteuid())
 
 
 def sandbox_path(value: str) -> tuple[str, str] | None:

@@ -1,6 +1,7 @@
 """What every command of the CLI shares: the --json option, what the root's global options
-resolved (the broker's directories, --debug) before the command runs, and — when the service
-runs the command for a CLI client — the rules for that caller (sandboxer.service.access)."""
+resolved (the broker's directories, --debug) before the command runs, and the core API bound to
+the caller the command runs for (`broker_of`): in-process this process's account, in the service
+the CLI client's, as the kernel reported it. The core decides what that caller may do."""
 
 from __future__ import annotations
 
@@ -9,18 +10,20 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from sandboxer.caller import require_own_files
 from sandboxer.dirs import Dirs, require_state_dir
 from sandboxer.host.fsutil import CallerFile
 from sandboxer.invocation import current
 
 if TYPE_CHECKING:
-    from sandboxer.commands.export_space import Budget
-    from sandboxer.service.access import Access
+    from sandboxer.api import Broker
+    from sandboxer.caller import Caller
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
 
 _DEBUG = "sandboxer.debug"
 _STATE_CHECKED = "sandboxer.state-checked"
+_BROKER = "sandboxer.broker"
 
 
 def remember(ctx: typer.Context, dirs: Dirs, *, debug: bool) -> None:
@@ -39,7 +42,7 @@ def dirs_of(ctx: typer.Context, *, state: bool = True) -> Dirs:
     never reads or writes the state passes `state=False` (manifest check, doctor, which reports
     the problem instead). A service's own state dir was checked when it started."""
     dirs: Dirs = ctx.find_root().obj
-    if state and access() is None and not ctx.meta.get(_STATE_CHECKED):
+    if state and caller() is None and not ctx.meta.get(_STATE_CHECKED):
         require_state_dir(dirs.state)
         ctx.meta[_STATE_CHECKED] = True
     return dirs
@@ -50,41 +53,54 @@ def debug_of(ctx: typer.Context) -> bool:
     return bool(ctx.meta.get(_DEBUG, False))
 
 
-# ------------------------------------------------------------------- the caller, in the service
+# ---------------------------------------------------------------------------------- the caller
 
 
-def access() -> Access | None:
-    """The service's rules for the client this command runs for; None in-process, where the
-    account's own rights are all there is."""
-    return current().access
+def caller() -> Caller | None:
+    """The caller the service runs this command for; None in-process, where this process's own
+    account (an owner) is the caller."""
+    return current().caller
+
+
+def broker_of(ctx: typer.Context) -> Broker:
+    """The core API for the command's caller (created once per command)."""
+    from sandboxer.api import Broker
+
+    broker: Broker | None = ctx.meta.get(_BROKER)
+    if broker is None:
+        dirs = dirs_of(ctx)
+        served = caller()
+        if served is None:
+            from sandboxer.caller import Caller
+
+            served = Caller.this_process()
+        broker = Broker.serving(dirs, served)
+        ctx.meta[_BROKER] = broker
+    return broker
 
 
 def debug_allowed() -> bool:
     """--debug's tracebacks may hold values of the broker's: in the service, owners' only."""
-    rules = access()
-    return rules is None or rules.owner
-
-
-def require_owner(what: str) -> None:
-    """An owner verb: refused to a granted caller of the service."""
-    rules = access()
-    if rules is not None:
-        rules.require_owner(what)
-
-
-# Why a service takes a lease manifest from its own account only.
-MANIFEST_PATHS = "a lease manifest names host paths the broker binds into the sandbox and later removes"
+    served = caller()
+    return served is None or served.owner
 
 
 def caller_path(path: str, what: str, *, why: str | None = None) -> str:
-    """The path to open for a file the caller named: as given in-process; in the service only
-    for a caller of the service's own account, relative to the client's working directory
-    (`why`: the reason another account is refused, when it is more than the general rule)."""
-    rules = access()
-    if rules is None:
+    """The path a caller named, as the broker opens it: as given in-process; in the service only
+    for a caller of the service's own account (sandboxer.caller.require_own_files; `why`: the
+    reason another account is refused, when it is more than the general rule), relative to the
+    client's working directory."""
+    served = caller()
+    if served is None:
         return path
-    rules.require_own_files(what, why=why)
+    require_own_files(served, what, why=why)
     return os.path.join(current().cwd, path)
+
+
+def client_path(path: str) -> str:
+    """A path the caller named, relative to its own working directory (the core decides whether
+    the broker may open it for this caller)."""
+    return path if caller() is None else os.path.join(current().cwd, path)
 
 
 def caller_file(path: str, what: str) -> str | CallerFile:
@@ -94,22 +110,10 @@ def caller_file(path: str, what: str) -> str | CallerFile:
     return opened if opened is not None else caller_path(path, what)
 
 
-def export_budget() -> Budget:
-    """The export budget of the caller this command runs for: its grant's in a service (an
-    owner's: the default, by its uid); in-process, the default for this process's account."""
-    from sandboxer.commands.export_space import default_budget
-
-    rules = access()
-    return default_budget() if rules is None else rules.export_budget()
-
-
-def require_own(sandbox_id: str, unknown: Exception) -> None:
-    """A sandbox the caller may name: in the service, its own (another's raises `unknown`).
-    The id goes into the command's audit line."""
-    invocation = current()
-    invocation.sandboxes.append(sandbox_id)
-    if invocation.access is not None:
-        invocation.access.require_own(sandbox_id, unknown)
+def named(sandbox_id: str) -> str:
+    """The sandbox a command names or made, for its audit line."""
+    current().sandboxes.append(sandbox_id)
+    return sandbox_id
 
 
 def interrupted() -> bool:
@@ -122,8 +126,3 @@ def interrupted() -> bool:
         return False
     client = Control(control)
     return bool(client.signals()) or client.gone
-
-
-def made_sandbox(sandbox_id: str) -> None:
-    """The sandbox a command made, for its audit line."""
-    current().sandboxes.append(sandbox_id)

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from sandboxer.cli.options import JsonOption, caller_path, dirs_of, require_owner
+from sandboxer.cli.options import JsonOption, broker_of, caller_path, client_path, dirs_of
 from sandboxer.output import flatten
 from sandboxer.output import print_result as _print
 
@@ -83,11 +83,8 @@ def ext_approve(
     json: JsonOption = False,
 ) -> None:
     """Approve the exact current bytes of an extension config or profile."""
-    from sandboxer.commands import owner
-
-    require_owner("ext approve")
-    result = owner.approve(dirs_of(ctx), name)
-    _print(result, f"approved {name} (sha256 {result['sha256']})", json)
+    result = broker_of(ctx).owner.approve(name)
+    _print(result.to_json(), f"approved {name} (sha256 {result.sha256})", json)
 
 
 @ext_app.command("revoke")
@@ -97,30 +94,24 @@ def ext_revoke(
     json: JsonOption = False,
 ) -> None:
     """Withdraw an approval."""
-    from sandboxer.commands import owner
-
-    require_owner("ext revoke")
-    result = owner.revoke(dirs_of(ctx), name)
-    _print(result, f"revoked {name}" if result["revoked"] else f"{name} was not approved", json)
+    result = broker_of(ctx).owner.revoke(name)
+    _print(result.to_json(), f"revoked {name}" if result.revoked else f"{name} was not approved", json)
 
 
 @ext_app.command("list")
 def ext_list(ctx: typer.Context, json: JsonOption = False) -> None:
     """List every extension config and profile with its approval status."""
-    from sandboxer.commands import owner
-
-    require_owner("ext list")
-    result = owner.list_entries(dirs_of(ctx))
+    result = broker_of(ctx).owner.listing()
     rows = [("NAME", "KIND", "STATUS", "VALID")]
-    rows += [(e["name"], e["kind"], e["status"], "yes" if e["valid"] else "no") for e in result["entries"]]
+    rows += [(e.name, e.kind, e.status, "yes" if e.valid else "no") for e in result.entries]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     human = "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
-    reasons = [f"{e['name']}: {e['problem']}" for e in result["entries"] if not e["valid"] and e["problem"]]
+    reasons = [f"{e.name}: {e.problem}" for e in result.entries if not e.valid and e.problem]
     if reasons:  # why each is not valid, not only "no"
         human += "\n\n" + "\n".join(reasons)
-    if not result["entries"]:
-        human = f"no extension configs or profiles in {result['config_dir']}"
-    _print(result, human, json)
+    if not result.entries:
+        human = f"no extension configs or profiles in {result.config_dir}"
+    _print(result.to_json(), human, json)
 
 
 @runtime_app.command("pin")
@@ -132,10 +123,7 @@ def runtime_pin(
 ) -> None:
     """Write a runtime directory and its digest into an extension config, for the owner to review
     and approve."""
-    from sandboxer.commands import owner
-
-    require_owner("runtime pin")
-    result = owner.runtime_pin(dirs_of(ctx), caller_path(path, "runtime pin"), extension)
+    result = broker_of(ctx).owner.runtime_pin(client_path(path), extension)
     human = (
         f"{result['file']}: config.runtime is now {result['path']} at {result['sha256']}\n"
         f"review it, then: sandboxer ext approve {result['extension']}"
@@ -153,11 +141,8 @@ def runtime_digest(
     json: JsonOption = False,
 ) -> None:
     """Print the tree digest v1 of a runtime directory."""
-    from sandboxer.commands import owner
-
-    require_owner("runtime digest")
-    result = owner.runtime_digest(dirs_of(ctx), caller_path(path, "runtime digest"), full=full)
-    _print(result, result["sha256"], json)
+    result = broker_of(ctx).owner.runtime_digest(client_path(path), full=full)
+    _print(result.to_json(), result.sha256, json)
 
 
 @app.command("doctor")

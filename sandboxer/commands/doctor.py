@@ -20,6 +20,7 @@ from sandboxer.core.config_types import GRANTS_NAME
 from sandboxer.core.configdir import load_grants
 from sandboxer.dirs import ROOT_SOCKET, Dirs, find_service, state_dir_problem
 from sandboxer.errors import PolicyError, SandboxerError, UntrustedServiceError
+from sandboxer.results import CallerView
 
 TOOLS_PATH = "/usr/bin:/bin:/usr/local/bin"  # where the broker looks for git, whatever PATH says
 MIN_FREE_MIB = 1024  # free space below this on the state dir's filesystem is a warning
@@ -171,7 +172,7 @@ def _broker(dirs: Dirs) -> list[Check]:
     grants in the config dir; for a caller, what the service lets it do."""
     path = find_service(dirs, os.environ)  # as this account's commands find it
     mine = _owns(dirs.config)
-    seen: dict[str, Any] | None = None
+    seen: CallerView | None = None
     try:
         seen = Client(path, timeout=SERVICE_SECONDS).whoami()
     except UntrustedServiceError as exc:
@@ -191,8 +192,8 @@ def _broker(dirs: Dirs) -> list[Check]:
             return [Check("service", "fail", f"none answers on {path}", "ask the broker's owner to start it")]
         idle = Check("service", "ok", f"none answers on {path} yet: the first command starts one on demand")
         return [idle, *(_owner_files(dirs) if mine else [])]
-    service = Check("service", "ok", f"answers on {path}" + (" (as an owner)" if seen["owner"] else ""))
-    if seen["owner"]:
+    service = Check("service", "ok", f"answers on {path}" + (" (as an owner)" if seen.owner else ""))
+    if seen.owner:
         return [service, *(_owner_files(dirs) if mine else [])]
     return [service, _access(seen)]
 
@@ -259,12 +260,12 @@ def _grants(dirs: Dirs) -> Check:
     return Check("grants", "ok", f"{len(grants.grants)} grant(s), every profile they name approved")
 
 
-def _access(seen: dict[str, Any]) -> Check:
+def _access(seen: CallerView) -> Check:
     """What the service lets this caller create."""
-    usable = [p for p in seen["profiles"] if p["status"] == Status.APPROVED.value]
-    parts = [f"{p['name']} (up to {p['max_sandboxes']} live, lifetime up to {p['max_ttl_seconds']} s)" for p in usable]
-    others = [f"{p['name']} ({p['status']})" for p in seen["profiles"] if p not in usable]
-    detail = f"uid {seen['uid']} has {seen['live']} live sandbox(es); may create " + (", ".join(parts) or "nothing")
+    usable = [p for p in seen.profiles if p.status == Status.APPROVED.value]
+    parts = [f"{p.name} (up to {p.max_sandboxes} live, lifetime up to {p.max_ttl_seconds} s)" for p in usable]
+    others = [f"{p.name} ({p.status})" for p in seen.profiles if p not in usable]
+    detail = f"uid {seen.uid} has {seen.live} live sandbox(es); may create " + (", ".join(parts) or "nothing")
     if others:
         detail += f"; granted but not usable now: {', '.join(others)}"
         return Check("access", "warn", detail, "ask the broker's owner to approve them")

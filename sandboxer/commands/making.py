@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from sandboxer.host.fsutil import CallerFile
 
 # What a service checks before each step that makes something for a caller (its grant, again:
-# grants.yaml may have changed since the request was admitted). Set by the caller's Access for
-# the command it runs (service/access.py); nothing for an owner, nothing in-process.
+# grants.yaml may have changed since the request was admitted). Set by the core for a caller's
+# create and export (sandboxer.caller.Authority); nothing for an owner.
 _CHECKPOINT: ContextVar[Callable[[str], None] | None] = ContextVar("sandboxer_checkpoint", default=None)
 
 
@@ -44,14 +44,8 @@ def checked_by(check: Callable[[str], None]) -> Iterator[None]:
 
 def before(step: str) -> None:
     """Before `step` (the clone, the start, taking a warm sandbox, an export's quarantine): the
-    caller may still do what it asked, else PolicyError (the step's caller removes what it made).
-    A command a service runs for a CLI client is checked by that client's access."""
+    caller may still do what it asked, else PolicyError (the step's caller removes what it made)."""
     check = _CHECKPOINT.get()
-    if check is None:
-        from sandboxer.invocation import current
-
-        access = current().access
-        check = None if access is None else access.recheck
     if check is not None:
         check(step)
 

@@ -22,7 +22,8 @@ from sandboxer.dirs import Dirs
 from sandboxer.errors import PolicyError, SandboxerError, UsageError
 from sandboxer.host.fsutil import CallerFile
 from sandboxer.host.registry import ID_PATTERN
-from sandboxer.service.access import CALLS_PER_CALLER, Access, CallerSlots, Refused, admit, owner_by_uid, visible
+from sandboxer.results import ExportNoted, JsonResult, KeptExports, Receipt, SandboxList, Version
+from sandboxer.service.admission import CALLS_PER_CALLER, CallerSlots, Refused, admit, owner_by_uid
 from sandboxer.service.audit import AuditLog
 from sandboxer.service.exec_route import SIGNALLING, exec_command, signal_exec
 from sandboxer.service.http import (
@@ -32,13 +33,14 @@ from sandboxer.service.http import (
     PENDING_EXPORTS,
     WORKERS,
     PendingExports,
+    broker_of,
     error_document,
     error_response,
     in_thread,
     in_worker,
     internal_error,
     json_body,
-    require_own,
+    sandbox_of,
 )
 from sandboxer.service.peer import Peer, peer_of
 
@@ -80,7 +82,7 @@ def make_app(dirs: Dirs, *, workers: Executor, slots: CallerSlots) -> web.Applic
 
     async def admitted(request: web.Request, handler: Handler, sock: socket.socket, peer: Peer) -> web.StreamResponse:
         try:
-            access = owner_by_uid(dirs, peer) or await in_thread(admit, dirs, sock)
+            caller = owner_by_uid(peer) or await in_thread(admit, dirs, sock)
         except Refused as refusal:
             await in_thread(
                 lambda: audit.record(
@@ -88,7 +90,7 @@ def make_app(dirs: Dirs, *, workers: Executor, slots: CallerSlots) -> web.Applic
                 )
             )
             return error_response(refusal)
-        request["access"] = access
+        request["caller"] = caller
         response, outcome, status = await _answer(request, handler)
         verb = request.match_info.route.name or "unknown"
         sandbox = request.get("sandbox_id") or request.match_info.get("id")
@@ -175,15 +177,17 @@ def _add_routes(app: web.Application) -> None:
 async def version(request: web.Request) -> web.Response:
     from sandboxer import __version__
 
-    return web.json_response({"version": __version__, "api": "v1"})
+    return _json(Version(version=__version__, api="v1"))
+
+
+def _json(result: JsonResult, status: int = 200) -> web.Response:
+    """A result as the response: its one JSON shape (sandboxer.results)."""
+    return web.json_response(result.to_json(), status=status)
 
 
 async def whoami(request: web.Request) -> web.Response:
-    """What the calling account may do: owner, or its granted profiles (service/whoami.py)."""
-    from sandboxer.service.whoami import caller_view
-
-    access: Access = request["access"]
-    return web.json_response(await in_thread(caller_view, access))
+    """What the calling account may do: owner, or its granted profiles."""
+    return _json(await in_thread(broker_of(request).whoami))
 
 
 async def openapi(request: web.Request) -> web.Response:
@@ -191,55 +195,42 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 async def list_sandboxes(request: web.Request) -> web.Response:
-    from sandboxer.commands.teardown import list_sandboxes as listing
-
-    access: Access = request["access"]
-    document = await in_worker(request, listing, request.app[DIRS])
-    return web.json_response(visible(document, await in_worker(request, access.own_ids)))
+    broker = broker_of(request)
+    return _json(SandboxList(sandboxes=tuple(await in_worker(request, broker.list))))
 
 
 async def create(request: web.Request) -> web.Response:
     """create: a profile, a TTL, a lease manifest by absolute path (the service's own account
     only: the broker binds and removes what it names), a bootstrap file as its caller read it."""
-    from sandboxer.cli.options import MANIFEST_PATHS
-    from sandboxer.commands.create import create as make
-
     body = await json_body(request, CREATE_FIELDS, {"profile"})
     profile, ttl, manifest = body["profile"], body.get("ttl"), body.get("manifest")
     if not isinstance(profile, str):
         raise UsageError("profile: must be a profile name")
     if manifest is not None and (not isinstance(manifest, str) or not manifest.startswith("/")):
         raise UsageError("manifest: must be an absolute path")
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)):
+        raise UsageError("ttl: must be a number of seconds")
     bootstrap = None if body.get("bootstrap") is None else _sent_file(body["bootstrap"], "bootstrap")
     _strings(body, "ref", "branch")
-    ref, branch = body.get("ref"), body.get("branch")
-    dirs = request.app[DIRS]
-    access: Access = request["access"]
-    if manifest is not None:
-        access.require_own_files("manifest", why=MANIFEST_PATHS)
+    broker = broker_of(request)
 
-    def made(uid: int | None, lifetime: float | None) -> dict[str, Any]:
-        return make(
-            dirs,
+    def gone() -> bool:  # the client went away while the create ran: it would never learn the id
+        return request.transport is None or request.transport.is_closing()
+
+    sandbox = await in_worker(
+        request,
+        lambda: broker.create(
             profile,
-            manifest_path=manifest,
+            manifest=manifest,
             bootstrap=bootstrap,
-            caller_uid=uid,
-            ttl=lifetime,
-            ref=ref,
-            branch=branch,
-        )
-
-    created = await in_worker(request, lambda: access.create(profile, ttl, made))
-    request["sandbox_id"] = created["id"]
-    if request.transport is None or request.transport.is_closing():
-        # The client went away while the create ran: it never learns the id, so nothing is left
-        # (as when a CLI client's create is interrupted).
-        from sandboxer.commands.teardown import teardown as remove
-
-        await in_worker(request, remove, dirs, created["id"])
-        request["exit_status"] = 130
-    return web.json_response(created, status=201)
+            ttl=ttl,
+            ref=body.get("ref"),
+            branch=body.get("branch"),
+            abandoned=gone,
+        ),
+    )
+    request["sandbox_id"] = sandbox.id
+    return _json(sandbox.created, status=201)
 
 
 def _sent_file(value: object, field: str) -> CallerFile:
@@ -261,34 +252,24 @@ def _sent_file(value: object, field: str) -> CallerFile:
         raise UsageError(f"{field}.content: must be base64 text") from None
 
 
-def _unknown(request: web.Request) -> SandboxerError:
-    from sandboxer.errors import NotFoundError
-
-    return NotFoundError(f"no such sandbox: {request.match_info['id']}")
-
-
 async def inspect(request: web.Request) -> web.Response:
-    from sandboxer.commands.inspect import inspect as observe
-
-    await require_own(request, request.match_info["id"], _unknown(request))
-    return web.json_response(await in_worker(request, observe, request.app[DIRS], request.match_info["id"]))
+    sandbox = await sandbox_of(request)
+    return _json(await in_worker(request, sandbox.inspect))
 
 
 async def teardown(request: web.Request) -> web.Response:
     """teardown; `?discard=true` removes work no export took out (else refused: 2)."""
-    from sandboxer.commands.teardown import teardown as remove
     from sandboxer.errors import ResidueError
 
     discard = request.query.get("discard", "false")
     if discard not in ("true", "false"):
         raise UsageError("discard: must be true or false")
-    await require_own(request, request.match_info["id"], _unknown(request))
-    dirs, sandbox_id = request.app[DIRS], request.match_info["id"]
-    receipt = await in_worker(request, lambda: remove(dirs, sandbox_id, keep_work=discard == "false"))
-    if receipt["residue"]:
-        error = ResidueError(f"teardown of {receipt['id']} left residue: {'; '.join(receipt['residue'])}")
-        return error_response(error, receipt=receipt)
-    return web.json_response(receipt)
+    sandbox = await sandbox_of(request)
+    try:
+        receipt = await in_worker(request, lambda: sandbox.teardown(discard=discard == "true"))
+    except ResidueError as exc:  # the envelope, with the receipt the core attached
+        return error_response(exc, receipt=exc.receipt.to_json() if isinstance(exc.receipt, Receipt) else None)
+    return _json(receipt)
 
 
 async def export(request: web.Request) -> web.StreamResponse:
@@ -299,16 +280,15 @@ async def export(request: web.Request) -> web.StreamResponse:
     import json
     import secrets
 
-    from sandboxer.commands.export import check_format, discard_quarantine, prepare
+    from sandboxer.commands.export import check_format, discard_quarantine
     from sandboxer.commands.export_delivery import stream_of
 
     body = await json_body(request, {"format"}, {"format"})
     _strings(body, "format")
-    fmt = check_format(body["format"])
-    dirs, sandbox_id = request.app[DIRS], request.match_info["id"]
-    await require_own(request, sandbox_id, _unknown(request))
-    budget = request["access"].export_budget()
-    made = await in_worker(request, request["access"].checking(lambda: prepare(dirs, sandbox_id, fmt, budget=budget)))
+    check_format(body["format"])
+    sandbox = await sandbox_of(request)
+    sandbox_id = sandbox.id
+    made = await in_worker(request, lambda: sandbox.prepare_export(body["format"]))
     token = secrets.token_hex(16)
     pending = request.app[PENDING_EXPORTS]
     sent = False
@@ -319,7 +299,7 @@ async def export(request: web.Request) -> web.StreamResponse:
         # Confirmable from the start: a client may have all it needs (a tar's end) before the
         # body's last write returns here. Its confirmation is its own word on its own export.
         pending.expire()
-        pending[token] = (request["access"].peer.uid, sandbox_id, made.taken)
+        pending[token] = (request["caller"].uid, sandbox_id, made.taken)
         chunks = stream_of(made)
         while (chunk := await in_worker(request, next, chunks, None)) is not None:
             await response.write(chunk)
@@ -339,36 +319,26 @@ async def export_confirm(request: web.Request) -> web.Response:
 
     body = await json_body(request, {"token"}, {"token"})
     _strings(body, "token")
-    sandbox_id = request.match_info["id"]
-    await require_own(request, sandbox_id, _unknown(request))
+    sandbox_id = (await sandbox_of(request)).id
     entry = request.app[PENDING_EXPORTS].pop(body["token"], None)
-    if entry is None or entry[:2] != (request["access"].peer.uid, sandbox_id):
+    if entry is None or entry[:2] != (request["caller"].uid, sandbox_id):
         raise UsageError("token: not an export of this sandbox awaiting its confirmation")
     noted = await in_worker(request, note_exported, request.app[DIRS], sandbox_id, entry[2])
-    return web.json_response({"id": sandbox_id, "noted": noted})
-
-
-def _kept_viewer(request: web.Request) -> int | None:
-    """Whose kept exports the caller sees: a granted caller's own (by the kernel's uid), an
-    owner's every one."""
-    access: Access = request["access"]
-    return None if access.owner else access.peer.uid
+    return _json(ExportNoted(id=sandbox_id, noted=noted))
 
 
 async def kept_exports(request: web.Request) -> web.Response:
     """exports: the work the reaper kept of the caller's expired sandboxes."""
-    from sandboxer.commands.kept import list_kept
-
-    return web.json_response(await in_worker(request, list_kept, request.app[DIRS], _kept_viewer(request)))
+    broker = broker_of(request)
+    return _json(KeptExports(exports=tuple(await in_worker(request, broker.exports))))
 
 
 async def kept_export_file(request: web.Request) -> web.StreamResponse:
     """exports get: a kept export's bundle (`bundle`) or tree's tar (`tar`), as the body."""
     from sandboxer.commands.export_delivery import CHUNK
-    from sandboxer.commands.kept import kept_file
 
-    export_id, fmt = request.match_info["id"], request.match_info["format"]
-    path = await in_worker(request, kept_file, request.app[DIRS], export_id, fmt, _kept_viewer(request))
+    broker, export_id, fmt = broker_of(request), request.match_info["id"], request.match_info["format"]
+    path = await in_worker(request, broker.kept_export_file, export_id, fmt)
     stream = await in_worker(request, open, path, "rb")
     try:
         response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
@@ -383,10 +353,8 @@ async def kept_export_file(request: web.Request) -> web.StreamResponse:
 
 async def kept_export_remove(request: web.Request) -> web.Response:
     """exports rm: remove a kept export (its room in the caller's budget is free at once)."""
-    from sandboxer.commands.kept import remove_kept
-
-    dirs, export_id = request.app[DIRS], request.match_info["id"]
-    return web.json_response(await in_worker(request, remove_kept, dirs, export_id, _kept_viewer(request)))
+    broker = broker_of(request)
+    return _json(await in_worker(request, broker.remove_export, request.match_info["id"]))
 
 
 def _strings(body: dict[str, Any], *names: str) -> None:
@@ -398,59 +366,37 @@ def _strings(body: dict[str, Any], *names: str) -> None:
 
 async def dispatch_tool(request: web.Request) -> web.Response:
     """dispatch-tool: relay one request from the sandbox's spool to its lease's endpoint."""
-    from sandboxer.host.dispatch import dispatch
-
     body = await json_body(request, DISPATCH_FIELDS, {"lease", "request_id"})
     _strings(body, "lease", "request_id")
     wait = body.get("wait_seconds", 0)
     if isinstance(wait, bool) or not isinstance(wait, int):
         raise UsageError("wait_seconds: must be a whole number of seconds")
-    sandbox_id = request.match_info["id"]
-    await require_own(request, sandbox_id, _unknown(request))
-    state = request.app[DIRS].state
-    document = await in_worker(
-        request,
-        lambda: dispatch(state, sandbox_id, lease_id=body["lease"], request_id=body["request_id"], wait_seconds=wait),
-    )
-    return web.json_response(document)
+    sandbox = await sandbox_of(request)
+    return _json(await in_worker(request, lambda: sandbox.dispatch_tool(body["lease"], body["request_id"], wait)))
 
 
 async def owner_entries(request: web.Request) -> web.Response:
     """ext list: every owner file with its approval status."""
-    from sandboxer.commands.owner import list_entries
-
-    request["access"].require_owner("ext list")
-    return web.json_response(await in_worker(request, list_entries, request.app[DIRS]))
+    return _json(await in_worker(request, broker_of(request).owner.listing))
 
 
 async def owner_approve(request: web.Request) -> web.Response:
     """ext approve: approve the exact current bytes of one owner file."""
-    from sandboxer.commands.owner import approve
-
-    request["access"].require_owner("ext approve")
     body = await json_body(request, {"name"}, {"name"})
     _strings(body, "name")
-    return web.json_response(await in_worker(request, approve, request.app[DIRS], body["name"]))
+    return _json(await in_worker(request, broker_of(request).owner.approve, body["name"]))
 
 
 async def owner_revoke(request: web.Request) -> web.Response:
     """ext revoke: withdraw an approval."""
-    from sandboxer.commands.owner import revoke
-
-    request["access"].require_owner("ext revoke")
     body = await json_body(request, {"name"}, {"name"})
     _strings(body, "name")
-    return web.json_response(await in_worker(request, revoke, request.app[DIRS], body["name"]))
+    return _json(await in_worker(request, broker_of(request).owner.revoke, body["name"]))
 
 
 async def runtime_digest(request: web.Request) -> web.Response:
     """runtime digest: the tree digest of a directory the service reads with its own rights, so
     only for an owner of the service's own account, and only by an absolute path."""
-    from sandboxer.commands.owner import runtime_digest as digest
-
-    access: Access = request["access"]
-    access.require_owner("runtime digest")
-    access.require_own_files("runtime digest")
     body = await json_body(request, DIGEST_FIELDS, {"path"})
     _strings(body, "path")
     path, full = body["path"], body.get("full", False)
@@ -458,11 +404,9 @@ async def runtime_digest(request: web.Request) -> web.Response:
         raise UsageError("path: must be an absolute path")
     if not isinstance(full, bool):
         raise UsageError("full: must be true or false")
-    return web.json_response(await in_worker(request, lambda: digest(request.app[DIRS], path, full=full)))
+    owner = broker_of(request).owner
+    return _json(await in_worker(request, lambda: owner.runtime_digest(path, full=full)))
 
 
 async def gc(request: web.Request) -> web.Response:
-    from sandboxer.commands.teardown import gc as collect
-
-    request["access"].require_owner("gc")
-    return web.json_response(await in_worker(request, collect, request.app[DIRS]))
+    return _json(await in_worker(request, broker_of(request).gc))

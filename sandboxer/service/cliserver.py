@@ -27,13 +27,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from sandboxer.caller import Caller
 from sandboxer.dirs import Dirs
 from sandboxer.errors import UsageError
 from sandboxer.host.fdpass import receive_fds
 from sandboxer.host.fsutil import CallerFile
 from sandboxer.host.registry import ID_PATTERN
 from sandboxer.invocation import Invocation, running
-from sandboxer.service.access import Access, Refused, admit
+from sandboxer.service.admission import Refused, admit
 from sandboxer.service.audit import AuditLog
 from sandboxer.service.peer import Peer
 
@@ -74,28 +75,28 @@ def serve_client(conn: socket.socket, serving: Serving) -> None:
     fds: list[int] = []
     try:
         conn.setblocking(True)
-        access: Access | Refused
+        caller: Caller | Refused
         try:
-            access = admit(serving.dirs, conn)
+            caller = admit(serving.dirs, conn)
         except Refused as refused:
-            access = refused
+            caller = refused
         try:
             request, fds = _receive(conn, time.monotonic() + HEADER_SECONDS)
         except (OSError, ValueError, UsageError) as exc:
             # No stdio to tell it on: the client sees the end and says so; the audit log has it.
-            peer = access.peer
+            who = caller.peer if isinstance(caller, Refused) else caller
             outcome = type(exc).__name__ if isinstance(exc, UsageError) else "UsageError"
-            serving.audit.record(uid=peer.uid, pid=peer.pid, verb="cli", sandbox=None, outcome=outcome, status=2)
+            serving.audit.record(uid=who.uid, pid=who.pid, verb="cli", sandbox=None, outcome=outcome, status=2)
             return
         conn.settimeout(None)
-        if isinstance(access, Refused):
-            status = _refuse(serving.audit, access, fds[2])
-        elif access.peer.uid != os.geteuid() and not all(_is_pipe(fd) for fd in fds[:3]):
+        if isinstance(caller, Refused):
+            status = _refuse(serving.audit, caller, fds[2])
+        elif caller.uid != os.geteuid() and not all(_is_pipe(fd) for fd in fds[:3]):
             # The service writes and reads these with its own rights: for another account, only
             # pipes (the client puts its files and terminal behind pipes itself).
-            status = _refuse(serving.audit, StdioRefused(access.peer), fds[2])
+            status = _refuse(serving.audit, StdioRefused(Peer(pid=caller.pid, uid=caller.uid, gid=caller.gid)), fds[2])
         else:
-            status = _run(conn, serving, access, request, fds)
+            status = _run(conn, serving, caller, request, fds)
         with contextlib.suppress(OSError):  # the client went away; its exec was killed
             conn.sendall(json.dumps({"status": status}).encode() + b"\n")
     finally:
@@ -207,7 +208,7 @@ def _is_pipe(fd: int) -> bool:
         return False
 
 
-def _run(conn: socket.socket, serving: Serving, access: Access, request: dict[str, Any], fds: list[int]) -> int:
+def _run(conn: socket.socket, serving: Serving, caller: Caller, request: dict[str, Any], fds: list[int]) -> int:
     """The command's exit status; its output went to the client's descriptors. The audit line
     is written however the command ended."""
     status: int | None = None
@@ -220,7 +221,8 @@ def _run(conn: socket.socket, serving: Serving, access: Access, request: dict[st
                 cwd=request["cwd"],
                 stdio=(fds[0], fds[1], fds[2]),
                 control=conn.fileno(),
-                access=access,
+                caller=caller,
+                dirs=serving.dirs,
                 files=_files(request, fds),
                 window=None if request["window"] is None else (request["window"][0], request["window"][1]),
             )
@@ -231,10 +233,9 @@ def _run(conn: socket.socket, serving: Serving, access: Access, request: dict[st
         outcome = "OSError"
     finally:
         verb = "cli " + serving.commands.name(request["argv"])
-        peer = access.peer
         named = invocation.sandboxes if invocation is not None else []
         sandbox = next((s for s in named if ID_PATTERN.fullmatch(s)), None)  # an id, never other text
-        serving.audit.record(uid=peer.uid, pid=peer.pid, verb=verb, sandbox=sandbox, outcome=outcome, status=status)
+        serving.audit.record(uid=caller.uid, pid=caller.pid, verb=verb, sandbox=sandbox, outcome=outcome, status=status)
     return SERVICE_FAILED if status is None else status
 
 

@@ -12,7 +12,7 @@ import time
 from concurrent.futures import Executor
 from typing import Any
 
-from sandboxer.service.access import CallerSlots
+from sandboxer.service.admission import CallerSlots
 from sandboxer.service.cliserver import Serving, serve_client
 from sandboxer.service.peer import peer_of
 

@@ -35,7 +35,7 @@ from sandboxer.service.http import (
     error_document,
     json_body,
     parse_json,
-    require_own,
+    sandbox_of,
 )
 
 EXEC_FIELDS = {"argv", "cwd", "timeout", "consumer", "executable", "env"}
@@ -53,7 +53,7 @@ class ExecSignals:
 
     def __init__(self, request: web.Request, sandbox_id: str) -> None:
         self.token = secrets.token_hex(16)
-        self.uid = request["access"].peer.uid
+        self.uid = request["caller"].uid
         self.sandbox_id = sandbox_id
         self.read_end, self.write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self.taken = False
@@ -78,7 +78,7 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
     head, rest = await _first_line(request)
     sandbox_id = request.match_info["id"]
     argv, cli_options, exec_env = _exec_options(head, sandbox_id)
-    await require_own(request, sandbox_id, ExecError(f"exec: no such sandbox: {sandbox_id}"))
+    await sandbox_of(request, ExecError(f"exec: no such sandbox: {sandbox_id}"))
 
     signals = ExecSignals(request, sandbox_id)
     output = _Output(asyncio.get_running_loop())
@@ -160,7 +160,7 @@ async def signal_exec(request: web.Request) -> web.Response:
         raise UsageError(f"signal: must be one of {', '.join(SIGNAL_NAMES)}")
     token, sandbox_id = request.match_info["exec"], request.match_info["id"]
     entry = request.app[SIGNALLING].get(token)
-    if entry is None or entry.sandbox_id != sandbox_id or entry.uid != request["access"].peer.uid:
+    if entry is None or entry.sandbox_id != sandbox_id or entry.uid != request["caller"].uid:
         raise NotFoundError(f"no such exec: {token[:64]}")
     try:
         os.write(entry.write_end, bytes([SIGNAL_NAMES[name]]))

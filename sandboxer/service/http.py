@@ -17,6 +17,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from sandboxer.api import Broker, Sandbox
 from sandboxer.dirs import Dirs
 from sandboxer.errors import BackendError, SandboxerError, UsageError
 from sandboxer.service.audit import AuditLog
@@ -99,12 +100,17 @@ async def in_worker(request: web.Request, function: Callable[..., Any], *args: A
     return await asyncio.get_running_loop().run_in_executor(request.app[WORKERS], function, *args)
 
 
-async def require_own(request: web.Request, sandbox_id: str, unknown: SandboxerError) -> None:
-    """Access.require_own for the request's caller: a granted caller's sandbox is looked up in
-    the registry (a worker's step); an owner may name any sandbox."""
-    access = request["access"]
-    if not access.owner:
-        await in_worker(request, access.require_own, sandbox_id, unknown)
+def broker_of(request: web.Request) -> Broker:
+    """The core API for the request's caller (as the kernel reported it when it connected)."""
+    return Broker.serving(request.app[DIRS], request["caller"])
+
+
+async def sandbox_of(request: web.Request, unknown: Exception | None = None) -> Sandbox:
+    """The sandbox the route names (`{id}`), when the caller may name it (a registry lookup: a
+    worker's step); else NotFoundError, or `unknown`."""
+    broker, sandbox_id = broker_of(request), request.match_info["id"]
+    sandbox: Sandbox = await in_worker(request, lambda: broker.sandbox(sandbox_id, unknown=unknown))
+    return sandbox
 
 
 async def json_body(request: web.Request, allowed: set[str], required: set[str]) -> dict[str, Any]:

@@ -129,7 +129,7 @@ def keep_for_reaper(dirs: Dirs, sandbox_id: str, keep_seconds: float) -> str | N
     summary.json with when it may go); that directory, or None when there was nothing to keep.
     Each git command inside has REAPER_GIT_SECONDS. It is the caller's (summary.json keeps its uid
     and the bytes kept) and is made within the caller's export budget (PolicyError past it)."""
-    from sandboxer.service.grants import budget_of_account
+    from sandboxer.grants import budget_of_account
 
     registry = Registry(dirs.state)
     record = registry.read_or_none(check_id(sandbox_id))

@@ -14,6 +14,8 @@ import struct
 from dataclasses import dataclass
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13; the Python module may lack the name
+MAX_GROUPS = 65536
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,3 +42,17 @@ def is_owner(peer: Peer, config_dir: str) -> bool:
         return peer.uid == os.stat(config_dir).st_uid
     except OSError:
         return False
+
+
+def peer_groups(sock: socket.socket, peer: Peer) -> set[int]:
+    """The connecting process's groups as the kernel has them (its primary gid included)."""
+    size = 256
+    while True:
+        try:
+            data = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * size)
+        except OSError as exc:
+            if exc.errno == 34 and size < MAX_GROUPS:  # ERANGE: more groups than room
+                size *= 4
+                continue
+            return {peer.gid}
+        return {peer.gid, *struct.unpack(f"{len(data) // 4}I", data)}

@@ -205,7 +205,7 @@ async def _run(
     commands: CommandTable,
     keep_exports: float,
 ) -> None:
-    from sandboxer.service.access import CallerSlots
+    from sandboxer.service.admission import CallerSlots
     from sandboxer.service.app import make_app
     from sandboxer.service.connections import Activity, Connections
     from sandboxer.service.lifetimes import REAP_EVERY, Reaper

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import dataclasses
 import datetime
 import hashlib
 import json
@@ -35,7 +34,6 @@ from sandboxer import Broker, Client
 from sandboxer.api import Sandbox
 from sandboxer.client import ClientSandbox
 from sandboxer.errors import SandboxerError
-from sandboxer.results import thawed
 from tests.integration.conftest import SandboxBroker
 from tests.integration.services import Service
 
@@ -198,7 +196,7 @@ class Api:
             sandbox = self.api.create(profile, ttl=ttl)
         self.handles[sandbox.id] = sandbox
         assert sandbox.created is not None
-        document: dict[str, Any] = thawed(sandbox.created.json)
+        document: dict[str, Any] = sandbox.created.to_json()
         return document
 
     def exec(
@@ -215,7 +213,7 @@ class Api:
 
     def inspect(self, sandbox_id: str) -> dict[str, Any]:
         with refused():
-            document: dict[str, Any] = thawed(self.sandbox(sandbox_id).inspect().json)
+            document: dict[str, Any] = self.sandbox(sandbox_id).inspect().to_json()
         return document
 
     def list(self) -> list[str]:
@@ -223,7 +221,7 @@ class Api:
 
     def listing(self) -> builtins.list[dict[str, Any]]:
         with refused():
-            return [dataclasses.asdict(info) for info in self.api.list()]
+            return [info.to_json() for info in self.api.list()]
 
     def teardown(self, sandbox_id: str, *, discard: bool = False) -> builtins.list[str]:
         # A second teardown names the id afresh: the handle would give its receipt again (docs/api.md).
@@ -235,7 +233,7 @@ class Api:
 
     def export(self, sandbox_id: str, fmt: str, destination: str) -> dict[str, Any]:
         with refused():
-            document: dict[str, Any] = thawed(dataclasses.asdict(self.sandbox(sandbox_id).export(fmt, destination)))
+            document: dict[str, Any] = self.sandbox(sandbox_id).export(fmt, destination).to_json()
         return document
 
     def put(self, sandbox_id: str, source: str, destination: str) -> None:
@@ -248,7 +246,7 @@ class Api:
 
     def gc(self) -> dict[str, Any]:
         with refused():
-            document: dict[str, Any] = thawed(dataclasses.asdict(self.api.gc()))
+            document: dict[str, Any] = self.api.gc().to_json()
         return document
 
 

@@ -59,7 +59,7 @@ def test_the_client_drives_a_whole_sandbox_life(service: Service) -> None:
 
     with as_service_account(service.broker):
         client = Client(str(service.socket))
-        assert client.version()["api"] == "v1"
+        assert client.version().api == "v1"
         assert client.service.request("GET", "/v1/openapi.json") == json.loads(API_DOCUMENT.read_text())
         with client.create(service.broker.profile) as sandbox:
             result = sandbox.exec(["sh", "-c", "cat; echo warning >&2; exit 3"], stdin=b"hello\n")

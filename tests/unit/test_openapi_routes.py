@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sandboxer.dirs import Dirs
-from sandboxer.service.access import CallerSlots
+from sandboxer.service.admission import CallerSlots
 from sandboxer.service.app import API_DOCUMENT, make_app
 
 

@@ -1,6 +1,7 @@
 """What a caller other than the owners may do: the entries of grants.yaml that name its account
 or one of its groups — as the kernel reports them for the connection (SO_PEERCRED for the uid,
-SO_PEERGROUPS for the groups) — while grants.yaml is approved with its current bytes.
+SO_PEERGROUPS for the groups: sandboxer.service.peer) — while grants.yaml is approved with its
+current bytes.
 
 The file is read and its approval checked again on every request: a byte changed revokes every
 caller at once, until an owner approves the new bytes. A create is admitted under the entries
@@ -12,17 +13,11 @@ from __future__ import annotations
 import grp
 import os
 import pwd
-import socket
-import struct
 from dataclasses import dataclass
 
 from sandboxer.commands.export_space import Budget, default_budget
 from sandboxer.core.config_types import GRANTS_NAME, Grant
 from sandboxer.dirs import Dirs
-from sandboxer.service.peer import Peer
-
-SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13; the Python module may lack the name
-MAX_GROUPS = 65536
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,20 +44,6 @@ class Rights:
         return Budget(self.uid, max(set_), "max_exports_mib") if set_ else default_budget(self.uid)
 
 
-def peer_groups(sock: socket.socket, peer: Peer) -> set[int]:
-    """The connecting process's groups as the kernel has them (its primary gid included)."""
-    size = 256
-    while True:
-        try:
-            data = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * size)
-        except OSError as exc:
-            if exc.errno == 34 and size < MAX_GROUPS:  # ERANGE: more groups than room
-                size *= 4
-                continue
-            return {peer.gid}
-        return {peer.gid, *struct.unpack(f"{len(data) // 4}I", data)}
-
-
 def budget_of_account(dirs: Dirs, uid: int) -> Budget:
     """The export budget of `uid` when no connection of it is at hand (the reaper keeping an
     expired sandbox's work): its grants by its account's groups in the account database; an
@@ -72,11 +53,11 @@ def budget_of_account(dirs: Dirs, uid: int) -> Budget:
         groups = set(os.getgrouplist(account.pw_name, account.pw_gid))
     except (KeyError, OSError):
         groups = set()
-    rights = rights_of(Peer(pid=0, uid=uid, gid=-1), groups, dirs)
+    rights = rights_of(uid, groups, dirs)
     return rights.exports_budget() if rights is not None else default_budget(uid)
 
 
-def rights_of(peer: Peer, groups: set[int], dirs: Dirs) -> Rights | None:
+def rights_of(uid: int, groups: set[int], dirs: Dirs) -> Rights | None:
     """The caller's rights, or None when no approved grant names it."""
     from sandboxer.core.approvals import Ledger, Status
     from sandboxer.core.configdir import load_grants
@@ -92,7 +73,7 @@ def rights_of(peer: Peer, groups: set[int], dirs: Dirs) -> Rights | None:
     except (SandboxerError, OSError):
         return None  # an invalid or unreadable grants file admits nobody
     try:
-        user = pwd.getpwuid(peer.uid).pw_name
+        user = pwd.getpwuid(uid).pw_name
     except KeyError:
         user = None
     group_names = set()
@@ -106,4 +87,4 @@ def rights_of(peer: Peer, groups: set[int], dirs: Dirs) -> Rights | None:
         for entry in grants.grants
         if (user is not None and user in entry.users) or group_names & set(entry.groups)
     )
-    return Rights(uid=peer.uid, entries=entries) if entries else None
+    return Rights(uid=uid, entries=entries) if entries else None
