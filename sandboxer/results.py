@@ -71,12 +71,17 @@ class JsonResult:
     __slots__ = ()
     # The keys of a document that are not fields but the open-ended `sections` of one (inspect).
     _sections_field: ClassVar[str | None] = None
+    # Fields the document leaves out when they are None (create's manifest, bootstrap, expiry).
+    _absent_when_none: ClassVar[tuple[str, ...]] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The document the CLI prints with --json and the service answers with."""
         document: dict[str, Any] = _adapter(type(self)).dump_python(self, mode="json")
         if self._sections_field is not None:
             document.update(document.pop(self._sections_field))
+        for name in self._absent_when_none:
+            if document.get(name) is None:
+                document.pop(name, None)
         return document
 
     @classmethod
@@ -126,7 +131,10 @@ class BootstrapSummary(JsonResult):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Created(JsonResult):
-    """What `create --json` reports of a new sandbox."""
+    """What `create --json` reports of a new sandbox (`expires_at`: when a service tears it down,
+    for a sandbox with a lifetime)."""
+
+    _absent_when_none: ClassVar[tuple[str, ...]] = ("expires_at", "manifest", "bootstrap")
 
     id: str
     profile: str
@@ -134,6 +142,7 @@ class Created(JsonResult):
     runtime_sha256: str
     workspace: str
     limits: str | None  # the mechanism: "cgroup-v1", "cgroup-v2", "rlimits", "docker"
+    expires_at: str | None = None
     manifest: ManifestSummary | None = None
     bootstrap: BootstrapSummary | None = None
 
