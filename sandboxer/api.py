@@ -139,7 +139,7 @@ class Broker:
                 ref=ref,
                 branch=branch,
             )
-        sandbox = Sandbox(self, Created.from_json(created))
+        sandbox = Sandbox(self, created)
         if abandoned is not None and abandoned():
             remove_sandbox(self.dirs, sandbox.id)
             raise Interrupted("interrupted")
@@ -194,8 +194,7 @@ class Broker:
 
     def exports(self) -> builtins.list[KeptExport]:
         """The work the service's reaper kept of this caller's expired sandboxes (an owner's: all)."""
-        found = list_kept(self.dirs, self.authority.kept_viewer())["exports"]
-        return [KeptExport.from_json(entry) for entry in found]
+        return list(list_kept(self.dirs, self.authority.kept_viewer()).exports)
 
     def kept_export_file(self, export_id: str, format: str = "bundle") -> str:
         """The path of a kept export's commits (`format` "bundle") or changed tree ("tar"), for a
@@ -209,7 +208,7 @@ class Broker:
 
     def remove_export(self, export_id: str) -> KeptExportRemoved:
         """Remove a kept export; the files it held."""
-        return KeptExportRemoved.from_json(remove_kept(self.dirs, export_id, self.authority.kept_viewer()))
+        return remove_kept(self.dirs, export_id, self.authority.kept_viewer())
 
 
 class Sandbox(SandboxBase):
@@ -348,7 +347,7 @@ class Sandbox(SandboxBase):
 
     def inspect(self) -> Evidence:
         """The live sandbox observed against its plan (inspect --json)."""
-        return Evidence.from_json(inspect_sandbox(self.broker.dirs, self.id))
+        return inspect_sandbox(self.broker.dirs, self.id)
 
     def dispatch_tool(self, lease: str, request_id: str, wait_seconds: int = 0) -> Dispatched:
         """Relay the request `request_id` from the spool of the tool-request lease `lease` to its
@@ -394,17 +393,17 @@ class Owner:
     def approve(self, name: str) -> Approval:
         """Approve the exact current bytes of one owner file."""
         self._require("ext approve")
-        return Approval.from_json(owner_commands.approve(self.dirs, name))
+        return owner_commands.approve(self.dirs, name)
 
     def revoke(self, name: str) -> Approval:
         """Withdraw an approval."""
         self._require("ext revoke")
-        return Approval.from_json(owner_commands.revoke(self.dirs, name))
+        return owner_commands.revoke(self.dirs, name)
 
     def listing(self) -> OwnerListing:
         """Every owner file with its approval status (ext list --json)."""
         self._require("ext list")
-        return OwnerListing.from_json(owner_commands.list_entries(self.dirs))
+        return owner_commands.list_entries(self.dirs)
 
     def list(self) -> list[OwnerEntry]:
         """The entries of `listing()`."""
@@ -415,7 +414,7 @@ class Owner:
         for a caller of the broker's own account)."""
         self._require("runtime digest")
         self._broker.authority.require_own_files("runtime digest")
-        return RuntimeDigest.from_json(owner_commands.runtime_digest(self.dirs, path, full=full))
+        return owner_commands.runtime_digest(self.dirs, path, full=full)
 
     def runtime_pin(self, path: str, extension: str) -> dict[str, object]:
         """Write a runtime directory and its digest into an extension config, for the owner to

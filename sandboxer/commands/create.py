@@ -6,7 +6,7 @@ import contextlib
 import os
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sandboxer.commands.making import CreateRequest, before, clone_workspace, deliver_requested, plan_for
 from sandboxer.core.record import SandboxRecord, expiry_text, now_text
@@ -14,6 +14,7 @@ from sandboxer.errors import SandboxerError, UsageError
 from sandboxer.host import activity, procs
 from sandboxer.host.destroy import destroy
 from sandboxer.host.registry import Registry
+from sandboxer.results import BootstrapSummary, Created, ManifestSummary
 
 MIN_TTL, MAX_TTL = 1, 30 * 24 * 3600  # create --ttl, in seconds
 
@@ -32,7 +33,7 @@ def create(
     ttl: float | None = None,
     ref: str | None = None,
     branch: str | None = None,
-) -> dict[str, Any]:
+) -> Created:
     """Create a sandbox from an approved profile (a lease manifest by path, a runtime bootstrap
     by path or as its caller read it);
     nothing is left behind if any step fails. `caller_uid`: the account a service creates it
@@ -92,22 +93,20 @@ def create(
         # None was warm (the first create of the profile, or a burst took them all): fill now.
         # A taken one is replaced when its sandbox is torn down, not while the caller uses it.
         warm.spawn_fill(dirs, request.profile.name)
-    result: dict[str, Any] = {
-        "id": record.id,
-        "profile": request.profile.name,
-        "backend": record.backend,
-        "runtime_sha256": request.extension.runtime.sha256,
-        "workspace": WORKSPACE_TARGET,
-        "limits": record.limits.mechanism if record.limits else None,
-    }
-    if record.expires_at is not None:
-        result["expires_at"] = expiry_text(record.expires_at)
-    if request.assignment is not None:
-        manifest = request.assignment.manifest
-        result["manifest"] = {"run_id": manifest.run_id, "leases": len(manifest.leases)}
-    if record.bootstrap is not None:
-        result["bootstrap"] = {"target": record.bootstrap.target, "suspend_control": record.bootstrap.suspend_control}
-    return result
+    manifest = None if request.assignment is None else request.assignment.manifest
+    return Created(
+        id=record.id,
+        profile=request.profile.name,
+        backend=record.backend,
+        runtime_sha256=request.extension.runtime.sha256,
+        workspace=WORKSPACE_TARGET,
+        limits=record.limits.mechanism if record.limits else None,
+        expires_at=None if record.expires_at is None else expiry_text(record.expires_at),
+        manifest=None if manifest is None else ManifestSummary(run_id=manifest.run_id, leases=len(manifest.leases)),
+        bootstrap=None
+        if record.bootstrap is None
+        else BootstrapSummary(target=record.bootstrap.target, suspend_control=record.bootstrap.suspend_control),
+    )
 
 
 def _make(request: CreateRequest, registry: Registry, record: SandboxRecord) -> SandboxRecord:

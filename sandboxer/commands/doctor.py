@@ -208,12 +208,12 @@ def _owns(config_dir: str) -> bool:
 def _owner_files(dirs: Dirs) -> list[Check]:
     """The approvals ledger against the files, and each grant's profiles."""
     try:
-        entries = list_entries(dirs)["entries"]
+        entries = list_entries(dirs).entries
     except SandboxerError as exc:
         return [Check("approvals", "fail", exc.message, "repair it (docs/owner-guide.md)")]
     by_status: dict[str, list[str]] = {}
     for entry in entries:
-        by_status.setdefault(entry["status"], []).append(entry["name"])
+        by_status.setdefault(entry.status, []).append(entry.name)
     approved = by_status.get(Status.APPROVED.value, [])
     waiting = [
         f"{status} {', '.join(names)}" for status, names in sorted(by_status.items()) if status != Status.APPROVED.value

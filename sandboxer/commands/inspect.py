@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandboxer.errors import BackendError
 from sandboxer.host.registry import Registry, check_id
+from sandboxer.results import Evidence
 
 if TYPE_CHECKING:
     from sandboxer.core.plan import Mount
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from sandboxer.host.observe import MountSeen, ProbeSeen
 
 
-def inspect(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
+def inspect(dirs: Dirs, sandbox_id: str) -> Evidence:
     """Evidence observed from the live sandbox, compared with its plan."""
     from sandboxer.backends import backend_for
 
@@ -32,7 +33,7 @@ def inspect(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
     evidence["network"] = seen.network
     evidence["limits"].update(seen.limits)
     evidence.update(seen.sections)
-    return evidence
+    return Evidence.from_json(evidence)
 
 
 def _evidence(

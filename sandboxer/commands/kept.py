@@ -18,6 +18,7 @@ from sandboxer.core.record import expiry_text
 from sandboxer.errors import NotFoundError, UsageError
 from sandboxer.host.fstree import remove_tree
 from sandboxer.host.registry import ID_PATTERN
+from sandboxer.results import KeptExportRemoved, KeptExports
 
 if TYPE_CHECKING:
     from sandboxer.dirs import Dirs
@@ -26,7 +27,7 @@ KEPT_FILES = {"bundle": "work.bundle", "tar": "tree.tar"}  # what `exports get` 
 _SHOWN = ("head", "branch", "base", "ref", "ahead", "dirty")  # of the export summary
 
 
-def list_kept(dirs: Dirs, uid: int | None) -> dict[str, Any]:
+def list_kept(dirs: Dirs, uid: int | None) -> KeptExports:
     """exports --json: the kept exports `uid` may see (None: an owner, every one), by id."""
     root = os.path.join(dirs.state, EXPORTS)
     try:
@@ -38,7 +39,7 @@ def list_kept(dirs: Dirs, uid: int | None) -> dict[str, Any]:
         summary = _summary(root, name)
         if summary is not None and (uid is None or kept_uid(summary) == uid):
             found.append(_entry(root, name, summary))
-    return {"exports": found}
+    return KeptExports.from_json({"exports": found})
 
 
 def kept_file(dirs: Dirs, export_id: str, fmt: str, uid: int | None) -> str:
@@ -56,13 +57,13 @@ def kept_file(dirs: Dirs, export_id: str, fmt: str, uid: int | None) -> str:
     return os.path.join(root, export_id, KEPT_FILES[fmt])
 
 
-def remove_kept(dirs: Dirs, export_id: str, uid: int | None) -> dict[str, Any]:
+def remove_kept(dirs: Dirs, export_id: str, uid: int | None) -> KeptExportRemoved:
     """exports rm: remove a kept export (its room in its caller's budget is free at once)."""
     root = os.path.join(dirs.state, EXPORTS)
     summary = _own(root, export_id, uid)
     with ledger(root):
         remove_tree(os.path.join(root, export_id))
-    return {"id": export_id, "removed": [str(name) for name in summary.get("files", [])]}
+    return KeptExportRemoved(id=export_id, removed=tuple(str(name) for name in summary.get("files", [])))
 
 
 def fetch_hint(export_id: str) -> str:

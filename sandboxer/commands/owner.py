@@ -7,6 +7,7 @@ import hashlib
 import os
 from typing import Any
 
+from sandboxer import results
 from sandboxer.core.approvals import Ledger, Status
 from sandboxer.core.config import parse_owner_file, validate_name
 from sandboxer.core.config_types import ExtensionConfig, OwnerFile, Profile, meaning
@@ -31,7 +32,7 @@ def check(path: str) -> dict[str, Any]:
     return {"file": path, "sha256": item.file_sha256, "valid": True, **describe(item)}
 
 
-def approve(dirs: Dirs, name: str) -> dict[str, Any]:
+def approve(dirs: Dirs, name: str) -> results.Approval:
     """Approve the exact current bytes of an owner file, after checking it is valid.
 
     What a create would trip on is checked now, so that an owner learns it at approval, not at
@@ -53,22 +54,19 @@ def approve(dirs: Dirs, name: str) -> dict[str, Any]:
         workspace = item.workspace
         check_repository(workspace.repository, (workspace.ref, *workspace.refs), raw.path)
     approval = Ledger(dirs.config).approve(name, item.file_sha256)
-    return {"name": name, "file": raw.path, "status": Status.APPROVED.value, "sha256": approval.sha256}
+    return results.Approval(name=name, file=raw.path, status=Status.APPROVED.value, sha256=approval.sha256)
 
 
-def revoke(dirs: Dirs, name: str) -> dict[str, Any]:
+def revoke(dirs: Dirs, name: str) -> results.Approval:
     """Withdraw an approval; revoking what is not approved is not an error (it stays unapproved)."""
     relpath = validate_name(name)  # the file itself may already be gone
     removed = Ledger(dirs.config).revoke(name)
-    return {
-        "name": name,
-        "file": os.path.join(dirs.config, relpath),
-        "status": Status.UNAPPROVED.value,
-        "revoked": removed is not None,
-    }
+    return results.Approval(
+        name=name, file=os.path.join(dirs.config, relpath), status=Status.UNAPPROVED.value, revoked=removed is not None
+    )
 
 
-def list_entries(dirs: Dirs) -> dict[str, Any]:
+def list_entries(dirs: Dirs) -> results.OwnerListing:
     """Every extension config and profile present, and every approval whose file is gone."""
     ledger = Ledger(dirs.config)
     approvals = ledger.read()
@@ -108,7 +106,7 @@ def list_entries(dirs: Dirs) -> dict[str, Any]:
                 "status": Status.CHANGED.value,
             }
         )
-    return {"config_dir": dirs.config, "entries": entries}
+    return results.OwnerListing.from_json({"config_dir": dirs.config, "entries": entries})
 
 
 def status_of(dirs: Dirs, name: str) -> str:
@@ -138,10 +136,12 @@ def _status(approved: bool, same: bool) -> Status:
     return Status.APPROVED if same else Status.CHANGED
 
 
-def runtime_digest(dirs: Dirs, path: str, *, full: bool) -> dict[str, Any]:
+def runtime_digest(dirs: Dirs, path: str, *, full: bool) -> results.RuntimeDigest:
     """Tree digest v1 of a runtime directory, checked against the artifact rules."""
     result = digest_runtime(path, state_dir=dirs.state, full=full)
-    return {"path": path, "format": "tree-digest-v1", "full": full, **dataclasses.asdict(result)}
+    return results.RuntimeDigest.from_json(
+        {"path": path, "format": "tree-digest-v1", "full": full, **dataclasses.asdict(result)}
+    )
 
 
 def runtime_pin(dirs: Dirs, path: str, extension: str) -> dict[str, Any]:
