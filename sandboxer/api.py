@@ -38,7 +38,7 @@ from sandboxer.results import (
     Stream,
     owner_entries,
 )
-from sandboxer.verbs import SandboxBase, Stdin
+from sandboxer.verbs import Input, SandboxBase, Stdin, check_dispatch, checked_create, checked_exec, checked_export
 
 __all__ = ["Broker", "ExecStream", "Owner", "Sandbox"]
 
@@ -86,6 +86,7 @@ class Broker:
         Nothing is left behind when it fails."""
         from sandboxer.commands.create import create
 
+        manifest, bootstrap = checked_create(profile, manifest=manifest, bootstrap=bootstrap, ref=ref, branch=branch)
         document = create(
             self.dirs, profile, manifest_path=manifest, bootstrap=bootstrap, ttl=ttl, ref=ref, branch=branch
         )
@@ -125,6 +126,7 @@ class Broker:
         from sandboxer.commands.export_delivery import copy_to_path
         from sandboxer.commands.kept import kept_file
 
+        destination = checked_export("get_export", format, destination)
         copy_to_path(kept_file(self.dirs, export_id, format, None), destination)
 
     def remove_export(self, export_id: str) -> tuple[str, ...]:
@@ -145,7 +147,7 @@ class Sandbox(SandboxBase):
         self,
         argv: Sequence[str],
         *,
-        stdin: Stdin = b"",
+        stdin: Input = b"",
         cwd: str | None = None,
         timeout: float | None = None,
         consumer: str | None = None,
@@ -154,6 +156,9 @@ class Sandbox(SandboxBase):
     ) -> ExecResult:
         """Run `argv` in the sandbox and wait for it: its status and all of its output (collected
         in this thread: in-process there is no need for exec_stream's)."""
+        argv, stdin = checked_exec(
+            argv, stdin, cwd=cwd, timeout=timeout, consumer=consumer, executable=executable, env=env
+        )
         out: list[bytes] = []
         err: list[bytes] = []
 
@@ -169,7 +174,7 @@ class Sandbox(SandboxBase):
         self,
         argv: Sequence[str],
         *,
-        stdin: Stdin = b"",
+        stdin: Input = b"",
         cwd: str | None = None,
         timeout: float | None = None,
         consumer: str | None = None,
@@ -178,6 +183,9 @@ class Sandbox(SandboxBase):
     ) -> ExecStream:
         """Run `argv` and yield its output as it comes: ("stdout" | "stderr", bytes) pairs; the
         exit status is the stream's `.status` once the iteration has ended."""
+        argv, stdin = checked_exec(
+            argv, stdin, cwd=cwd, timeout=timeout, consumer=consumer, executable=executable, env=env
+        )
         return ExecStream(
             lambda sink, cancelled, signals: self._execute(
                 argv,
@@ -244,6 +252,7 @@ class Sandbox(SandboxBase):
         from sandboxer.commands.export_delivery import deliver_to_path
         from sandboxer.commands.export_space import default_budget
 
+        destination = checked_export("export", format, destination)
         made = prepare(self.broker.dirs, self.id, check_format(format), budget=default_budget())
         try:
             deliver_to_path(made, destination)
@@ -265,6 +274,7 @@ class Sandbox(SandboxBase):
         (docs/tool-requests.md); NotPendingError (75, retryable) when it is not there yet."""
         from sandboxer.host.dispatch import dispatch
 
+        check_dispatch(lease, request_id, wait_seconds)
         document = dispatch(
             self.broker.dirs.state, self.id, lease_id=lease, request_id=request_id, wait_seconds=wait_seconds
         )

@@ -39,7 +39,7 @@ from sandboxer.results import (
     SandboxInfo,
     owner_entries,
 )
-from sandboxer.verbs import SandboxBase, Stdin
+from sandboxer.verbs import Input, SandboxBase, check_dispatch, checked_create, checked_exec, checked_export
 
 __all__ = ["Client", "ClientExecStream", "ClientOwner", "ClientSandbox"]
 
@@ -105,6 +105,7 @@ class Client:
         `bootstrap`: a runtime bootstrap file, read here with this process's rights (owner-only,
         not a symlink) and sent; `manifest`: a lease manifest, which the service opens itself —
         so only a service of this process's own account takes one."""
+        manifest, bootstrap = checked_create(profile, manifest=manifest, bootstrap=bootstrap, ref=ref, branch=branch)
         body: dict[str, Any] = {"profile": profile}
         if ttl is not None:
             body["ttl"] = ttl
@@ -136,6 +137,7 @@ class Client:
         local file `destination`, with this process's rights."""
         from sandboxer.commands.export_delivery import receive
 
+        destination = checked_export("get_export", format, destination)
         connection = self.service.connection(None)  # as long as the file takes
         try:
             try:
@@ -184,7 +186,7 @@ class ClientSandbox(SandboxBase):
         self,
         argv: Sequence[str],
         *,
-        stdin: Stdin = b"",
+        stdin: Input = b"",
         cwd: str | None = None,
         timeout: float | None = None,
         consumer: str | None = None,
@@ -193,6 +195,9 @@ class ClientSandbox(SandboxBase):
     ) -> ClientExecStream:
         """Run `argv` and yield its output as it arrives; `.status` once the iteration ended.
         Leaving the iteration early closes the connection, and the service kills the exec."""
+        argv, stdin = checked_exec(
+            argv, stdin, cwd=cwd, timeout=timeout, consumer=consumer, executable=executable, env=env
+        )
         options: dict[str, Any] = {"argv": list(argv)}
         for name, value in (("cwd", cwd), ("timeout", timeout), ("consumer", consumer), ("executable", executable)):
             if value is not None:
@@ -212,6 +217,7 @@ class ClientSandbox(SandboxBase):
     def dispatch_tool(self, lease: str, request_id: str, wait_seconds: int = 0) -> Dispatched:
         """Relay the request `request_id` of the tool-request lease `lease` to its endpoint, waiting
         up to `wait_seconds` for it; NotPendingError (75, retryable) when it is not there yet."""
+        check_dispatch(lease, request_id, wait_seconds)
         body = {"lease": lease, "request_id": request_id, "wait_seconds": wait_seconds}
         path = f"/v1/sandboxes/{self.id}/dispatch"
         timeout = max(self.client.timeout, wait_seconds + DISPATCH_MARGIN)  # it waits, then relays
@@ -230,6 +236,7 @@ class ClientSandbox(SandboxBase):
         service verifies it and sends it; it is written here, with this process's rights."""
         from sandboxer.commands.export_delivery import receive
 
+        destination = checked_export("export", format, destination)
         connection = self.client.service.connection(None)  # as long as git inside takes
         try:
             try:
