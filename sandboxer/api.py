@@ -56,7 +56,7 @@ from sandboxer.results import (
     Stream,
     WarmFill,
 )
-from sandboxer.verbs import SandboxBase, Stdin
+from sandboxer.verbs import Input, SandboxBase, Stdin, check_dispatch, checked_create, checked_exec, checked_export
 
 __all__ = ["Broker", "ExecStream", "Owner", "Sandbox"]
 
@@ -126,6 +126,10 @@ class Broker:
         bootstrap file, by path, if given; its workspace at `ref`, on a new `branch`, if given).
         Nothing is left behind when it fails, nor when `abandoned()` says the one who asked went
         away meanwhile (Interrupted, 130: it would never learn the id)."""
+        sent = bootstrap if isinstance(bootstrap, CallerFile) else None  # a front end's own read of it
+        manifest, path = checked_create(
+            profile, manifest=manifest, bootstrap=None if sent else bootstrap, ref=ref, branch=branch
+        )
         if manifest is not None:
             self.authority.require_own_files("manifest", why=MANIFEST_PATHS)
         with self.authority.creating(profile, ttl) as lifetime:
@@ -133,7 +137,7 @@ class Broker:
                 self.dirs,
                 profile,
                 manifest_path=manifest,
-                bootstrap=bootstrap,
+                bootstrap=sent or path,
                 ttl=lifetime,
                 caller_uid=self.authority.caller_uid(),
                 ref=ref,
@@ -204,6 +208,7 @@ class Broker:
     def get_export(self, export_id: str, destination: str, *, format: str = "bundle") -> None:
         """Write a kept export's commits (`format` "bundle") or changed tree ("tar") to the new
         local file `destination`."""
+        destination = checked_export("get_export", format, destination)
         copy_to_path(self.kept_export_file(export_id, format), destination)
 
     def remove_export(self, export_id: str) -> KeptExportRemoved:
@@ -223,7 +228,7 @@ class Sandbox(SandboxBase):
         self,
         argv: Sequence[str],
         *,
-        stdin: Stdin = b"",
+        stdin: Input = b"",
         cwd: str | None = None,
         timeout: float | None = None,
         consumer: str | None = None,
@@ -232,6 +237,9 @@ class Sandbox(SandboxBase):
     ) -> ExecResult:
         """Run `argv` in the sandbox and wait for it: its status and all of its output (collected
         in this thread: in-process there is no need for exec_stream's)."""
+        argv, stdin = checked_exec(
+            argv, stdin, cwd=cwd, timeout=timeout, consumer=consumer, executable=executable, env=env
+        )
         out: list[bytes] = []
         err: list[bytes] = []
 
@@ -247,7 +255,7 @@ class Sandbox(SandboxBase):
         self,
         argv: Sequence[str],
         *,
-        stdin: Stdin = b"",
+        stdin: Input = b"",
         cwd: str | None = None,
         timeout: float | None = None,
         consumer: str | None = None,
@@ -256,6 +264,9 @@ class Sandbox(SandboxBase):
     ) -> ExecStream:
         """Run `argv` and yield its output as it comes: ("stdout" | "stderr", bytes) pairs; the
         exit status is the stream's `.status` once the iteration has ended."""
+        argv, stdin = checked_exec(
+            argv, stdin, cwd=cwd, timeout=timeout, consumer=consumer, executable=executable, env=env
+        )
         return ExecStream(
             lambda sink, cancelled, signals: self._execute(
                 argv,
@@ -336,6 +347,7 @@ class Sandbox(SandboxBase):
 
     def export(self, format: str, destination: str) -> Exported:
         """Take the sandbox's work out to the new local `destination` (sandboxer.verbs)."""
+        destination = checked_export("export", format, destination)
         made = self.prepare_export(format)
         try:
             deliver_to_path(made, destination)
@@ -355,6 +367,7 @@ class Sandbox(SandboxBase):
         (docs/tool-requests.md); NotPendingError (75, retryable) when it is not there yet."""
         from sandboxer.host.dispatch import dispatch
 
+        check_dispatch(lease, request_id, wait_seconds)
         document = dispatch(
             self.broker.dirs.state, self.id, lease_id=lease, request_id=request_id, wait_seconds=wait_seconds
         )

@@ -44,7 +44,7 @@ from sandboxer.results import (
     Version,
     owner_entries,
 )
-from sandboxer.verbs import SandboxBase, Stdin
+from sandboxer.verbs import Input, SandboxBase, check_dispatch, checked_create, checked_exec, checked_export
 
 __all__ = ["Client", "ClientExecStream", "ClientOwner", "ClientSandbox"]
 
@@ -108,6 +108,7 @@ class Client:
         `bootstrap`: a runtime bootstrap file, read here with this process's rights (owner-only,
         not a symlink) and sent; `manifest`: a lease manifest, which the service opens itself —
         so only a service of this process's own account takes one."""
+        manifest, bootstrap = checked_create(profile, manifest=manifest, bootstrap=bootstrap, ref=ref, branch=branch)
         body: dict[str, Any] = {"profile": profile}
         if ttl is not None:
             body["ttl"] = ttl
@@ -140,6 +141,7 @@ class Client:
         local file `destination`, with this process's rights."""
         from sandboxer.commands.export_delivery import receive
 
+        destination = checked_export("get_export", format, destination)
         connection = self.service.connection(None)  # as long as the file takes
         try:
             try:
@@ -188,7 +190,7 @@ class ClientSandbox(SandboxBase):
         self,
         argv: Sequence[str],
         *,
-        stdin: Stdin = b"",
+        stdin: Input = b"",
         cwd: str | None = None,
         timeout: float | None = None,
         consumer: str | None = None,
@@ -197,6 +199,9 @@ class ClientSandbox(SandboxBase):
     ) -> ClientExecStream:
         """Run `argv` and yield its output as it arrives; `.status` once the iteration ended.
         Leaving the iteration early closes the connection, and the service kills the exec."""
+        argv, stdin = checked_exec(
+            argv, stdin, cwd=cwd, timeout=timeout, consumer=consumer, executable=executable, env=env
+        )
         options: dict[str, Any] = {"argv": list(argv)}
         for name, value in (("cwd", cwd), ("timeout", timeout), ("consumer", consumer), ("executable", executable)):
             if value is not None:
@@ -216,6 +221,7 @@ class ClientSandbox(SandboxBase):
     def dispatch_tool(self, lease: str, request_id: str, wait_seconds: int = 0) -> Dispatched:
         """Relay the request `request_id` of the tool-request lease `lease` to its endpoint, waiting
         up to `wait_seconds` for it; NotPendingError (75, retryable) when it is not there yet."""
+        check_dispatch(lease, request_id, wait_seconds)
         body = {"lease": lease, "request_id": request_id, "wait_seconds": wait_seconds}
         path = f"/v1/sandboxes/{self.id}/dispatch"
         timeout = max(self.client.timeout, wait_seconds + DISPATCH_MARGIN)  # it waits, then relays
@@ -234,6 +240,7 @@ class ClientSandbox(SandboxBase):
         service verifies it and sends it; it is written here, with this process's rights."""
         from sandboxer.commands.export_delivery import receive
 
+        destination = checked_export("export", format, destination)
         connection = self.client.service.connection(None)  # as long as git inside takes
         try:
             try:

@@ -190,7 +190,8 @@ def _unpack(member: tarfile.TarInfo, archive: tarfile.TarFile, name: str, made: 
             os.makedirs(target, mode=0o700, exist_ok=True)
             os.chmod(target, mode | 0o700)
             return
-        os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+        if target != made.path:  # below it; the destination itself is in place (a bare "f" has no dirname to make)
+            os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
         anew = os.O_TRUNC if target == made.path else os.O_EXCL  # the destination file was made just now
         flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | anew
         out = os.fdopen(os.open(target, flags, mode), "wb")

@@ -4,16 +4,107 @@ at the end of a `with` block, and put/get on top of its own exec."""
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import BinaryIO, Self
+from typing import BinaryIO, Self, cast
 
 from sandboxer.results import Created, ExecResult, Exported, OutputStream, Receipt
 
-# An exec's stdin: all of it, or a binary file read to its end as the command runs (a pipe, a
-# file, a socket: put's tar stream).
+# An exec's stdin as a program gives it: all of it (bytes-like), or a binary file read to its end
+# as the command runs (a pipe, a file, a socket: put's tar stream).
+Input = bytes | bytearray | memoryview | BinaryIO
+# ... and as the front ends pass it on, once checked_exec has made bytes-like input bytes.
 Stdin = bytes | BinaryIO
+# A local path, or one inside a sandbox: a str or a pathlib path.
+PathArg = str | os.PathLike[str]
+
+
+def checked_exec(
+    argv: object, stdin: object, *, cwd: object, timeout: object, consumer: object, executable: object, env: object
+) -> tuple[list[str], Stdin]:
+    """An exec's argv and stdin as the front ends pass them on, once every argument is of its
+    type. A Python mistake is TypeError before anything starts: a str as argv would run a program
+    named by its first character, a str as stdin would leave a service's exec waiting for input
+    that never comes (docs/api.md, "Arguments")."""
+    if isinstance(argv, str | bytes | bytearray | memoryview) or not isinstance(argv, Sequence):
+        raise TypeError(f'exec: argv must be a list of str, one per argument (["ls", "-la"]), not {_kind(argv)}')
+    for arg in argv:
+        _require("exec: each argument in argv", arg, (str,), "a str")
+    for name, value in (("cwd", cwd), ("consumer", consumer), ("executable", executable)):
+        _require(f"exec: {name}", value, (str, type(None)), "a str or None")
+    _require("exec: timeout", timeout, (int, float, type(None)), "a number of seconds (int or float) or None")
+    _require("exec: env", env, (Mapping, type(None)), "a mapping of str to str or None")
+    if isinstance(env, Mapping):
+        for name, value in env.items():
+            _require("exec: env's names", name, (str,), "str")
+            _require(f"exec: env[{name!r}]", value, (str,), "a str")
+    return list(argv), _checked_stdin(stdin)
+
+
+def _checked_stdin(stdin: object) -> Stdin:
+    """bytes-like input as bytes, a binary file as it is; TypeError for text (str or a text file)."""
+    if isinstance(stdin, bytes):
+        return stdin
+    if isinstance(stdin, bytearray | memoryview):
+        return bytes(stdin)
+    if isinstance(stdin, str):
+        raise TypeError("exec: stdin must be bytes or a binary file, not str: encode it (text.encode())")
+    # A text file has an encoding (io.TextIOWrapper, and a tempfile wrapper around one); a binary one has none.
+    if isinstance(stdin, io.TextIOBase) or isinstance(getattr(stdin, "encoding", None), str):
+        raise TypeError(f'exec: stdin must be bytes or a binary file, not a text file ({_kind(stdin)}): open it "rb"')
+    if not callable(getattr(stdin, "read", None)):
+        raise TypeError(f'exec: stdin must be bytes or a binary file, not {_kind(stdin)} (no input: b"")')
+    return cast(BinaryIO, stdin)
+
+
+def checked_path(what: str, value: object) -> str:
+    """`value` as a path: a str, or an os.PathLike of str (pathlib's) as its str; else TypeError
+    (bytes too: every path the API takes is text)."""
+    path = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(path, str):
+        raise TypeError(f"{what} must be a path (a str or a pathlib path), not {_kind(value)}")
+    return path
+
+
+def checked_create(
+    profile: object, *, manifest: object, bootstrap: object, ref: object, branch: object
+) -> tuple[str | None, str | None]:
+    """A create's manifest and bootstrap paths as str, once every argument is of its type; else
+    TypeError (before anything is read or started)."""
+    _require("create: profile", profile, (str,), "a profile's name (str)")
+    # A ttl that is no number is the core's UsageError (2), with the very line the service gives.
+    for name, value in (("ref", ref), ("branch", branch)):
+        _require(f"create: {name}", value, (str, type(None)), "a str or None")
+    return (
+        None if manifest is None else checked_path("create: manifest", manifest),
+        None if bootstrap is None else checked_path("create: bootstrap", bootstrap),
+    )
+
+
+def checked_export(what: str, format: object, destination: object) -> str:
+    """An export's destination as str, once its format is a str and it is a path; else TypeError."""
+    _require(f"{what}: format", format, (str,), 'a str ("bundle", "patch" or "tar")')
+    return checked_path(f"{what}: destination", destination)
+
+
+def check_dispatch(lease: object, request_id: object, wait_seconds: object) -> None:
+    """TypeError for a dispatch_tool's argument not of its type."""
+    _require("dispatch_tool: lease", lease, (str,), "a str")
+    _require("dispatch_tool: request_id", request_id, (str,), "a str")
+    _require("dispatch_tool: wait_seconds", wait_seconds, (int,), "a whole number of seconds (int)")
+
+
+def _require(what: str, value: object, kinds: tuple[type, ...], expected: str) -> None:
+    """TypeError unless `value` is one of `kinds`; a bool is never a number here. The message
+    names the type, never the value (an argument may be a secret)."""
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise TypeError(f"{what} must be {expected}, not {_kind(value)}")
+
+
+def _kind(value: object) -> str:
+    return "None" if value is None else type(value).__name__
 
 
 def checked_signal(signum: int) -> int:
@@ -74,6 +165,8 @@ class SandboxBase:
     """The verbs both kinds of sandbox share; each implements exec_stream and teardown its own way."""
 
     def __init__(self, created: Created | None, sandbox_id: str | None) -> None:
+        if created is None:
+            _require("sandbox: the id", sandbox_id, (str,), "a str")
         self.created = created  # what create reported; None for a sandbox looked up by id
         self.id: str = created.id if created is not None else str(sandbox_id)
         self._receipt: Receipt | None = None
@@ -93,7 +186,7 @@ class SandboxBase:
         self,
         argv: Sequence[str],
         *,
-        stdin: Stdin = b"",
+        stdin: Input = b"",
         cwd: str | None = None,
         timeout: float | None = None,
         consumer: str | None = None,
@@ -101,7 +194,7 @@ class SandboxBase:
         env: Mapping[str, str] | None = None,
     ) -> ExecResult:
         """Run `argv` in the sandbox and wait for it: its status and all of its output."""
-        stream = self.exec_stream(
+        stream = self.exec_stream(  # which checks the arguments first
             argv, stdin=stdin, cwd=cwd, timeout=timeout, consumer=consumer, executable=executable, env=env
         )
         out: list[bytes] = []
@@ -114,7 +207,7 @@ class SandboxBase:
         self,
         argv: Sequence[str],
         *,
-        stdin: Stdin = b"",
+        stdin: Input = b"",
         cwd: str | None = None,
         timeout: float | None = None,
         consumer: str | None = None,
@@ -137,21 +230,23 @@ class SandboxBase:
         of it."""
         raise NotImplementedError
 
-    def put(self, source: str, destination: str) -> None:
+    def put(self, source: PathArg, destination: PathArg) -> None:
         """Copy the local file or directory `source` to `destination` (an absolute path) inside
         the sandbox, as its user (sandboxer.transfer)."""
         from sandboxer.transfer import put
 
+        local, inside = checked_path("put: source", source), checked_path("put: destination", destination)
         self._require_known()
-        put(self.exec, source, destination)
+        put(self.exec, local, inside)
 
-    def get(self, source: str, destination: str) -> None:
+    def get(self, source: PathArg, destination: PathArg) -> None:
         """Copy the file or directory `source` inside the sandbox to the new local `destination`:
         regular files and directories only (sandboxer.transfer)."""
         from sandboxer.transfer import get
 
+        inside, local = checked_path("get: source", source), checked_path("get: destination", destination)
         self._require_known()
-        get(self.exec_stream, source, destination)
+        get(self.exec_stream, inside, local)
 
     def _require_known(self) -> None:
         """NotFoundError (4) when the broker has no such sandbox (any more): put and get say so

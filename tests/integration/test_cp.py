@@ -5,6 +5,7 @@ then reaches it as sandboxer.Client does)."""
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 
@@ -46,3 +47,31 @@ def test_cp_copies_in_and_out(sbx: SandboxBroker, through_service: bool) -> None
         )
     unknown = sbx.run("cp", str(local), f"{'0' * 24}:/workspace/x")
     assert (unknown.status, unknown.stderr) == (4, f"sandboxer: no such sandbox: {'0' * 24}\n")
+
+
+@pytest.mark.parametrize("through_service", [False, True], ids=["in-process", "service"])
+def test_cp_takes_bare_names_in_the_working_directory(sbx: SandboxBroker, through_service: bool) -> None:
+    """`cp f ID:/workspace/f` and `cp ID:/workspace/f g`: a local name with no directory part is
+    the caller's working directory's (its dirname is "")."""
+    sbx.through_service = through_service
+    sandbox_id = sbx.create()
+    cwd = sbx.root / "home" / "cwd"
+    (cwd / "d").mkdir(parents=True)
+    (cwd / "f").write_bytes(b"file\n")
+    (cwd / "d" / "in.txt").write_bytes(b"in dir\n")
+    if sbx.as_user:
+        for path in [cwd, *cwd.rglob("*")]:
+            os.lchown(path, UNPRIVILEGED_UID, UNPRIVILEGED_UID)
+
+    def cp(source: str, destination: str) -> tuple[int, str]:
+        argv = sbx.argv("cp", source, destination)
+        done = subprocess.run(argv, cwd=cwd, capture_output=True, env=sbx.env(), check=False, timeout=120)
+        return done.returncode, done.stdout.decode() + done.stderr.decode()
+
+    assert cp("f", f"{sandbox_id}:/workspace/f") == (0, "")
+    assert cp("d", f"{sandbox_id}:/workspace/d") == (0, "")
+    assert cp(f"{sandbox_id}:/workspace/f", "g") == (0, "")
+    assert cp(f"{sandbox_id}:/workspace/d", "e") == (0, "")
+    assert (cwd / "g").read_bytes() == b"file\n"
+    assert (cwd / "e" / "in.txt").read_bytes() == b"in dir\n"
+    assert (cwd / "g").stat().st_uid == (UNPRIVILEGED_UID if sbx.as_user else 0)

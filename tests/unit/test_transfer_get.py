@@ -112,3 +112,14 @@ def test_an_archive_cut_inside_a_file_is_said_damaged(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="damaged archive"):
         get(_run(_Stream(data)), "/workspace/out", str(tmp_path / "copy"))
     assert not (tmp_path / "copy").exists()
+
+
+@pytest.mark.parametrize("members", [(("f", b"hello"),), (("f", None), ("f/a.txt", b"hello"))], ids=["file", "dir"])
+def test_a_bare_name_is_made_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, members: tuple[tuple[str, bytes | None], ...]
+) -> None:
+    """`get /workspace/f f`: a destination with no directory part (its dirname is "")."""
+    monkeypatch.chdir(tmp_path)
+    get(_run(_Stream(_archive(*members))), "/workspace/f", "f")
+    made = tmp_path / "f"
+    assert (made / "a.txt" if made.is_dir() else made).read_bytes() == b"hello"
