@@ -10,7 +10,7 @@ teardown's 409 `ResidueError`, with its receipt); an exec's last frame is `ExecE
 
 from __future__ import annotations
 
-import json
+import copy
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -147,7 +147,7 @@ DEFAULT_ERROR = (
 def document(routes: Sequence[Route], path_parameters: Mapping[str, Schema]) -> dict[str, Any]:
     """The OpenAPI document of `routes`, whose paths' parameters are `path_parameters` (name ->
     an OpenAPI parameter object, less its name and `in`)."""
-    schemas: dict[str, Any] = {name: json.loads(json.dumps(schema)) for name, schema in ENVELOPES.items()}
+    schemas: dict[str, Any] = dict(ENVELOPES)
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:
         item = paths.setdefault(route.path, {})
@@ -159,7 +159,8 @@ def document(routes: Sequence[Route], path_parameters: Mapping[str, Schema]) -> 
             item["parameters"] = parameters
         item[route.method.lower()] = _operation(route, schemas)
     schema_ref(Receipt, schemas)  # ResidueError's
-    return {"openapi": "3.1.0", "info": INFO, "paths": paths, "components": {"schemas": schemas}}
+    made = {"openapi": "3.1.0", "info": INFO, "paths": paths, "components": {"schemas": schemas}}
+    return copy.deepcopy(made)  # nothing in it shared with the table or another call's
 
 
 def _operation(route: Route, schemas: dict[str, Any]) -> dict[str, Any]:

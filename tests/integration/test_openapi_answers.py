@@ -29,7 +29,8 @@ from tests.openapi_schemas import errors
 
 NO_SUCH_ID = "0" * 24
 # Routes whose success this test does not make: a dispatch needs a lease and its endpoint
-# (test_dispatch_tool.py); teardown's residue (409) needs a mount that will not go.
+# (test_dispatch_tool.py). (Nor does it make teardown's residue, 409: the unit test validates a
+# ResidueError envelope against the document.)
 NOT_MADE_HERE = {"dispatch-tool"}
 
 
