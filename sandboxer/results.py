@@ -49,8 +49,9 @@ def thawed(value: Any) -> Any:
     return value
 
 
-# An open-ended JSON object inside a result: read-only once parsed, plain JSON when rendered.
-JsonObject = Annotated[Mapping[str, Any], AfterValidator(_frozen), PlainSerializer(thawed)]
+# An open-ended JSON object inside a result: read-only once parsed, plain JSON when rendered (its
+# schema is then an object: `return_type` says so, where a bare serializer's would allow anything).
+JsonObject = Annotated[Mapping[str, Any], AfterValidator(_frozen), PlainSerializer(thawed, return_type=dict[str, Any])]
 
 
 _ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
@@ -379,6 +380,13 @@ class ExportNoted(JsonResult):
 
     id: str
     noted: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Signalled(JsonResult):
+    """The service's answer to a running exec's signal: the signal it passed on."""
+
+    signal: str  # SIGINT, SIGTERM or SIGHUP
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -4,7 +4,7 @@ Every request is first answered by who is calling (peer.py): owners only, until 
 callers. A route runs the same command the CLI runs (sandboxer.commands), in a worker thread, and
 answers with the same JSON document; an error is `{"error": {kind, message, hint, status}}` with
 the CLI's exit status and an HTTP status for it. Exec answers with a stream of frames
-(frames.py). The routes are listed in openapi.json, which `GET /v1/openapi.json` serves.
+(frames.py). The routes are routes.py's; `GET /v1/openapi.json` serves their OpenAPI document.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -43,12 +42,12 @@ from sandboxer.service.http import (
     sandbox_of,
 )
 from sandboxer.service.peer import Peer, peer_of
+from sandboxer.service.routes import ROUTES, body_fields, document_bytes
 
-API_DOCUMENT = Path(__file__).with_name("openapi.json")
 MAX_BODY = 16 * 1024 * 1024  # a request body larger than this is refused (413); exec's stdin is streamed
-CREATE_FIELDS = {"profile", "ttl", "manifest", "bootstrap", "ref", "branch"}
-DISPATCH_FIELDS = {"lease", "request_id", "wait_seconds"}
-DIGEST_FIELDS = {"path", "full"}
+CREATE_FIELDS = body_fields("create")
+DISPATCH_FIELDS = body_fields("dispatch-tool")
+DIGEST_FIELDS = body_fields("runtime-digest")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -151,27 +150,9 @@ def _http_refusal(request: web.Request, exc: web.HTTPException) -> SandboxerErro
 
 
 def _add_routes(app: web.Application) -> None:
-    """The API's routes (openapi.json lists them), each named for the audit log."""
-    app.router.add_get("/v1/version", version, name="version")
-    app.router.add_get("/v1/openapi.json", openapi, name="openapi")
-    app.router.add_get("/v1/me", whoami, name="whoami")
-    app.router.add_get("/v1/sandboxes", list_sandboxes, name="list")
-    app.router.add_post("/v1/sandboxes", create, name="create")
-    app.router.add_get("/v1/sandboxes/{id}", inspect, name="inspect")
-    app.router.add_delete("/v1/sandboxes/{id}", teardown, name="teardown")
-    app.router.add_post("/v1/sandboxes/{id}/exec", exec_command, name="exec")
-    app.router.add_post("/v1/sandboxes/{id}/exec/{exec}/signal", signal_exec, name="exec-signal")
-    app.router.add_post("/v1/sandboxes/{id}/dispatch", dispatch_tool, name="dispatch-tool")
-    app.router.add_post("/v1/sandboxes/{id}/export", export, name="export")
-    app.router.add_post("/v1/sandboxes/{id}/export/confirm", export_confirm, name="export-confirm")
-    app.router.add_get("/v1/exports", kept_exports, name="exports")
-    app.router.add_get("/v1/exports/{id}/{format}", kept_export_file, name="exports-get")
-    app.router.add_delete("/v1/exports/{id}", kept_export_remove, name="exports-rm")
-    app.router.add_post("/v1/gc", gc, name="gc")
-    app.router.add_get("/v1/owner/entries", owner_entries, name="ext-list")
-    app.router.add_post("/v1/owner/approve", owner_approve, name="ext-approve")
-    app.router.add_post("/v1/owner/revoke", owner_revoke, name="ext-revoke")
-    app.router.add_post("/v1/runtime/digest", runtime_digest, name="runtime-digest")
+    """The API's routes: routes.py's table, each answered by its handler (HANDLERS), named for the audit log."""
+    for route in ROUTES:
+        app.router.add_route(route.method, route.path, HANDLERS[route.name], name=route.name)
 
 
 async def version(request: web.Request) -> web.Response:
@@ -191,7 +172,8 @@ async def whoami(request: web.Request) -> web.Response:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    return web.Response(body=API_DOCUMENT.read_bytes(), content_type="application/json")
+    """The OpenAPI document of the routes (made by the first request that asks)."""
+    return web.Response(body=await in_thread(document_bytes), content_type="application/json")
 
 
 async def list_sandboxes(request: web.Request) -> web.Response:
@@ -410,3 +392,28 @@ async def runtime_digest(request: web.Request) -> web.Response:
 
 async def gc(request: web.Request) -> web.Response:
     return _json(await in_worker(request, broker_of(request).gc))
+
+
+# Each route's handler, by its name in routes.py's table.
+HANDLERS: dict[str, Handler] = {
+    "version": version,
+    "openapi": openapi,
+    "whoami": whoami,
+    "list": list_sandboxes,
+    "create": create,
+    "inspect": inspect,
+    "teardown": teardown,
+    "exec": exec_command,
+    "exec-signal": signal_exec,
+    "dispatch-tool": dispatch_tool,
+    "export": export,
+    "export-confirm": export_confirm,
+    "exports": kept_exports,
+    "exports-get": kept_export_file,
+    "exports-rm": kept_export_remove,
+    "gc": gc,
+    "ext-list": owner_entries,
+    "ext-approve": owner_approve,
+    "ext-revoke": owner_revoke,
+    "runtime-digest": runtime_digest,
+}

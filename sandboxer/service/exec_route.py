@@ -25,6 +25,7 @@ from aiohttp import web
 from sandboxer.dirs import Dirs
 from sandboxer.errors import BackendError, ExecError, ExecUsage, NotFoundError, SandboxerError, UsageError
 from sandboxer.host.stdio import CANCEL_POLL, FORWARDED
+from sandboxer.results import Signalled
 from sandboxer.service import frames
 from sandboxer.service.http import (
     BODY_SECONDS,
@@ -168,7 +169,7 @@ async def signal_exec(request: web.Request) -> web.Response:
         raise BackendError("signal: the exec has not taken the signals sent before it yet") from None
     except BrokenPipeError:  # it has just ended: its thread no longer reads them
         raise NotFoundError(f"no such exec: {token[:64]}") from None
-    return web.json_response({"signal": name})
+    return web.json_response(Signalled(signal=name).to_json())
 
 
 class _Output:

@@ -55,12 +55,12 @@ def service(sbx: SandboxBroker) -> Iterator[Service]:
 
 
 def test_the_client_drives_a_whole_sandbox_life(service: Service) -> None:
-    from sandboxer.service.app import API_DOCUMENT
+    from sandboxer.service.routes import document_bytes
 
     with as_service_account(service.broker):
         client = Client(str(service.socket))
         assert client.version().api == "v1"
-        assert client.service.request("GET", "/v1/openapi.json") == json.loads(API_DOCUMENT.read_text())
+        assert client.service.request("GET", "/v1/openapi.json") == json.loads(document_bytes())
         with client.create(service.broker.profile) as sandbox:
             result = sandbox.exec(["sh", "-c", "cat; echo warning >&2; exit 3"], stdin=b"hello\n")
             assert (result.status, result.stdout, result.stderr) == (3, b"hello\n", b"warning\n")
