@@ -302,21 +302,19 @@ class Sandbox(SandboxBase):
         the exec (status 137); `signals` is a pipe's read end whose bytes are signals for the
         command (sandboxer.host.stdio.Program)."""
         from sandboxer.commands import execute
+        from sandboxer.core.exec_request import ExecRequest
         from sandboxer.errors import ExecUsage
         from sandboxer.host.stdio import Program
 
-        if not argv:
-            raise ExecError("exec: no command")
-        options = {"id": self.id}
-        for name, value in (("cwd", cwd), ("consumer", consumer), ("executable", executable)):
-            if value is not None:
-                options[name] = value
-        if timeout is not None:
-            options["timeout"] = repr(float(timeout))
+        try:
+            request = ExecRequest.of(
+                self.id, argv, cwd=cwd, consumer=consumer, executable=executable, timeout=timeout, env=env
+            )
+        except ExecUsage as exc:  # before any of `stdin` is read
+            raise ExecError(str(exc)) from None
         with fed(stdin) as source:
             try:
-                program = Program(source, sink, cancelled, signals)
-                return execute.execute(self.broker.dirs, options, list(argv), program, exec_env=env)
+                return execute.execute(self.broker.dirs, request, Program(source, sink, cancelled, signals))
             except ExecUsage as exc:
                 raise ExecError(str(exc)) from None
             except EntryError as exc:

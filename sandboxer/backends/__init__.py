@@ -2,21 +2,17 @@
 
 The core (sandboxer/commands) asks a `Backend` (protocol.py) for everything that differs between
 bubblewrap and Docker, and never branches on the backend's name: `backend_for` is the one place
-that maps a name to its implementation. Each implementation is a package of its own (`bwrap/`,
-`docker/`).
+that maps a name to its implementation (and `execution_for` its exec part, on exec's hot path).
+Each implementation is a package of its own (`bwrap/`, `docker/`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sandboxer.backends.protocol import Backend
+    from sandboxer.backends.protocol import Backend, Execution
     from sandboxer.core.plan import Backend as Name
-    from sandboxer.core.record_exec import ExecView
-
-Enter = Callable[..., int]
 
 NAMES: tuple[Name, ...] = ("bwrap", "docker")  # every backend, in the order gc asks each for its orphans
 
@@ -38,56 +34,21 @@ def backend_for(name: object) -> Backend:
             raise BackendError(f"no such backend: {str(name)[:32]!r}")
 
 
-def limit_groups(record: ExecView) -> list[str]:
-    """The cgroup directories that hold a sandbox's limits, whose counters say what the limits did
-    during an exec (sandboxer/host/limit_events.py): those a bwrap sandbox's record names, a
-    container's own (the Engine made them), none under the rlimit mechanism."""
-    if record.cgroups:
-        return list(record.cgroups)
-    if record.backend == "docker" and record.container_id:
-        from sandboxer.backends.docker.enter import container_groups
-
-        return container_groups(record.container_id)
-    return []
-
-
-def root_pid(record: ExecView) -> int | None:
-    """A process whose /proc/PID/root is the sandbox's filesystem: a bwrap sandbox's holder, a
-    container's pid 1 (asked of the Engine); None when there is none to ask."""
-    if record.backend == "docker" and record.container_id:
-        from sandboxer.backends.docker.container import inspect
-        from sandboxer.errors import SandboxerError
-
-        try:
-            pid = (inspect(record.container_id).get("State") or {}).get("Pid")
-        except (OSError, SandboxerError):
-            return None
-        return pid if isinstance(pid, int) and pid > 0 else None
-    from sandboxer.host import procs
-
-    holder = record.holder_pid
-    if not holder or procs.start_time(holder) != record.holder_start:
-        return None  # gone, and its pid may be another process's by now
-    return holder
-
-
-def enter_for(name: object) -> Enter:
-    """How `sandboxer exec` runs a command in a sandbox of this backend: exec's own entry, which
-    loads none of the backend's create-time code. It is called as
-    `enter(record, options, command, env, timeout, *, program, state_dir, limits) -> status`, and
-    removes a cgroup made for the exec through `limits` (host/limit_events.py: it keeps the counts)."""
-    from sandboxer.errors import ExecUsage
-
+def execution_for(name: object) -> Execution:
+    """How `sandboxer exec` runs a command in a sandbox of this backend: the engine's exec part
+    alone (sandboxer.backends.protocol.Execution), which loads none of its create-time code."""
     match name:
         case "bwrap":
-            from sandboxer.backends.bwrap.enter import run as bwrap_run
+            from sandboxer.backends.bwrap.enter import BwrapExecution
 
-            return bwrap_run
+            return BwrapExecution()
         case "docker":
-            from sandboxer.backends.docker.enter import run as docker_run
+            from sandboxer.backends.docker.enter import DockerExecution
 
-            return docker_run
+            return DockerExecution()
         case _:
+            from sandboxer.errors import ExecUsage
+
             raise ExecUsage(f"exec: the sandbox's record names no known backend ({str(name)[:32]!r})")
 
 

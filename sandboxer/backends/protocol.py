@@ -1,6 +1,8 @@
-"""The one interface the core asks of an engine (`Backend`), and what inspect gets from one
-(`Observed`). The implementations are backends/bwrap/backend.py and backends/docker/backend.py;
-sandboxer.backends.backend_for picks one."""
+"""The one interface the core asks of an engine (`Backend`), its part that runs a command in a
+live sandbox (`Execution`), and what inspect gets from one (`Observed`). The implementations are
+backends/bwrap/backend.py and backends/docker/backend.py; sandboxer.backends.backend_for picks
+one. exec, on its hot path, asks sandboxer.backends.execution_for for the engine's exec part
+alone (backends/bwrap/enter.py, backends/docker/enter.py), which loads none of its other code."""
 
 from __future__ import annotations
 
@@ -8,12 +10,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from sandboxer.core.config_types import ExtensionConfig
+    from sandboxer.core.exec_request import ExecRequest
     from sandboxer.core.plan import Plan
     from sandboxer.core.record import SandboxRecord
+    from sandboxer.core.record_exec import ExecView
     from sandboxer.dirs import Dirs
+    from sandboxer.host.limit_events import LimitWatch
     from sandboxer.host.observe import MountSeen, ProbeSeen
     from sandboxer.host.registry import Registry
+    from sandboxer.host.stdio import Stdio
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,7 +53,38 @@ class Check:
         return text if self.fix is None else f"{text} — {self.fix}"
 
 
-class Backend(Protocol):
+class Execution(Protocol):
+    """What `exec` needs of an engine: run a command in a live sandbox, and where to look for what
+    its limits did meanwhile (sandboxer/commands/execute.py)."""
+
+    def run(
+        self,
+        request: ExecRequest,
+        sandbox: ExecView,
+        stdio: Stdio,
+        *,
+        env: Mapping[str, str],
+        state_dir: str,
+        limits: LimitWatch,
+    ) -> int:
+        """Run `request` in the ready sandbox `sandbox` with the environment `env` (the core's:
+        the sandbox's, a lease's, the caller's), on `stdio`; its exit status (TIMED_OUT at the
+        timeout, CALLER_GONE when the caller went away). A cgroup made for the exec is removed
+        through `limits` (which keeps its counts). Refusals are ExecUsage (125); a command that
+        cannot start is an EntryError."""
+        ...
+
+    def limit_groups(self, sandbox: ExecView) -> list[str]:
+        """The cgroup directories that hold the sandbox's limits, whose counters say what the
+        limits did during an exec (none under the rlimit mechanism)."""
+        ...
+
+    def root_pid(self, sandbox: ExecView) -> int | None:
+        """A process whose /proc/PID/root is the sandbox's filesystem; None when there is none."""
+        ...
+
+
+class Backend(Execution, Protocol):
     """What the core needs of an engine."""
 
     def health(self) -> list[Check]:

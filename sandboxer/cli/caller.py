@@ -154,39 +154,30 @@ def exec_(
     signal N, 124 when --timeout expired, 125 when the broker failed, 126 not executable, 127 not found.
     """
     from sandboxer.commands.execute import execute
-    from sandboxer.host.stdio import CallerStdio, Control
+    from sandboxer.core.exec_request import ExecRequest
+    from sandboxer.host.stdio import ClientStdio, Control, OwnStdio, Stdio
 
-    options = {"id": sandbox_id}
-    for name, value in (("cwd", cwd), ("consumer", consumer), ("executable", executable), ("timeout", timeout)):
-        if value is not None:
-            options[name] = value
-    if tty:
-        options["tty"] = "1"
     invocation = current()
-    program = None  # this process's own stdio and signals
+    stdio: Stdio = OwnStdio()  # this process's own stdio and signals
     if invocation.stdio is not None:
         control = None if invocation.control is None else Control(invocation.control, invocation.window)
-        program = CallerStdio(invocation.stdio, control)
+        stdio = ClientStdio(invocation.stdio, control)
     try:
         broker_of(ctx).sandbox(named(sandbox_id), unknown=ExecUsage(f"exec: no such sandbox: {sandbox_id}"))
-        exec_env = _assignments(env or [])
-        status = execute(dirs_of(ctx), options, ctx.meta[_COMMAND], program, exec_env=exec_env)
+        request = ExecRequest.from_cli(
+            sandbox_id,
+            ctx.meta[_COMMAND],
+            cwd=cwd,
+            consumer=consumer,
+            executable=executable,
+            timeout=timeout,
+            tty=tty,
+            env=env or [],
+        )
+        status = execute(dirs_of(ctx), request, stdio)
     except Exception as exc:
         status = _exec_failure(exc, debug=debug_of(ctx))
     raise typer.Exit(status)
-
-
-def _assignments(pairs: list[str]) -> dict[str, str]:
-    """exec --env's NAME=VALUE pairs (each name once)."""
-    found: dict[str, str] = {}
-    for pair in pairs:
-        name, equals, value = pair.partition("=")
-        if not equals or not name:
-            raise ExecUsage("exec: --env must be NAME=VALUE")
-        if name in found:
-            raise ExecUsage(f"exec: --env {name[:64]}: given twice")
-        found[name] = value
-    return found
 
 
 def _exec_failure(exc: Exception, *, debug: bool) -> int:

@@ -174,6 +174,7 @@ def git_inside(
     PolicyError (the caller's export budget is full) kills the command and is raised. Any other
     failure is a BackendError saying why."""
     from sandboxer.commands.execute import execute
+    from sandboxer.core.exec_request import ExecRequest
     from sandboxer.host.stdio import Program
 
     out: list[bytes] = []
@@ -207,9 +208,9 @@ def git_inside(
             except OSError as exc:
                 stopped.append(f"the broker's copy cannot be written ({exc.strerror})")
 
-    options = {"id": record.id, "cwd": "/workspace", "timeout": repr(float(seconds))}
     try:
-        status = execute(dirs, options, argv, Program(b"", sink, lambda: bool(stopped)), for_broker=True)
+        request = ExecRequest(sandbox_id=record.id, argv=tuple(argv), timeout=float(seconds))  # in /workspace
+        status = execute(dirs, request, Program(b"", sink, lambda: bool(stopped)), for_broker=True)
     except ExecUsage as exc:  # not running, not ready: as exec would say it
         raise UsageError(f"export: {str(exc).removeprefix('exec: ')}") from None
     except EntryError as exc:

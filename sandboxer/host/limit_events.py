@@ -41,7 +41,7 @@ class LimitWatch:
 
     def __init__(self, view: ExecView, groups: list[str]) -> None:
         self._view = view
-        self.groups = groups  # the sandbox's cgroup directories (sandboxer.backends.limit_groups)
+        self.groups = groups  # the sandbox's cgroup directories (Execution.limit_groups, sandboxer.backends.protocol)
         self._before = _counts(self.groups)
         self._gone = Counts(oom_kills=0, pid_refusals=0)  # of the exec's own groups, removed since
 

@@ -1,29 +1,82 @@
-"""An exec's stdio: a caller's own descriptors (this process's, or those a CLI client passed the
-service), or a program's bytes (the Python API, the HTTP API), and the pumps each needs
-(sandboxer.host.pumps) — shared by both engines' exec paths."""
+"""An exec's stdio, behind one interface (`Stdio`) that both engines' exec paths ask: this
+process's own descriptors (`OwnStdio`, the CLI in-process), those a CLI client passed the service
+with its connection (`ClientStdio`), or a program's bytes and callbacks (`Program`: the Python
+API, the HTTP API, the broker's own git) — and the pumps each needs (sandboxer.host.pumps)."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
 import stat
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Protocol
 
 from sandboxer.errors import ExecUsage
 from sandboxer.host.pumps import Pumps, writer
 from sandboxer.host.ready import wait_ready
-from sandboxer.host.terminal import WINCH_MESSAGE, WINCH_SIZE, open_terminal
+from sandboxer.host.terminal import WINCH_MESSAGE, WINCH_SIZE, caller_size, caller_terminal, open_terminal
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from sandboxer.results import Stream
+
+Resize = Callable[[tuple[int, int]], None]  # gives the exec's terminal a window size (rows, columns)
+Sink = Callable[[int, bytes], None]  # where a command's output goes: stream 1 or 2, and its bytes
 
 TIMED_OUT = 124  # the status of an exec whose --timeout expired
 CALLER_GONE = 128 + 9  # the status of an exec killed because its caller went away
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what reaches an exec's command
 CANCEL_POLL = 0.2  # seconds between two questions to Program.cancelled
+
+
+class Stdio(Protocol):
+    """Where an exec's command reads and writes, and how its caller signals it or goes away: what
+    an engine's exec path asks (it never asks which kind it has)."""
+
+    @property
+    def own_signals(self) -> bool:
+        """Whether this process's own signals (SIGINT, SIGTERM, SIGHUP) are the command's: the
+        CLI in-process. Elsewhere they are the service's or the program's own business."""
+        ...
+
+    @property
+    def cancelled(self) -> Callable[[], bool] | None:
+        """Asked a few times a second while the command runs (None: never): once it says yes, the
+        caller went away, and everything the exec started is killed (CALLER_GONE)."""
+        ...
+
+    def control(self) -> Control | None:
+        """The caller's signals and window sizes as a connection carries them (None: none do)."""
+        ...
+
+    def window(self) -> tuple[int, int] | None:
+        """exec -t: the caller's window size, for the command's terminal; ExecUsage where the
+        caller has no terminal to copy to (a program's stdio)."""
+        ...
+
+    def pumps(self, *, tty: bool) -> Pumps:
+        """The descriptors the command gets as its 0-2 and the copying between them and the
+        caller (`tty`: the far end of a new terminal of its own)."""
+        ...
+
+    def streams(self) -> AbstractContextManager[tuple[int, Sink]]:
+        """For an engine that copies the command's stdio itself (the Docker Engine): a descriptor
+        of the caller's input and a sink for the command's output, for the block."""
+        ...
+
+    def terminal(self, resize: Resize | None) -> AbstractContextManager[None]:
+        """For the block of an exec with a terminal of its own (`resize` sets its window size;
+        None: none): the caller's terminal in raw mode, and its size changes passed on — where
+        this process holds the caller's terminal."""
+        ...
+
+    def tell(self, data: bytes) -> None:
+        """Write a line of the broker's on the exec's stderr (OSError: it is gone)."""
+        ...
 
 
 class Program:
@@ -51,9 +104,47 @@ class Program:
         self.cancelled = cancelled
         self.signals = signals
 
+    own_signals = False
+
     def control(self) -> Control | None:
         """The program's signals as a CLI client's are read (None: it sends none)."""
         return None if self.signals is None else Control(self.signals)
+
+    def window(self) -> tuple[int, int] | None:
+        """A program has no terminal to copy a command's to."""
+        raise ExecUsage("exec: -t: a terminal is for a caller's own stdio, not a program's")
+
+    def pumps(self, *, tty: bool) -> Pumps:
+        """Pipes for all three: the input given at once (or the program's own pipe, handed over),
+        the output to the program's sink."""
+        if tty:
+            self.window()  # refused
+        return program_pumps(self)
+
+    @contextlib.contextmanager
+    def streams(self) -> Iterator[tuple[int, Sink]]:
+        """The program's input as a descriptor (its own pipe, or a memfd of its bytes, closed
+        after the block) and its sink."""
+
+        def output(stream: int, chunk: bytes) -> None:
+            self.output("stdout" if stream == 1 else "stderr", chunk)
+
+        if isinstance(self.stdin, int):
+            yield self.stdin, output
+            return
+        stdin = feeder(self.stdin)
+        try:
+            yield stdin, output
+        finally:
+            os.close(stdin)
+
+    def terminal(self, resize: Resize | None) -> AbstractContextManager[None]:
+        """Nothing: the program holds no terminal of the caller's."""
+        return contextlib.nullcontext()
+
+    def tell(self, data: bytes) -> None:
+        """The line goes to the program's sink as the command's stderr does."""
+        self.output("stderr", data)
 
 
 class Watchdog:
@@ -141,16 +232,60 @@ class Control:
         return found
 
 
-class CallerStdio:
-    """A caller's own stdio for an exec: descriptors for the command's 0-2 (pipes are put in front
-    of a terminal or a regular file, as for this process's own), and the client's `control` when
-    the service runs it for a CLI client (None: this process's own signals are forwarded)."""
+class ClientStdio:
+    """A CLI client's stdio, in the service: the descriptors it passed for the command's 0-2
+    (pipes are put in front of a terminal or a regular file), and its connection (`Control`):
+    its signals, its window size, its going away."""
 
-    __slots__ = ("control", "fds")
+    __slots__ = ("_control", "fds")
+    own_signals = False
+    cancelled = None  # the client's going away is its connection's end (Control.gone)
 
     def __init__(self, fds: tuple[int, int, int], control: Control | None) -> None:
         self.fds = fds
-        self.control = control
+        self._control = control
+
+    def control(self) -> Control | None:
+        """The client's connection."""
+        return self._control
+
+    def window(self) -> tuple[int, int] | None:
+        """The window size the client last said (over its connection), else its terminal's."""
+        return caller_size(self.fds) if self._control is None else self._control.size
+
+    def pumps(self, *, tty: bool) -> Pumps:
+        """The caller's descriptors as they are, or behind pipes; with `tty`, a new terminal."""
+        if tty:
+            return terminal_pumps(self.fds[0], self.fds[1], self.window())
+        return caller_pumps(self.fds)
+
+    @contextlib.contextmanager
+    def streams(self) -> Iterator[tuple[int, Sink]]:
+        """The caller's stdin, and its stdout and stderr as the sink."""
+        yield self.fds[0], to_fds(self.fds[1], self.fds[2])
+
+    def terminal(self, resize: Resize | None) -> AbstractContextManager[None]:
+        """Nothing here: the client holds its terminal, and sends its size changes (Control)."""
+        return contextlib.nullcontext()
+
+    def tell(self, data: bytes) -> None:
+        """The line goes to the caller's stderr."""
+        os.write(self.fds[2], data)
+
+
+class OwnStdio(ClientStdio):
+    """This process's own fds 0-2 (the CLI in-process): its signals are the command's, and its
+    terminal is the caller's — in raw mode while an exec -t runs, its size changes passed on."""
+
+    __slots__ = ()
+    own_signals = True
+
+    def __init__(self) -> None:
+        super().__init__((0, 1, 2), None)
+
+    def terminal(self, resize: Resize | None) -> AbstractContextManager[None]:
+        """The caller's terminal in raw mode, its size changes (SIGWINCH) given to `resize`."""
+        return caller_terminal(resize, self.fds)
 
 
 def program_pumps(program: Program) -> Pumps:
@@ -227,3 +362,16 @@ def feeder(data: bytes) -> int:
         view = view[os.write(fd, view) :]
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
+
+
+def to_fds(stdout: int, stderr: int) -> Sink:
+    """An output sink that writes stream 1 to `stdout` and 2 to `stderr` (OSError: it refused)."""
+    targets = {1: stdout, 2: stderr}
+
+    def write(stream: int, payload: bytes) -> None:
+        fd = targets.get(stream)
+        view = memoryview(payload)
+        while fd is not None and view:
+            view = view[os.write(fd, view) :]
+
+    return write

@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from sandboxer.core.exec_request import ExecRequest
 from sandboxer.dirs import Dirs
 from sandboxer.errors import BackendError, ExecError, ExecUsage, NotFoundError, SandboxerError, UsageError
 from sandboxer.host.stdio import CANCEL_POLL, FORWARDED
@@ -78,8 +79,9 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
     the answer is frames, streamed as the command writes (neither is ever held whole)."""
     head, rest = await _first_line(request)
     sandbox_id = request.match_info["id"]
-    argv, cli_options, exec_env = _exec_options(head, sandbox_id)
+    document = _exec_document(head)
     await sandbox_of(request, ExecError(f"exec: no such sandbox: {sandbox_id}"))
+    exec_request = _exec_request(sandbox_id, document)
 
     signals = ExecSignals(request, sandbox_id)
     output = _Output(asyncio.get_running_loop())
@@ -93,7 +95,7 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
         stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
         feeding = asyncio.create_task(_feed(request, rest, stdin_w))  # it closes stdin_w
         run = functools.partial(
-            _run, request.app[DIRS], cli_options, argv, exec_env, stdin=stdin_r, signals=signals.read_end, output=output
+            _run, request.app[DIRS], exec_request, stdin=stdin_r, signals=signals.read_end, output=output
         )
         done = output.loop.run_in_executor(request.app[WORKERS], run)  # as long as the command runs
         signals.taken, stdin_r = True, None  # the exec's thread closes its ends now
@@ -119,30 +121,12 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
                 feeding.cancel()
 
 
-def _run(
-    dirs: Dirs,
-    cli_options: dict[str, str],
-    argv: list[str],
-    exec_env: dict[str, str],
-    *,
-    stdin: int,
-    signals: int,
-    output: _Output,
-) -> None:
+def _run(dirs: Dirs, exec_request: ExecRequest, *, stdin: int, signals: int, output: _Output) -> None:
     """The exec, in a worker thread: its result (the end frame's document) goes to `output` last;
     it closes the command's `stdin` and `signals` read ends when it is done with them."""
     result = _NOT_RUN  # should _execute raise what no SandboxerError is
     try:
-        status = _execute(
-            dirs,
-            cli_options,
-            argv,
-            stdin,
-            output.sink,
-            cancelled=output.gone.is_set,
-            signals=signals,
-            exec_env=exec_env,
-        )
+        status = _execute(dirs, exec_request, stdin, output.sink, cancelled=output.gone.is_set, signals=signals)
         result = {"status": status}
     except SandboxerError as exc:
         result = {"error": error_document(exc)}
@@ -217,9 +201,8 @@ class _Output:
                     self.gone.set()
 
 
-def _exec_options(head: bytes, sandbox_id: str) -> tuple[list[str], dict[str, str], dict[str, str]]:
-    """The command, the CLI's exec options and the variables to set (exec --env) from the body's
-    first line."""
+def _exec_document(head: bytes) -> dict[str, Any]:
+    """The body's first line, the exec's options, as a JSON object of the right shape."""
     refusal = "exec: the first line of the body must be a JSON object of options"
     options = checked(parse_json(head, refusal), EXEC_FIELDS, {"argv"})
     argv = options["argv"]
@@ -227,23 +210,36 @@ def _exec_options(head: bytes, sandbox_id: str) -> tuple[list[str], dict[str, st
         raise UsageError("argv: must be a non-empty list of strings")
     if any("\0" in arg for arg in argv):
         raise UsageError("argv: must not hold a NUL character (no command line can)")
-    cli_options = {"id": sandbox_id}
     for name in ("cwd", "consumer", "executable"):
-        if options.get(name) is not None:
-            if not isinstance(options[name], str) or "\0" in options[name]:
-                raise UsageError(f"{name}: must be a string (without NUL)")
-            cli_options[name] = options[name]
+        if options.get(name) is not None and (not isinstance(options[name], str) or "\0" in options[name]):
+            raise UsageError(f"{name}: must be a string (without NUL)")
     timeout = options.get("timeout")
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout):
-            raise UsageError("timeout: must be a number of seconds")
-        cli_options["timeout"] = repr(float(timeout))
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout)
+    ):
+        raise UsageError("timeout: must be a number of seconds")
     env = options.get("env") or {}
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise UsageError("env: must map names to strings")
     if any("\0" in k or "\0" in v for k, v in env.items()):
         raise UsageError("env: must not hold a NUL character")
-    return argv, cli_options, env
+    return options
+
+
+def _exec_request(sandbox_id: str, options: dict[str, Any]) -> ExecRequest:
+    """The exec the options ask for (refused with the CLI's line, status 125)."""
+    try:
+        return ExecRequest.of(
+            sandbox_id,
+            options["argv"],
+            cwd=options.get("cwd"),
+            consumer=options.get("consumer"),
+            executable=options.get("executable"),
+            timeout=options.get("timeout"),
+            env=options.get("env"),
+        )
+    except ExecUsage as exc:
+        raise ExecError(str(exc)) from None
 
 
 async def _first_line(request: web.Request) -> tuple[bytes, bytes]:
@@ -313,16 +309,14 @@ async def _room(fd: int) -> None:
 
 def _execute(
     dirs: Dirs,
-    options: dict[str, str],
-    argv: list[str],
+    exec_request: ExecRequest,
     stdin: int,
     sink: Any,
     *,
     cancelled: Callable[[], bool],
     signals: int,
-    exec_env: dict[str, str],
 ) -> int:
-    """The CLI's exec with the program's stdio (as the embedded API runs it), killed once
+    """The core's exec with the program's stdio (as the embedded API runs it), killed once
     `cancelled` says the client went away; `signals` carries the client's for the command."""
     from sandboxer.commands import execute
     from sandboxer.errors import EntryError
@@ -331,7 +325,7 @@ def _execute(
     try:
         # An HTTP client sends no environment: a provider launch inherits nothing through it.
         program = Program(stdin, sink, cancelled, signals)
-        return execute.execute(dirs, options, argv, program, caller_env={}, exec_env=exec_env)
+        return execute.execute(dirs, exec_request, program, caller_env={})
     except ExecUsage as exc:
         raise ExecError(str(exc)) from None
     except EntryError as exc:

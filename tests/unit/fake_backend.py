@@ -1,24 +1,33 @@
-"""A Backend that starts nothing, for unit tests of the core (create, teardown, list, gc, leases).
+"""A Backend that starts nothing, for unit tests of the core (create, exec, teardown, list, gc,
+leases).
 
 It keeps its "running" sandboxes in memory, records what it was asked to do, and can be told to
 fail a start, to lose a sandbox (as if its processes died) or to be unable to tell. Its spools
 are plain directories below `spool_base` (no engine, no tmpfs), and gc finds the `orphans` it is
-given.
+given. Its exec runs no process: it plays a few commands itself on the exec's stdio (FakeBackend.run).
 """
 
 from __future__ import annotations
 
+import os
+import shlex
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from sandboxer.backends.protocol import Backend, Check, Observed
 from sandboxer.core.config_types import ExtensionConfig
+from sandboxer.core.exec_request import ExecRequest
 from sandboxer.core.plan import Plan
 from sandboxer.core.record import LimitsRecord, PlanShare, SandboxRecord
+from sandboxer.core.record_exec import ExecView
 from sandboxer.dirs import Dirs
-from sandboxer.errors import BackendError
+from sandboxer.errors import BackendError, EntryError, ExecUsage
+from sandboxer.host.limit_events import LimitWatch
 from sandboxer.host.registry import Registry
+from sandboxer.host.stdio import CALLER_GONE, TIMED_OUT, Stdio
 
 NO_WARM = "the fake backend keeps no warm sandboxes"
 
@@ -32,6 +41,7 @@ class FakeBackend:
     images: bool = False  # whether it admits a manifest's service images
     spool_base: Path = Path("/nonexistent/fake-spools")  # where make_spool_root makes a spool's directory
     orphans: list[dict[str, Any]] = field(default_factory=list)  # receipts gc gets once, then no more
+    execs: list[tuple[ExecRequest, dict[str, str]]] = field(default_factory=list)  # each exec, its environment
 
     def health(self) -> list[Check]:
         return [Check("fake", "ok", "always")]
@@ -128,6 +138,61 @@ class FakeBackend:
         self.calls.append(("collect_orphans", registry.state_dir))
         found, self.orphans = self.orphans, []
         return found
+
+    def run(
+        self,
+        request: ExecRequest,
+        sandbox: ExecView,
+        stdio: Stdio,
+        *,
+        env: Mapping[str, str],
+        state_dir: str,
+        limits: LimitWatch,
+    ) -> int:
+        """Play the command instead of running one: `echo WORDS` (stdout), `say STATUS TEXT`
+        (TEXT on stderr, exit STATUS), `cat` (stdin to stdout), `env` (NAME=VALUE lines),
+        `sleep SECONDS` (TIMED_OUT at the timeout, CALLER_GONE once the caller went away);
+        anything else is not found (127). A sandbox it does not run is refused, as bwrap's is."""
+        self.calls.append(("run", request.sandbox_id))
+        self.execs.append((request, dict(env)))
+        if request.sandbox_id not in self.running:
+            raise ExecUsage(f"exec: sandbox {request.sandbox_id} is not running (see sandboxer gc)")
+        if request.tty:
+            stdio.window()  # a program's stdio is refused a terminal
+        name, *args = request.argv
+        with stdio.streams() as (stdin, output):
+            match name:
+                case "echo":
+                    output(1, (" ".join(args) + "\n").encode())
+                case "say":
+                    output(2, (" ".join(args[1:]) + "\n").encode())
+                    return int(args[0])
+                case "cat":
+                    while chunk := os.read(stdin, 65536):
+                        output(1, chunk)
+                case "env":
+                    output(1, "".join(f"{key}={value}\n" for key, value in sorted(env.items())).encode())
+                case "sleep":
+                    return _sleep(float(args[0]), request.timeout, stdio)
+                case _:
+                    raise EntryError(127, f"{shlex.quote(name)}: not found")
+        return 0
+
+    def limit_groups(self, sandbox: ExecView) -> list[str]:
+        return []
+
+    def root_pid(self, sandbox: ExecView) -> int | None:
+        return None
+
+
+def _sleep(seconds: float, timeout: float | None, stdio: Stdio) -> int:
+    """The fake's `sleep`: until it is over (0), the timeout (TIMED_OUT) or the caller's leaving."""
+    deadline = time.monotonic() + (seconds if timeout is None else min(seconds, timeout))
+    while time.monotonic() < deadline:
+        if stdio.cancelled is not None and stdio.cancelled():
+            return CALLER_GONE
+        time.sleep(0.01)
+    return 0 if timeout is None or seconds <= timeout else TIMED_OUT
 
 
 def _conforms(backend: FakeBackend) -> Backend:

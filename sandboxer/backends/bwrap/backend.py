@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from sandboxer.backends.bwrap.enter import BwrapExecution
 from sandboxer.backends.protocol import Check
 from sandboxer.errors import BackendError
 from sandboxer.host import procs
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from sandboxer.host.registry import Registry
 
 
-class BwrapBackend:
+class BwrapBackend(BwrapExecution):
     """One bubblewrap namespace per sandbox, for a root or an unprivileged broker."""
 
     def health(self) -> list[Check]:

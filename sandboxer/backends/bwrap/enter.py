@@ -14,24 +14,45 @@ from sandboxer.errors import ExecUsage
 from sandboxer.host import procs
 from sandboxer.host.pumps import Pumps
 from sandboxer.host.ready import wait_ready
-from sandboxer.host.stdio import (
-    CALLER_GONE,
-    CANCEL_POLL,
-    TIMED_OUT,
-    CallerStdio,
-    Control,
-    Program,
-    Watchdog,
-    caller_pumps,
-    program_pumps,
-    terminal_pumps,
-)
-from sandboxer.host.terminal import caller_size, caller_terminal, set_size
+from sandboxer.host.stdio import CALLER_GONE, CANCEL_POLL, TIMED_OUT, Control, Watchdog
+from sandboxer.host.terminal import set_size
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from sandboxer.backends.bwrap.started import Started
+    from sandboxer.core.exec_request import ExecRequest
     from sandboxer.core.record_exec import ExecView
     from sandboxer.host.limit_events import LimitWatch
+    from sandboxer.host.stdio import Stdio
+
+
+class BwrapExecution:
+    """exec on a bwrap sandbox (sandboxer.backends.protocol.Execution)."""
+
+    def run(
+        self,
+        request: ExecRequest,
+        sandbox: ExecView,
+        stdio: Stdio,
+        *,
+        env: Mapping[str, str],
+        state_dir: str,
+        limits: LimitWatch,
+    ) -> int:
+        """Join the sandbox's namespaces (joiner) and wait for the command."""
+        return run(request, sandbox, stdio, env=env, state_dir=state_dir, limits=limits)
+
+    def limit_groups(self, sandbox: ExecView) -> list[str]:
+        """The cgroups the sandbox's record names (none under the rlimit mechanism)."""
+        return list(sandbox.cgroups)
+
+    def root_pid(self, sandbox: ExecView) -> int | None:
+        """The sandbox's holder, while it is the process the record names."""
+        holder = sandbox.holder_pid
+        if not holder or procs.start_time(holder) != sandbox.holder_start:
+            return None  # gone, and its pid may be another process's by now
+        return holder
 
 
 def _check_running(record: ExecView, sandbox_id: str) -> tuple[int, int]:
@@ -44,76 +65,65 @@ def _check_running(record: ExecView, sandbox_id: str) -> tuple[int, int]:
 
 
 def run(
+    request: ExecRequest,
     record: ExecView,
-    options: dict[str, str],
-    command: list[str],
-    env: dict[str, str],
-    timeout: float | None,
+    stdio: Stdio,
     *,
-    program: Program | CallerStdio | None,
+    env: Mapping[str, str],
     state_dir: str,
     limits: LimitWatch,
 ) -> int:
-    """exec by joining the sandbox's namespaces (joiner); `program` None is this process's stdio."""
-    holder_pid, holder_start = _check_running(record, options["id"])
+    """exec by joining the sandbox's namespaces (joiner), on `stdio`."""
+    sandbox_id = request.sandbox_id
+    holder_pid, holder_start = _check_running(record, sandbox_id)
     from sandboxer.backends.bwrap import privileges, spawner  # ctypes and the namespace code
     from sandboxer.backends.bwrap.entry import Entry
 
     if record.limits_mechanism is None or record.host_uid is None or record.host_gid is None:
-        raise ExecUsage(f"exec: sandbox {options['id']}: its record has no limits or host ids")
+        raise ExecUsage(f"exec: sandbox {sandbox_id}: its record has no limits or host ids")
     entry = Entry(
         holder_pid=holder_pid,
         host_uid=record.host_uid,
         host_gid=record.host_gid,
-        cwd=options.get("cwd", "/workspace"),
-        argv=command,
-        executable=options.get("executable"),
-        env=env,
+        cwd=request.cwd,
+        argv=list(request.argv),
+        executable=request.executable,
+        env=dict(env),
         cgroup_procs=record.procs_files,
         rlimits=record.rlimits,
-        seccomp=_seccomp_program(state_dir, options["id"]),
+        seccomp=_seccomp_program(state_dir, sandbox_id),
         holder_start=holder_start,
-        keyring=privileges.keyring_name(options["id"]),
+        keyring=privileges.keyring_name(sandbox_id),
+        tty=request.tty,
     )
-    caller = program if isinstance(program, CallerStdio) else None
-    cancelled = program.cancelled if isinstance(program, Program) else None
-    control = caller.control if caller is not None else None
-    if isinstance(program, Program):
-        control = program.control()  # the signals a program sends, as a CLI client's are read
+    cancelled = stdio.cancelled
+    control = stdio.control()  # a CLI client's connection, or the signals a program sends
+    pumps = stdio.pumps(tty=request.tty)
     watched = cancelled is not None or control is not None  # the caller may go away
-    exec_group = _exec_group(record) if timeout is not None or watched else None
-    if exec_group is not None:
-        parent = os.path.dirname(exec_group)
-        procs_files = tuple(
-            os.path.join(exec_group, os.path.basename(f)) if os.path.dirname(f) == parent else f
-            for f in entry.cgroup_procs
-        )
-        entry.cgroup_procs = procs_files
-    fds = caller.fds if caller is not None else (0, 1, 2)
-    if options.get("tty") == "1":
-        if isinstance(program, Program):
-            raise ExecUsage("exec: -t: a terminal is for a caller's own stdio, not a program's")
-        entry.tty = True
-        pumps = terminal_pumps(fds[0], fds[1], control.size if control is not None else caller_size(fds))
-    elif isinstance(program, Program):
-        pumps = program_pumps(program)
-    else:
-        pumps = caller_pumps(fds)
-    forwarder = _SignalForwarder() if program is None else None
+    exec_group = None
+    forwarder = None
     try:
+        exec_group = _exec_group(record) if request.timeout is not None or watched else None
+        if exec_group is not None:
+            parent = os.path.dirname(exec_group)
+            entry.cgroup_procs = tuple(
+                os.path.join(exec_group, os.path.basename(f)) if os.path.dirname(f) == parent else f
+                for f in entry.cgroup_procs
+            )
+        forwarder = _SignalForwarder() if stdio.own_signals else None
         terminal = pumps.terminal
-        resize = None if terminal is None or program is not None else lambda size: set_size(terminal, size)
-        with caller_terminal(resize, fds):
+        with stdio.terminal(None if terminal is None else lambda size: set_size(terminal, size)):
             try:
                 started = spawner.start(entry, stdin=pumps.given[0], stdout=pumps.given[1], stderr=pumps.given[2])
             finally:
                 pumps.given_away()
             if forwarder is not None:
                 forwarder.found(started.command_pid)
-            return _wait(started, timeout, exec_group, pumps, cancelled=cancelled, control=control)
+            return _wait(started, request.timeout, exec_group, pumps, cancelled=cancelled, control=control)
     finally:
         if forwarder is not None:
             forwarder.restore()
+        pumps.given_away()  # (done already once the command started)
         pumps.close()
         if exec_group is not None:
             limits.remove_group(exec_group)  # kept while a background process of this exec still runs

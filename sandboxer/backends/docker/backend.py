@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+from sandboxer.backends.docker.enter import DockerExecution
 from sandboxer.backends.protocol import Check
 from sandboxer.errors import BackendError, UsageError
 from sandboxer.host.registry import Registry
@@ -122,7 +123,7 @@ def _parse_docker_probe(data: bytes) -> tuple[ProbeSeen, list[str], list[MountSe
     return probe, interfaces, parse_mountinfo("\n".join(mount_lines)), routes
 
 
-class DockerBackend:
+class DockerBackend(DockerExecution):
     """One container per sandbox, under the daemon's user-namespace remapping (docs/docker.md)."""
 
     def health(self) -> list[Check]:

@@ -280,6 +280,7 @@ def deliver(container_id: str, plan: Plan, data: bytes, target: str) -> None:
     """Write `data` to `target` inside the container as the sandbox user (mode 0600, a new file),
     through the stdin of an exec: never its command line, environment or the host's disk."""
     from sandboxer.backends.docker import engine, execs
+    from sandboxer.host.stdio import to_fds
 
     source = os.memfd_create("sandboxer-delivery", os.MFD_CLOEXEC)
     devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
@@ -293,7 +294,7 @@ def deliver(container_id: str, plan: Plan, data: bytes, target: str) -> None:
             user=f"{plan.uid}:{plan.gid}",
             cwd="/",
         )
-        finished = execs.run(exec_id, stdin=source, output=execs.to_fds(devnull, devnull), timeout=30)
+        finished = execs.run(exec_id, stdin=source, output=to_fds(devnull, devnull), timeout=30)
         status = execs.exit_code(exec_id) if finished else 124
     except (OSError, engine.EngineError) as exc:
         raise BackendError(f"delivery of {target}: the Engine failed ({exc})") from None

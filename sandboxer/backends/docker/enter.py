@@ -15,52 +15,75 @@ from typing import TYPE_CHECKING
 from sandboxer.backends.docker import engine, execs
 from sandboxer.errors import EntryError, ExecUsage
 from sandboxer.host import pids_room, procs
-from sandboxer.host.stdio import CALLER_GONE, TIMED_OUT, CallerStdio, Control, Program, feeder
-from sandboxer.host.terminal import caller_size, caller_terminal
+from sandboxer.host.stdio import CALLER_GONE, TIMED_OUT, Control, Resize
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from sandboxer.core.exec_request import ExecRequest
     from sandboxer.core.record_exec import ExecView
     from sandboxer.host.limit_events import LimitWatch
+    from sandboxer.host.stdio import Stdio
 
 
-def run(
-    record: ExecView,
-    options: dict[str, str],
-    command: list[str],
-    env: dict[str, str],
-    timeout: float | None,
-    *,
-    program: Program | CallerStdio | None,
-    state_dir: str,
-    limits: LimitWatch,
-) -> int:
-    """exec through the Engine API; statuses as on bwrap (env -i gives 126/127 for us).
-    `program` None is this process's stdio."""
-    user = _user(record, options["id"])
-    caller = program if isinstance(program, CallerStdio) else None
-    tty = options.get("tty") == "1"
-    if tty and isinstance(program, Program):
-        raise ExecUsage("exec: -t: a terminal is for a caller's own stdio, not a program's")
-    cancelled = program.cancelled if isinstance(program, Program) else None
-    resized: Callable[[tuple[int, int]], None] = lambda size: execs.resize(exec_id, size)  # noqa: E731
-    if caller is not None and caller.control is not None:
-        cancelled = _client_gone(caller.control, resized if tty else None)
-    elif isinstance(program, Program) and (control := program.control()) is not None:
-        cancelled = _program_gone(program, control)
+class DockerExecution:
+    """exec on a Docker sandbox (sandboxer.backends.protocol.Execution)."""
+
+    def run(
+        self,
+        request: ExecRequest,
+        sandbox: ExecView,
+        stdio: Stdio,
+        *,
+        env: Mapping[str, str],
+        state_dir: str,
+        limits: LimitWatch,
+    ) -> int:
+        """An exec made and streamed through the Engine."""
+        return run(request, sandbox, stdio, env=env, limits=limits)
+
+    def limit_groups(self, sandbox: ExecView) -> list[str]:
+        """The groups the record names, else the container's own (the Engine made them)."""
+        if sandbox.cgroups:
+            return list(sandbox.cgroups)
+        return container_groups(sandbox.container_id) if sandbox.container_id else []
+
+    def root_pid(self, sandbox: ExecView) -> int | None:
+        """The container's pid 1, as the Engine tells it."""
+        if not sandbox.container_id:
+            return None
+        from sandboxer.backends.docker.container import inspect  # not the hot path: after a failure
+        from sandboxer.errors import SandboxerError
+
+        try:
+            pid = (inspect(sandbox.container_id).get("State") or {}).get("Pid")
+        except (OSError, SandboxerError):
+            return None
+        return pid if isinstance(pid, int) and pid > 0 else None
+
+
+def run(request: ExecRequest, record: ExecView, stdio: Stdio, *, env: Mapping[str, str], limits: LimitWatch) -> int:
+    """exec through the Engine API on `stdio`; statuses as on bwrap (env -i gives 126/127 for us)."""
+    user = _user(record, request.sandbox_id)
+    tty = request.tty
+    size = stdio.window() if tty else None  # (a program's stdio is refused one)
+    cancelled = stdio.cancelled
+    resized: Resize = lambda size: execs.resize(exec_id, size)  # noqa: E731
+    if (control := stdio.control()) is not None:  # a CLI client's connection, or a program's signals
+        cancelled = _caller_gone(control, resized if tty else None, cancelled)
     _check_room(limits)
-    gated = timeout is not None or cancelled is not None  # its own cgroup, to kill all of it
-    apart = ("consumer" in options and "executable" in options) or options.get("caller_env") == "1"
+    gated = request.timeout is not None or cancelled is not None  # its own cgroup, to kill all of it
     try:
         exec_id = execs.create_exec(
             str(record.container_id),
-            command,
-            env=env,
+            list(request.argv),
+            env=dict(env),
             user=user,
-            cwd=options.get("cwd", "/workspace"),
+            cwd=request.cwd,
             # A provider's values, and a caller's (exec --env), travel in the exec's environment,
             # never on a command line another process of the container could read.
-            executable=options.get("executable") or (command[0] if apart else None),
-            values_apart=apart,
+            executable=request.executable or (request.argv[0] if request.values_apart else None),
+            values_apart=request.values_apart,
             gate=gated,
             tty=tty,
         )
@@ -70,17 +93,10 @@ def run(
     def interrupted(signum: int, _frame: object) -> None:
         raise _Interrupted(signum)
 
-    if program is None:
+    if stdio.own_signals:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, interrupted)
     groups: list[str] = []
-
-    fds = caller.fds if caller is not None else (0, 1, 2)
-    size = (
-        (caller.control.size if caller is not None and caller.control is not None else caller_size(fds))
-        if tty
-        else None
-    )
 
     def started() -> None:
         if gated:
@@ -90,14 +106,13 @@ def run(
         if size is not None:
             resized(size)
 
-    stdin, output = _streams(program)
     try:
-        with caller_terminal(resized if tty and program is None else None, fds):
+        with stdio.streams() as (stdin, output), stdio.terminal(resized if tty else None):
             finished = execs.run(
                 exec_id,
                 stdin=stdin,
                 output=output,
-                timeout=timeout,
+                timeout=request.timeout,
                 started=started if gated or size is not None else None,
                 cancelled=cancelled,
                 kill=lambda: _kill_docker_exec(exec_id, groups),
@@ -114,29 +129,14 @@ def run(
         _kill_docker_exec(exec_id, groups)
         raise ExecUsage(f"exec: the Docker Engine failed or the caller went away ({exc})") from None
     finally:
-        if isinstance(program, Program) and not isinstance(program.stdin, int):
-            os.close(stdin)  # the memfd made for the program's input
         for group in groups:
             limits.remove_group(group)  # kept while a background process of this exec still runs
 
 
-def _streams(program: Program | CallerStdio | None) -> tuple[int, Callable[[int, bytes], None]]:
-    """The exec's stdin (a memfd of a program's input, to close after; a program's own pipe) and
-    its output's sink."""
-    if isinstance(program, Program):
-
-        def output(stream: int, chunk: bytes) -> None:
-            program.output("stdout" if stream == 1 else "stderr", chunk)
-
-        stdin = program.stdin if isinstance(program.stdin, int) else feeder(program.stdin)
-        return stdin, output
-    fds = program.fds if program is not None else (0, 1, 2)
-    return fds[0], execs.to_fds(fds[1], fds[2])
-
-
-def _client_gone(control: Control, resize: Callable[[tuple[int, int]], None] | None) -> Callable[[], bool]:
-    """`cancelled` for a CLI client's exec: its end cancels; a signal it passes on interrupts
-    the exec as this process's own would; a new window size it sends goes to `resize` (exec -t)."""
+def _caller_gone(control: Control, resize: Resize | None, cancelled: Callable[[], bool] | None) -> Callable[[], bool]:
+    """`cancelled` for a caller with a connection (a CLI client's; a program's signals pipe): a
+    signal it passes on interrupts the exec as this process's own would; its end, or the
+    program's own `cancelled`, cancels; a new window size it sends goes to `resize` (exec -t)."""
     applied = [control.size]
 
     def gone() -> bool:
@@ -145,7 +145,7 @@ def _client_gone(control: Control, resize: Callable[[tuple[int, int]], None] | N
         if resize is not None and control.size is not None and control.size != applied[0]:
             applied[0] = control.size
             resize(control.size)
-        return control.gone
+        return control.gone or (cancelled is not None and cancelled())
 
     return gone
 
@@ -157,13 +157,6 @@ def _check_room(limits: LimitWatch) -> None:
     process may each still get in (bwrap's check is the entering process's own: exact)."""
     if (limit := pids_room.over_limit(limits.groups, starting=1)) is not None:
         raise EntryError(125, pids_room.full_message(limit))
-
-
-def _program_gone(program: Program, control: Control) -> Callable[[], bool]:
-    """`cancelled` for a program that sends signals: a signal interrupts the exec, as a CLI
-    client's does; the program's cancel, or the end of its signals' pipe, cancels it."""
-    signalled = _client_gone(control, None)
-    return lambda: signalled() or (program.cancelled is not None and program.cancelled())
 
 
 def container_groups(container_id: str) -> list[str]:

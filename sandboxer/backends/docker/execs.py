@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from sandboxer.backends.docker.engine import EngineError, frames, hijack, inspect_exec, request
 from sandboxer.host.ready import wait_ready
-from sandboxer.host.stdio import CANCEL_POLL, Watchdog
+from sandboxer.host.stdio import CANCEL_POLL, Watchdog, to_fds
 
 Socket = socket.socket
 
@@ -196,19 +196,6 @@ def _pump_stdin(sock: Socket, stdin: int, stop: int, tty: bool) -> None:
             sock.sendall(data)
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_WR)
-
-
-def to_fds(stdout: int, stderr: int) -> Callable[[int, bytes], None]:
-    """An output sink for `run` that writes stream 1 to `stdout` and 2 to `stderr`."""
-    targets = {1: stdout, 2: stderr}
-
-    def write(stream: int, payload: bytes) -> None:
-        fd = targets.get(stream)
-        view = memoryview(payload)
-        while fd is not None and view:
-            view = view[os.write(fd, view) :]
-
-    return write
 
 
 def run(
