@@ -163,7 +163,6 @@ def exec_(
         control = None if invocation.control is None else Control(invocation.control, invocation.window)
         stdio = ClientStdio(invocation.stdio, control)
     try:
-        broker_of(ctx).sandbox(named(sandbox_id), unknown=ExecUsage(f"exec: no such sandbox: {sandbox_id}"))
         request = ExecRequest.from_cli(
             sandbox_id,
             ctx.meta[_COMMAND],
@@ -174,6 +173,7 @@ def exec_(
             tty=tty,
             env=env or [],
         )
+        broker_of(ctx).sandbox(named(sandbox_id), unknown=ExecUsage(f"exec: no such sandbox: {sandbox_id}"))
         status = execute(dirs_of(ctx), request, stdio)
     except Exception as exc:
         status = _exec_failure(exc, debug=debug_of(ctx))
