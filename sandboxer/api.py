@@ -263,7 +263,7 @@ class Sandbox(SandboxBase):
         """Relay the request `request_id` from the spool of the tool-request lease `lease` to its
         endpoint, waiting up to `wait_seconds` (0-300) for the consumer to write it
         (docs/tool-requests.md); NotPendingError (75, retryable) when it is not there yet."""
-        from sandboxer.host.dispatch import dispatch
+        from sandboxer.commands.dispatch import dispatch
 
         document = dispatch(
             self.broker.dirs.state, self.id, lease_id=lease, request_id=request_id, wait_seconds=wait_seconds

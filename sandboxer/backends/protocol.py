@@ -104,7 +104,7 @@ class Backend(Protocol):
 
     def warm_fingerprint(self, plan: Plan, registry: Registry, image: str) -> str:
         """What the engine would be asked for to start `plan`, as a digest: a warm sandbox is
-        taken only by a create whose plan has the same (sandboxer.host.warmpool)."""
+        taken only by a create whose plan has the same (sandboxer.commands.warmpool)."""
 
     def start_warm(
         self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str

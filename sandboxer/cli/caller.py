@@ -437,7 +437,7 @@ def dispatch_tool(
     json: JsonOption = False,
 ) -> None:
     """Relay one tool request from a sandbox's spool to its endpoint."""
-    from sandboxer.host.dispatch import dispatch
+    from sandboxer.commands.dispatch import dispatch
 
     require_own(sandbox_id, NotFoundError(f"no such sandbox: {sandbox_id}"))
     result = dispatch(dirs_of(ctx).state, sandbox_id, lease_id=lease, request_id=request_id, wait_seconds=wait_seconds)

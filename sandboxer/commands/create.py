@@ -8,11 +8,11 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from sandboxer.commands.destroy import destroy
 from sandboxer.commands.making import CreateRequest, before, clone_workspace, deliver_requested, plan_for
 from sandboxer.core.record import SandboxRecord, expiry_text, now_text
 from sandboxer.errors import SandboxerError, UsageError
 from sandboxer.host import activity, procs
-from sandboxer.host.destroy import destroy
 from sandboxer.host.registry import Registry
 
 MIN_TTL, MAX_TTL = 1, 30 * 24 * 3600  # create --ttl, in seconds

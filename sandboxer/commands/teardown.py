@@ -8,9 +8,9 @@ import os
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from sandboxer.commands.destroy import destroy
 from sandboxer.core.record import expiry_text
 from sandboxer.errors import BackendError, NotFoundError, ResidueError, SandboxerError, UnexportedWorkError
-from sandboxer.host.destroy import destroy
 from sandboxer.host.registry import Registry, check_id
 
 if TYPE_CHECKING:

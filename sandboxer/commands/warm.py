@@ -1,4 +1,4 @@
-"""The `warm` command and create's use of the warm pool (sandboxer.host.warmpool).
+"""The `warm` command and create's use of the warm pool (sandboxer.commands.warmpool).
 
 `sandboxer warm PROFILE` brings a profile's warm sandboxes to its extension's `config.warm`
 count; a create takes one when the profile keeps them, and its teardown (or the create that
@@ -12,8 +12,8 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
+from sandboxer.commands import warmpool
 from sandboxer.errors import BackendError, SandboxerError, UsageError
-from sandboxer.host import warmpool
 from sandboxer.host.registry import Registry, try_lock_file
 
 if TYPE_CHECKING:

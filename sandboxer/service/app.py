@@ -398,7 +398,7 @@ def _strings(body: dict[str, Any], *names: str) -> None:
 
 async def dispatch_tool(request: web.Request) -> web.Response:
     """dispatch-tool: relay one request from the sandbox's spool to its lease's endpoint."""
-    from sandboxer.host.dispatch import dispatch
+    from sandboxer.commands.dispatch import dispatch
 
     body = await json_body(request, DISPATCH_FIELDS, {"lease", "request_id"})
     _strings(body, "lease", "request_id")

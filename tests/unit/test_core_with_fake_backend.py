@@ -17,11 +17,11 @@ import pytest
 
 from sandboxer import Broker
 from sandboxer.backends import NAMES
+from sandboxer.commands.dispatch import dispatch
 from sandboxer.core import leases
 from sandboxer.core import manifest as mf
 from sandboxer.core.plan import MountKind
 from sandboxer.errors import BackendError, PolicyError, UnexportedWorkError, UsageError
-from sandboxer.host.dispatch import dispatch
 from tests.conftest import make_repository, make_runtime
 from tests.manifest_samples import IMAGE_APP, REQUEST, RUN_ID, Run, build_run, fake_document, render
 from tests.samples import profile_yaml

@@ -2,7 +2,7 @@
 empty), fingerprinted by its plan and syscall policy, and checked again before a create takes it.
 
 The pool itself (which sandboxes are warm, claiming one, filling, draining) is the core's:
-sandboxer.host.warmpool. This module is the bubblewrap half it reaches through BwrapBackend.
+sandboxer.commands.warmpool. This module is the bubblewrap half it reaches through BwrapBackend.
 
 What a take checks: the namespace still runs with the same holder that was probed when it
 started, nothing but that holder runs in it (the broker refuses every exec, dispatch and inspect

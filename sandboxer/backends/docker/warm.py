@@ -2,7 +2,7 @@
 fingerprinted by its rendered settings, and checked again before a create takes it.
 
 The pool itself (which containers are warm, claiming one, filling, draining) is the core's:
-sandboxer.host.warmpool. This module is the Docker half it reaches through DockerBackend.
+sandboxer.commands.warmpool. This module is the Docker half it reaches through DockerBackend.
 """
 
 from __future__ import annotations

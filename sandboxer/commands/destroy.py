@@ -33,7 +33,7 @@ def destroy(registry: Registry, sandbox_id: str, record: SandboxRecord | None) -
     if record.bootstrap is not None and not residue:
         removed.append(f"bootstrap file {record.bootstrap.target} (with the sandbox's private state)")
     if record.manifest is not None:
-        from sandboxer.host import lease_removal
+        from sandboxer.commands import lease_removal
 
         # The assignment's own files go only once the sandbox had consumed it (it was ready).
         lease_removed, lease_residue = lease_removal.remove(

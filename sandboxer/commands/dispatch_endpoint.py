@@ -1,4 +1,4 @@
-"""The trusted endpoint's side of `dispatch-tool` (sandboxer.host.dispatch): the one-line JSON frame
+"""The trusted endpoint's side of `dispatch-tool` (sandboxer.commands.dispatch): the one-line JSON frame
 sent to the lease's endpoint socket, and the correlated response read back, within fixed time
 and size limits; and the strict JSON every request and response must be."""
 

@@ -32,10 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from sandboxer.commands.destroy import destroy
 from sandboxer.core.record import HIDDEN_STATES, SandboxRecord, WarmStamp, now_text
 from sandboxer.errors import NotFoundError, SandboxerError
 from sandboxer.host import procs
-from sandboxer.host.destroy import destroy
 from sandboxer.host.registry import Registry
 
 if TYPE_CHECKING:
