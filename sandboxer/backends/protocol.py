@@ -1,6 +1,10 @@
-"""The one interface the core asks of an engine (`Backend`), and what inspect gets from one
-(`Observed`). The implementations are backends/bwrap/backend.py and backends/docker/backend.py;
-sandboxer.backends.backend_for picks one."""
+"""The interface the commands ask of an engine, in roles (`Admission`, `Lifecycle`, `Warming`,
+`Spools`, `Collector`; `Backend` is all of them), and what inspect gets from one (`Observed`). The
+implementations are backends/bwrap/backend.py and backends/docker/backend.py;
+sandboxer.backends.backend_for picks one. A caller that needs one role takes that role: the warm
+pool a `Warming`, lease removal and dispatch-tool a `Spools`.
+
+A backend returns what it made and what it removed (`Removal`); it never writes the registry."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ if TYPE_CHECKING:
     from sandboxer.core.config_types import ExtensionConfig
     from sandboxer.core.plan import Plan
     from sandboxer.core.record import SandboxRecord
+    from sandboxer.core.removal import Removal
     from sandboxer.dirs import Dirs
     from sandboxer.host.observe import MountSeen, ProbeSeen
     from sandboxer.host.registry import Registry
@@ -45,8 +50,9 @@ class Check:
         return text if self.fix is None else f"{text} — {self.fix}"
 
 
-class Backend(Protocol):
-    """What the core needs of an engine."""
+class Admission(Protocol):
+    """Whether and how a sandbox of this engine may be made on this host (doctor, approval, the
+    checks of a create before anything is made)."""
 
     def health(self) -> list[Check]:
         """What `doctor` checks of this backend on this host (it changes nothing)."""
@@ -69,8 +75,15 @@ class Backend(Protocol):
         """The host uid and gid of the sandbox user (`inside` in the sandbox); `known` are those
         of a sandbox already started for it (a warm container), checked again, not asked for."""
 
+    def admits_service_images(self) -> bool:
+        """Whether a lease manifest's service_images can be honoured (an engine of images)."""
+
     def workspace_in_memory(self) -> bool:
         """Whether the workspace must be a tmpfs of the sandbox's own (no sized host filesystem)."""
+
+
+class Lifecycle(Protocol):
+    """Starting a sandbox, watching it, and ending it."""
 
     def start(
         self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str, profile_file: str
@@ -90,11 +103,11 @@ class Backend(Protocol):
         """Write `data` at `target` inside the started sandbox, as its user, before anything else
         runs there (a runtime bootstrap)."""
 
-    def stop(self, registry: Registry, record: SandboxRecord) -> tuple[list[str], list[str]]:
-        """End every process (or the container) of the sandbox: (removed, residue)."""
+    def stop(self, registry: Registry, record: SandboxRecord) -> Removal:
+        """End every process (or the container) of the sandbox."""
 
-    def release(self, record: SandboxRecord) -> tuple[list[str], list[str]]:
-        """Remove what held the sandbox's limits once its processes are gone: (removed, residue)."""
+    def release(self, record: SandboxRecord) -> Removal:
+        """Remove what held the sandbox's limits once its processes are gone."""
 
     def is_running(self, record: SandboxRecord) -> bool | None:
         """Whether the sandbox runs; None when that cannot be known (an Engine that is silent)."""
@@ -102,9 +115,13 @@ class Backend(Protocol):
     def observe(self, dirs: Dirs, record: SandboxRecord) -> Observed:
         """Observe the live sandbox against its plan."""
 
+
+class Warming(Protocol):
+    """Sandboxes started ahead of the create that takes one (sandboxer.commands.warmpool)."""
+
     def warm_fingerprint(self, plan: Plan, registry: Registry, image: str) -> str:
         """What the engine would be asked for to start `plan`, as a digest: a warm sandbox is
-        taken only by a create whose plan has the same (sandboxer.commands.warmpool)."""
+        taken only by a create whose plan has the same."""
 
     def start_warm(
         self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str
@@ -118,8 +135,10 @@ class Backend(Protocol):
     def taken_warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
         """The final inspection of a warm sandbox a create took (after `warm_problems`)."""
 
-    def admits_service_images(self) -> bool:
-        """Whether a lease manifest's service_images can be honoured (an engine of images)."""
+
+class Spools(Protocol):
+    """The request spools of a lease manifest's tool leases: where each lives, making it,
+    finding it for dispatch-tool, removing it."""
 
     def spool_place(self, name: str, *, sandbox_dir: str) -> tuple[str, str | None]:
         """Where the request spool `name` of the sandbox whose directory is `sandbox_dir` lives:
@@ -135,9 +154,17 @@ class Backend(Protocol):
         """The host directory of a live sandbox's spool `name` (dispatch-tool works there);
         BackendError when it cannot be found."""
 
-    def remove_spool(self, source: str, *, sandbox_id: str) -> tuple[list[str], list[str]]:
-        """Remove a spool (its tmpfs first) of a sandbox being destroyed: (removed, residue)."""
+    def remove_spool(self, source: str, *, sandbox_id: str) -> Removal:
+        """Remove a spool (its tmpfs first) of a sandbox being destroyed."""
 
-    def collect_orphans(self, registry: Registry) -> list[dict[str, Any]]:
-        """gc's receipts ({"id", "removed", "residue"}) for what the engine still holds of
-        sandboxes whose directory is gone; nothing when it cannot tell what that is."""
+
+class Collector(Protocol):
+    """gc's question to an engine: what does it still hold of sandboxes that are gone?"""
+
+    def collect_orphans(self, registry: Registry) -> dict[str, Removal]:
+        """Remove what the engine still holds of sandboxes whose directory is gone: what went and
+        what is left, by sandbox id; nothing when it cannot tell what that is."""
+
+
+class Backend(Admission, Lifecycle, Warming, Spools, Collector, Protocol):
+    """Everything the commands ask of an engine: each of its roles."""

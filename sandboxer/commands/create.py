@@ -82,7 +82,7 @@ def create(
         record = replace(record, state="failed")
         with contextlib.suppress(OSError, SandboxerError):
             registry.write(record)
-        _, residue = destroy(registry, record.id, record)
+        residue = destroy(registry, record.id, record).residue
         if residue and isinstance(exc, SandboxerError):
             exc.message += f" (and cleanup left residue: {'; '.join(residue)})"
         raise

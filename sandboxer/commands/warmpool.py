@@ -39,7 +39,7 @@ from sandboxer.host import procs
 from sandboxer.host.registry import Registry
 
 if TYPE_CHECKING:
-    from sandboxer.backends.protocol import Backend
+    from sandboxer.backends.protocol import Warming
     from sandboxer.core.plan import Backend as BackendName
     from sandboxer.core.plan import Plan
 
@@ -59,7 +59,7 @@ class Kind:
     extension_sha256: str
     image: str
     backend_name: BackendName
-    backend: Backend
+    backend: Warming
     planner: Planner
     # The repository's refs now (workspace.refs_digest), for the plan's sandbox directory.
     workspace_refs: Callable[[Plan], str]

@@ -37,7 +37,7 @@ from sandboxer.core.record import LeaseMount, LeaseRecord, ManifestRecord, Spool
 from sandboxer.errors import PolicyError
 
 if TYPE_CHECKING:
-    from sandboxer.backends.protocol import Backend
+    from sandboxer.backends.protocol import Spools
 
 SPOOL_PENDING_FILES = 16
 SPOOL_REQUEST_BYTES = 256 * 1024
@@ -87,7 +87,7 @@ class Assignment:
     def record(self, plan: Plan) -> ManifestRecord:
         return record(self.manifest, plan.mounts, owner=self.owner)
 
-    def make_spools(self, plan: Plan, backend: Backend, state_dir: str, *, consumer: tuple[int, int]) -> None:
+    def make_spools(self, plan: Plan, backend: Spools, state_dir: str, *, consumer: tuple[int, int]) -> None:
         """Each tool-request lease's spool, laid out before the sandbox starts: on the directory
         its backend makes for it, a bounded tmpfs of its own (the engine binds it from there, and
         dispatch-tool reads it there)."""

@@ -16,6 +16,7 @@ from sandboxer.backends.protocol import Backend, Check, Observed
 from sandboxer.core.config_types import ExtensionConfig
 from sandboxer.core.plan import Plan
 from sandboxer.core.record import LimitsRecord, PlanShare, SandboxRecord
+from sandboxer.core.removal import Removal
 from sandboxer.dirs import Dirs
 from sandboxer.errors import BackendError
 from sandboxer.host.registry import Registry
@@ -31,7 +32,7 @@ class FakeBackend:
     calls: list[tuple[str, str]] = field(default_factory=list)  # (verb, its subject: a sandbox id, spool, state dir)
     images: bool = False  # whether it admits a manifest's service images
     spool_base: Path = Path("/nonexistent/fake-spools")  # where make_spool_root makes a spool's directory
-    orphans: list[dict[str, Any]] = field(default_factory=list)  # receipts gc gets once, then no more
+    orphans: dict[str, Removal] = field(default_factory=dict)  # what gc gets once (by sandbox id), then no more
 
     def health(self) -> list[Check]:
         return [Check("fake", "ok", "always")]
@@ -69,16 +70,16 @@ class FakeBackend:
     def deliver(self, plan: Plan, record: SandboxRecord, data: bytes, target: str) -> None:
         self.calls.append(("deliver", plan.sandbox_id))
 
-    def stop(self, registry: Registry, record: SandboxRecord) -> tuple[list[str], list[str]]:
+    def stop(self, registry: Registry, record: SandboxRecord) -> Removal:
         sandbox_id = record.id
         self.calls.append(("stop", sandbox_id))
         was = sandbox_id in self.running
         self.running.discard(sandbox_id)
-        return (["fake processes"] if was else []), []
+        return Removal(removed=("fake processes",) if was else ())
 
-    def release(self, record: SandboxRecord) -> tuple[list[str], list[str]]:
+    def release(self, record: SandboxRecord) -> Removal:
         self.calls.append(("release", record.id))
-        return [], []
+        return Removal()
 
     def is_running(self, record: SandboxRecord) -> bool | None:
         sandbox_id = record.id
@@ -120,13 +121,13 @@ class FakeBackend:
         self.calls.append(("spool_directory", name))
         return str(self.spool_base / name)
 
-    def remove_spool(self, source: str, *, sandbox_id: str) -> tuple[list[str], list[str]]:
+    def remove_spool(self, source: str, *, sandbox_id: str) -> Removal:
         self.calls.append(("remove_spool", source))
-        return [f"fake spool {source}"], []
+        return Removal(removed=(f"fake spool {source}",))
 
-    def collect_orphans(self, registry: Registry) -> list[dict[str, Any]]:
+    def collect_orphans(self, registry: Registry) -> dict[str, Removal]:
         self.calls.append(("collect_orphans", registry.state_dir))
-        found, self.orphans = self.orphans, []
+        found, self.orphans = self.orphans, {}
         return found
 
 

@@ -7,6 +7,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from sandboxer.backends.protocol import Check
+from sandboxer.core.removal import Removal
 from sandboxer.errors import BackendError
 from sandboxer.host import procs
 
@@ -112,18 +113,18 @@ class BwrapBackend:
         procs_files = record.limits.procs_files if record.limits else ()
         bwrap.deliver(live, plan, data, target, procs_files=procs_files, seccomp=program)
 
-    def stop(self, registry: Registry, record: SandboxRecord) -> tuple[list[str], list[str]]:
+    def stop(self, registry: Registry, record: SandboxRecord) -> Removal:
         from sandboxer.backends.bwrap.stop import stop
 
-        removed, residue = stop(record)
-        if not residue:  # nothing of the sandbox runs: its runtime image's mount goes
-            from sandboxer.host import staging
+        stopped = stop(record)
+        if not stopped.clean:
+            return stopped
+        # Nothing of the sandbox runs: its runtime image's mount goes.
+        from sandboxer.host import staging
 
-            more_removed, residue = staging.unstage(registry.path(record.id))
-            removed += more_removed
-        return removed, residue
+        return stopped + staging.unstage(registry.path(record.id))
 
-    def release(self, record: SandboxRecord) -> tuple[list[str], list[str]]:
+    def release(self, record: SandboxRecord) -> Removal:
         """The sandbox's cgroups (those recorded, or left by a create that died first)."""
         from sandboxer.host import limits
 
@@ -137,7 +138,9 @@ class BwrapBackend:
             f"cgroup {g}: not this sandbox's (sandboxer/{record.id}), left alone" for g in groups if g not in ours
         ]
         left = limits.remove(ours)
-        return [f"cgroup {g}" for g in ours if g not in left], [f"cgroup {g}" for g in left] + refused
+        return Removal.of(
+            removed=[f"cgroup {g}" for g in ours if g not in left], residue=[f"cgroup {g}" for g in left] + refused
+        )
 
     def is_running(self, record: SandboxRecord) -> bool | None:
         processes = record.processes
@@ -227,14 +230,14 @@ class BwrapBackend:
     def spool_directory(self, name: str, *, sandbox_dir: str) -> str:
         return os.path.join(sandbox_dir, SPOOLS, name)
 
-    def remove_spool(self, source: str, *, sandbox_id: str) -> tuple[list[str], list[str]]:
+    def remove_spool(self, source: str, *, sandbox_id: str) -> Removal:
         from sandboxer.host.fstree import remove_tree
         from sandboxer.host.lease_mounts import unmount_below
 
         if not unmount_below(source) and remove_tree(source):
-            return [f"spool {source}"], []
-        return [], [f"spool {source}"]
+            return Removal(removed=(f"spool {source}",))
+        return Removal(residue=(f"spool {source}",))
 
-    def collect_orphans(self, registry: Registry) -> list[dict[str, Any]]:
+    def collect_orphans(self, registry: Registry) -> dict[str, Removal]:
         """Nothing: what a namespace leaves is collected with its sandbox's directory and record."""
-        return []
+        return {}

@@ -7,6 +7,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from sandboxer.backends.protocol import Check
+from sandboxer.core.removal import Removal
 from sandboxer.errors import BackendError, UsageError
 from sandboxer.host.registry import Registry
 
@@ -194,12 +195,12 @@ class DockerBackend:
 
         container.deliver(str(record.container_id), plan, data, target)
 
-    def stop(self, registry: Registry, record: SandboxRecord) -> tuple[list[str], list[str]]:
+    def stop(self, registry: Registry, record: SandboxRecord) -> Removal:
         """Its processes, then the container (found by its label when a create died before
         recording it)."""
         from sandboxer.host import procs
 
-        removed, residue = procs.stop_sandbox(record.id, record.processes)
+        stopped = procs.stop_sandbox(record.id, record.processes)
         container_id = record.container_id
         if not container_id:
             from sandboxer.backends.docker import container
@@ -213,19 +214,19 @@ class DockerBackend:
             # sandbox of this state dir is removed.
             problem = remove_labelled(str(container_id), {LABEL: record.id, STATE_LABEL: registry.state_dir})
             if problem is None or problem == "gone":
-                removed.append(f"container {str(container_id)[:12]}")
+                stopped += Removal(removed=(f"container {str(container_id)[:12]}",))
             else:
-                residue.append(f"container {str(container_id)[:12]}: {problem}")
-        if not residue:  # no container holds them now: its runtime image and /etc tmpfs go
-            from sandboxer.host import staging
+                stopped += Removal(residue=(f"container {str(container_id)[:12]}: {problem}",))
+        if not stopped.clean:
+            return stopped
+        # No container holds them now: its runtime image and /etc tmpfs go.
+        from sandboxer.host import staging
 
-            more_removed, residue = staging.unstage(registry.path(record.id))
-            removed += more_removed
-        return removed, residue
+        return stopped + staging.unstage(registry.path(record.id))
 
-    def release(self, record: SandboxRecord) -> tuple[list[str], list[str]]:
+    def release(self, record: SandboxRecord) -> Removal:
         """Nothing: a container's cgroups are the Engine's, and go with it."""
-        return [], []
+        return Removal()
 
     def is_running(self, record: SandboxRecord) -> bool | None:
         import json
@@ -342,18 +343,18 @@ class DockerBackend:
 
         return volume_mountpoint(name)
 
-    def remove_spool(self, source: str, *, sandbox_id: str) -> tuple[list[str], list[str]]:
+    def remove_spool(self, source: str, *, sandbox_id: str) -> Removal:
         """The volume, if it is still this sandbox's."""
         from sandboxer.backends.docker.volumes import remove_volume
 
         problem = remove_volume(source, sandbox_id=sandbox_id)
         if problem == "gone":
-            return [], []
+            return Removal()
         if problem:
-            return [], [f"spool volume {source}: {problem}"]
-        return [f"spool volume {source}"], []
+            return Removal(residue=(f"spool volume {source}: {problem}",))
+        return Removal(removed=(f"spool volume {source}",))
 
-    def collect_orphans(self, registry: Registry) -> list[dict[str, Any]]:
+    def collect_orphans(self, registry: Registry) -> dict[str, Removal]:
         """Containers and spool volumes labelled with this state dir whose sandbox directory is
         gone. One that cannot be removed is residue of its sandbox id; when the Engine cannot
         even list them, nothing is collected this time (as when no Engine answers at all)."""
@@ -362,11 +363,11 @@ class DockerBackend:
         from sandboxer.backends.docker.engine import SOCKET
 
         if not os.path.exists(SOCKET):
-            return []
+            return {}
         from sandboxer.backends.docker import container
         from sandboxer.backends.docker.volumes import orphan_volumes
 
-        receipts: list[dict[str, Any]] = []
+        collected: dict[str, Removal] = {}
         # Containers first, then directories: a create (or a warm fill) makes its directory before
         # its container, so a container whose directory is absent after this order is really an
         # orphan.
@@ -382,17 +383,19 @@ class DockerBackend:
                 residue = container.remove(container_id)
             except Exception as exc:  # residue of this sandbox, not the end of gc
                 residue = [f"container {container_id[:12]}: {type(exc).__name__}: {exc}"]
-            removed = [] if residue else [f"container {container_id[:12]}"]
-            receipts.append({"id": sandbox_id, "removed": removed, "residue": residue})
+            removed = () if residue else (f"container {container_id[:12]}",)
+            collected[sandbox_id] = collected.get(sandbox_id, Removal()) + Removal(
+                removed=removed, residue=tuple(residue)
+            )
         try:
             volumes = orphan_volumes(registry.state_dir, lambda: set(registry.ids()))
         except Exception:  # as above
             volumes = []
         for volume, sandbox_id in volumes:
             try:
-                removed, residue = self.remove_spool(volume, sandbox_id=sandbox_id)
+                removal = self.remove_spool(volume, sandbox_id=sandbox_id)
             except Exception as exc:  # residue of this sandbox, not the end of gc
-                removed, residue = [], [f"spool volume {volume}: {type(exc).__name__}: {exc}"]
-            if removed or residue:
-                receipts.append({"id": sandbox_id, "removed": removed, "residue": residue})
-        return receipts
+                removal = Removal(residue=(f"spool volume {volume}: {type(exc).__name__}: {exc}",))
+            if removal.removed or removal.residue:
+                collected[sandbox_id] = collected.get(sandbox_id, Removal()) + removal
+        return collected
