@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandboxer.commands.destroy import destroy
 from sandboxer.commands.making import CreateRequest, before, clone_workspace, deliver_requested, plan_for
+from sandboxer.commands.sites import site_of
 from sandboxer.core.record import SandboxRecord, expiry_text, now_text
 from sandboxer.errors import SandboxerError, UsageError
 from sandboxer.host import activity, procs
@@ -127,5 +128,12 @@ def _make(request: CreateRequest, registry: Registry, record: SandboxRecord) -> 
         registry.write(record)
         assignment.make_spools(plan, backend, request.state_dir, consumer=(plan.host_uid, plan.host_gid))
     before("the start")
-    record = backend.start(plan, registry, record, image=request.image, profile_file=request.profile_file)
+    record = backend.start(
+        plan,
+        record,
+        site=site_of(registry, record.id),
+        image=request.image,
+        profile_file=request.profile_file,
+        note=registry.write,  # before anything the record names could outlive this process
+    )
     return deliver_requested(request, plan, record)

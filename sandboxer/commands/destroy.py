@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
+from sandboxer.commands.sites import site_of
 from sandboxer.core.record import SandboxRecord
 from sandboxer.core.removal import Removal
 from sandboxer.host import hostgit, workspace
@@ -25,7 +26,7 @@ def destroy(registry: Registry, sandbox_id: str, record: SandboxRecord | None) -
         return _destroy_unrecorded(registry, sandbox_id, stray)
     record = replace(record, id=sandbox_id)
     backend = backend_for(record.backend)
-    done = backend.stop(registry, record) + stray
+    done = backend.stop(record, site=site_of(registry, sandbox_id)) + stray
     still_running = not done.clean  # processes that survived, a container the Engine kept
     if os.path.isdir(registry.path(sandbox_id, "leases")):  # no process or container uses them now
         from sandboxer.host import lease_mounts
@@ -62,7 +63,7 @@ def _destroy_unrecorded(registry: Registry, sandbox_id: str, stray: Removal) -> 
     for name in NAMES:
         stub = SandboxRecord(id=sandbox_id, profile="", backend=name, state="failed", created_at="")
         backend = backend_for(name)
-        done += backend.stop(registry, stub)
+        done += backend.stop(stub, site=site_of(registry, sandbox_id))
         done += backend.release(stub)
     if os.path.isdir(registry.path(sandbox_id, "leases")):
         from sandboxer.host import lease_mounts

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from sandboxer.commands.sites import site_of
 from sandboxer.errors import BackendError
 from sandboxer.host.registry import Registry, check_id
 
@@ -27,7 +28,7 @@ def inspect(dirs: Dirs, sandbox_id: str) -> dict[str, Any]:
         raise BackendError(f"sandbox {sandbox_id} is not running (state {record.state})", hint=gone)
     if record.plan is None or record.limits is None:
         raise BackendError(f"sandbox {sandbox_id}: its record has no plan", hint=gone)
-    seen = backend.observe(dirs, record)
+    seen = backend.observe(record, site=site_of(registry, record.id))
     evidence = _evidence(record, state_dir=dirs.state, mounts=seen.mounts, probe=seen.probe, problems=seen.problems)
     evidence["network"] = seen.network
     evidence["limits"].update(seen.limits)

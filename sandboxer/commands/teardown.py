@@ -155,8 +155,11 @@ def _collect_orphans(registry: Registry) -> list[dict[str, Any]]:
     """What each engine still holds of sandboxes whose directory is gone (its own receipts)."""
     from sandboxer.backends import NAMES, backend_for
 
-    return [
-        removal.receipt(sandbox_id)
-        for name in NAMES
-        for sandbox_id, removal in backend_for(name).collect_orphans(registry).items()
-    ]
+    def present() -> set[str]:
+        return set(registry.ids())
+
+    receipts = []
+    for name in NAMES:
+        collected = backend_for(name).collect_orphans(state_dir=registry.state_dir, present=present)
+        receipts += [removal.receipt(sandbox_id) for sandbox_id, removal in collected.items()]
+    return receipts

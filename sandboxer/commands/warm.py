@@ -13,6 +13,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from sandboxer.commands import warmpool
+from sandboxer.commands.sites import site_of
 from sandboxer.errors import BackendError, SandboxerError, UsageError
 from sandboxer.host.registry import Registry, try_lock_file
 
@@ -125,7 +126,7 @@ def finish(request: CreateRequest, registry: Registry, record: SandboxRecord, pl
     from sandboxer.backends import backend_for
     from sandboxer.commands.making import deliver_requested
 
-    problems = backend_for(request.backend).taken_warm_problems(registry, record, plan)
+    problems = backend_for(request.backend).taken_warm_problems(record, plan, site=site_of(registry, record.id))
     if problems:
         raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))
     return deliver_requested(request, plan, record)

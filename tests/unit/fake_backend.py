@@ -8,18 +8,17 @@ given.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sandboxer.backends.protocol import Backend, Check, Observed
+from sandboxer.backends.protocol import Backend, Check, Note, Observed, Site
 from sandboxer.core.config_types import ExtensionConfig
 from sandboxer.core.plan import Plan
 from sandboxer.core.record import LimitsRecord, PlanShare, SandboxRecord
 from sandboxer.core.removal import Removal
-from sandboxer.dirs import Dirs
 from sandboxer.errors import BackendError
-from sandboxer.host.registry import Registry
 
 NO_WARM = "the fake backend keeps no warm sandboxes"
 
@@ -53,12 +52,12 @@ class FakeBackend:
         return True  # no sized filesystem to mount: the clone stays in the sandbox's directory
 
     def start(
-        self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str, profile_file: str
+        self, plan: Plan, record: SandboxRecord, *, site: Site, image: str, profile_file: str, note: Note
     ) -> SandboxRecord:
         self.calls.append(("start", plan.sandbox_id))
         limits = LimitsRecord(mechanism="fake", memory_mib=plan.limits.memory_mib, pids=plan.limits.pids)
         record = replace(record, limits=limits, plan=PlanShare.of(plan))  # as every backend records it
-        registry.write(record)
+        note(record)
         if self.fail_start is not None:
             raise BackendError(self.fail_start)
         self.running.add(plan.sandbox_id)
@@ -70,7 +69,7 @@ class FakeBackend:
     def deliver(self, plan: Plan, record: SandboxRecord, data: bytes, target: str) -> None:
         self.calls.append(("deliver", plan.sandbox_id))
 
-    def stop(self, registry: Registry, record: SandboxRecord) -> Removal:
+    def stop(self, record: SandboxRecord, *, site: Site) -> Removal:
         sandbox_id = record.id
         self.calls.append(("stop", sandbox_id))
         was = sandbox_id in self.running
@@ -87,21 +86,21 @@ class FakeBackend:
             return None
         return sandbox_id in self.running
 
-    def observe(self, dirs: Dirs, record: SandboxRecord) -> Observed:
+    def observe(self, record: SandboxRecord, *, site: Site) -> Observed:
         raise BackendError("the fake backend observes nothing")
 
-    def warm_fingerprint(self, plan: Plan, registry: Registry, image: str) -> str:
+    def warm_fingerprint(self, plan: Plan, *, site: Site, image: str) -> str:
         raise BackendError(NO_WARM)
 
     def start_warm(
-        self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str
+        self, plan: Plan, record: SandboxRecord, *, site: Site, image: str, note: Note
     ) -> tuple[SandboxRecord, dict[str, Any]]:
         raise BackendError(NO_WARM)
 
-    def warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
+    def warm_problems(self, record: SandboxRecord, plan: Plan, *, site: Site) -> list[str]:
         raise BackendError(NO_WARM)
 
-    def taken_warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
+    def taken_warm_problems(self, record: SandboxRecord, plan: Plan, *, site: Site) -> list[str]:
         raise BackendError(NO_WARM)
 
     def admits_service_images(self) -> bool:
@@ -125,8 +124,8 @@ class FakeBackend:
         self.calls.append(("remove_spool", source))
         return Removal(removed=(f"fake spool {source}",))
 
-    def collect_orphans(self, registry: Registry) -> dict[str, Removal]:
-        self.calls.append(("collect_orphans", registry.state_dir))
+    def collect_orphans(self, *, state_dir: str, present: Callable[[], set[str]]) -> dict[str, Removal]:
+        self.calls.append(("collect_orphans", state_dir))
         found, self.orphans = self.orphans, {}
         return found
 

@@ -16,12 +16,12 @@ SPOOLS = "spools"  # the sandbox directory's subdirectory of request spools
 # teardown, list and gc ask only is_running, stop and release: what else a method needs (the
 # namespace code, the plan, YAML through the config) is imported inside it.
 if TYPE_CHECKING:
-    from sandboxer.backends.protocol import Observed
+    from collections.abc import Callable
+
+    from sandboxer.backends.protocol import Note, Observed, Site
     from sandboxer.core.config_types import ExtensionConfig
     from sandboxer.core.plan import Plan
     from sandboxer.core.record import SandboxRecord
-    from sandboxer.dirs import Dirs
-    from sandboxer.host.registry import Registry
 
 
 class BwrapBackend:
@@ -80,11 +80,11 @@ class BwrapBackend:
         return os.geteuid() != 0
 
     def start(
-        self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str, profile_file: str
+        self, plan: Plan, record: SandboxRecord, *, site: Site, image: str, profile_file: str, note: Note
     ) -> SandboxRecord:
         from sandboxer.backends.bwrap.starting import start_verified
 
-        record, _, _, _ = start_verified(plan, registry, record)
+        record, _, _, _ = start_verified(plan, record, site=site, note=note)
         self.fill_workspace(plan, record, profile_file=profile_file)
         return record
 
@@ -113,7 +113,7 @@ class BwrapBackend:
         procs_files = record.limits.procs_files if record.limits else ()
         bwrap.deliver(live, plan, data, target, procs_files=procs_files, seccomp=program)
 
-    def stop(self, registry: Registry, record: SandboxRecord) -> Removal:
+    def stop(self, record: SandboxRecord, *, site: Site) -> Removal:
         from sandboxer.backends.bwrap.stop import stop
 
         stopped = stop(record)
@@ -122,7 +122,7 @@ class BwrapBackend:
         # Nothing of the sandbox runs: its runtime image's mount goes.
         from sandboxer.host import staging
 
-        return stopped + staging.unstage(registry.path(record.id))
+        return stopped + staging.unstage(site.directory)
 
     def release(self, record: SandboxRecord) -> Removal:
         """The sandbox's cgroups (those recorded, or left by a create that died first)."""
@@ -150,35 +150,32 @@ class BwrapBackend:
             processes.holder_pid, processes.holder_start
         )
 
-    def observe(self, dirs: Dirs, record: SandboxRecord) -> Observed:
+    def observe(self, record: SandboxRecord, *, site: Site) -> Observed:
         from sandboxer.backends.bwrap import live as bwrap
         from sandboxer.backends.bwrap.argv import HOLDER_TARGET
         from sandboxer.backends.bwrap.netview import observe_network
         from sandboxer.backends.protocol import Observed
         from sandboxer.host import limits, staging
         from sandboxer.host.observe import differences, read_mountinfo
-        from sandboxer.host.registry import Registry
 
-        registry = Registry(dirs.state)
-        sandbox_id = record.id
         live = bwrap.Live.of(record.processes)
         if record.limits is None:
             raise BackendError("the sandbox's record has no limits")
         mounts = read_mountinfo(live.holder_pid)
         network = observe_network(live.holder_pid)
-        plan = record.plan_for(registry.path(sandbox_id, "workspace"))
+        plan = record.plan_for(site.path("workspace"))
         limit_setup = limits.LimitSetup.of(record.limits)
         probe = bwrap.probe(
             live,
             plan,
             procs_files=limit_setup.procs_files,
             rlimits=limit_setup.rlimits,
-            seccomp=bwrap.load_seccomp(registry.path(sandbox_id)),
+            seccomp=bwrap.load_seccomp(site.directory),
         )
         problems = differences(plan, mounts, network["interfaces"], probe, backend_files=(HOLDER_TARGET,))
         problems += bwrap.confinement_problems(live, limit_setup)
-        if os.path.isdir(registry.path(sandbox_id, staging.RUNTIME_POINT)):  # a root broker's: its image
-            problems += staging.runtime_mismatches(registry.path(sandbox_id), mounts)
+        if os.path.isdir(site.path(staging.RUNTIME_POINT)):  # a root broker's: its image
+            problems += staging.runtime_mismatches(site.directory, mounts)
         return Observed(
             mounts=mounts,
             probe=probe,
@@ -187,24 +184,24 @@ class BwrapBackend:
             limits={"cgroups": list(probe.cgroups) if limit_setup.groups else []},
         )
 
-    def warm_fingerprint(self, plan: Plan, registry: Registry, image: str) -> str:
+    def warm_fingerprint(self, plan: Plan, *, site: Site, image: str) -> str:
         from sandboxer.backends.bwrap import warm
 
-        return warm.fingerprint(plan, registry)
+        return warm.fingerprint(plan, state_dir=site.state_dir)
 
     def start_warm(
-        self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str
+        self, plan: Plan, record: SandboxRecord, *, site: Site, image: str, note: Note
     ) -> tuple[SandboxRecord, dict[str, Any]]:
         from sandboxer.backends.bwrap import warm
 
-        return warm.start(plan, registry, record)
+        return warm.start(plan, record, site=site, note=note)
 
-    def warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
+    def warm_problems(self, record: SandboxRecord, plan: Plan, *, site: Site) -> list[str]:
         from sandboxer.backends.bwrap import warm
 
-        return warm.problems(registry, record, plan)
+        return warm.problems(record, plan)
 
-    def taken_warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
+    def taken_warm_problems(self, record: SandboxRecord, plan: Plan, *, site: Site) -> list[str]:
         """Nothing more: `warm_problems` ran under the create's lock just before, and the
         workspace was cloned when the sandbox was made."""
         return []
@@ -238,6 +235,6 @@ class BwrapBackend:
             return Removal(removed=(f"spool {source}",))
         return Removal(residue=(f"spool {source}",))
 
-    def collect_orphans(self, registry: Registry) -> dict[str, Removal]:
+    def collect_orphans(self, *, state_dir: str, present: Callable[[], set[str]]) -> dict[str, Removal]:
         """Nothing: what a namespace leaves is collected with its sandbox's directory and record."""
         return {}
