@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from sandboxer.host.fsutil import CallerFile
+    from sandboxer.core.reading import CallerFile
     from sandboxer.service.access import Access
 
 

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from sandboxer.core.reading import CallerFile
 from sandboxer.dirs import Dirs, require_state_dir
-from sandboxer.host.fsutil import CallerFile
 from sandboxer.invocation import current
 
 if TYPE_CHECKING:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from sandboxer.commands.destroy import destroy
 from sandboxer.commands.making import CreateRequest, before, clone_workspace, deliver_requested, plan_for
 from sandboxer.commands.sites import site_of
+from sandboxer.commands.spools import make_spools
 from sandboxer.core.record import SandboxRecord, expiry_text, now_text
 from sandboxer.errors import SandboxerError, UsageError
 from sandboxer.host import activity, procs
@@ -19,8 +20,8 @@ from sandboxer.host.registry import Registry
 MIN_TTL, MAX_TTL = 1, 30 * 24 * 3600  # create --ttl, in seconds
 
 if TYPE_CHECKING:
+    from sandboxer.core.reading import CallerFile
     from sandboxer.dirs import Dirs
-    from sandboxer.host.fsutil import CallerFile
 
 
 def create(
@@ -126,7 +127,7 @@ def _make(request: CreateRequest, registry: Registry, record: SandboxRecord) -> 
     if assignment is not None:
         record = replace(record, manifest=assignment.record(plan))
         registry.write(record)
-        assignment.make_spools(plan, backend, request.state_dir, consumer=(plan.host_uid, plan.host_gid))
+        make_spools(assignment, plan, backend, request.state_dir, consumer=(plan.host_uid, plan.host_gid))
     before("the start")
     record = backend.start(
         plan,

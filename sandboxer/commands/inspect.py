@@ -47,7 +47,7 @@ def _evidence(
     """The evidence both backends report, in the contract's shape; the runtime is re-digested
     now (through the stat cache) and a changed runtime is one more difference."""
     from sandboxer.core.plan import RUNTIME_TARGET, STATE_ROOT, TMP_TARGETS
-    from sandboxer.core.runtime import digest_runtime
+    from sandboxer.host.digest_cache import digest_runtime
 
     if record.plan is None or record.limits is None:
         raise BackendError(f"sandbox {record.id}: its record has no plan")

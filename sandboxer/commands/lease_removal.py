@@ -47,7 +47,7 @@ def _remove_materializations(manifest_record: ManifestRecord) -> tuple[list[str]
     symlinks and checked to be the very directory create saw: a run directory swapped (or a
     parent made a symlink) since is left alone and reported, and so is a source not strictly
     below it."""
-    from sandboxer.host.fsutil import open_dir_nofollow
+    from sandboxer.core.reading import open_dir_nofollow
 
     directory = manifest_record.run_dir
     sources = [source for source in manifest_record.materializations if _below(source, directory)]

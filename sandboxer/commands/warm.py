@@ -216,14 +216,15 @@ def is_current(dirs: Dirs, record: SandboxRecord) -> bool:
     approved with the bytes it was made from and the extension still keeps warm sandboxes."""
     from sandboxer.core.approvals import Ledger, Status
     from sandboxer.core.configdir import load_extension, load_profile
+    from sandboxer.host.parse_cache import ParseCache
 
     stamp = record.warm
     if stamp is None:
         return False
     try:
-        cache_dir = os.path.join(dirs.state, "parsed")
-        _, profile = load_profile(dirs.config, record.profile, cache_dir=cache_dir)
-        _, extension = load_extension(dirs.config, profile.extension, cache_dir=cache_dir)
+        cache = ParseCache.of_state(dirs.state)
+        _, profile = load_profile(dirs.config, record.profile, cache=cache)
+        _, extension = load_extension(dirs.config, profile.extension, cache=cache)
         ledger = Ledger(dirs.config)
         approved = ledger.status(profile.name, profile.file_sha256) is Status.APPROVED
         approved = approved and ledger.status(extension.extension, extension.file_sha256) is Status.APPROVED

@@ -18,9 +18,9 @@ from typing import Any
 
 from aiohttp import web
 
+from sandboxer.core.reading import CallerFile
 from sandboxer.dirs import Dirs
 from sandboxer.errors import PolicyError, SandboxerError, UsageError
-from sandboxer.host.fsutil import CallerFile
 from sandboxer.host.registry import ID_PATTERN
 from sandboxer.service.access import CALLS_PER_CALLER, Access, CallerSlots, Refused, admit, owner_by_uid, visible
 from sandboxer.service.audit import AuditLog

@@ -25,13 +25,12 @@ def start_verified(
     from dataclasses import replace
 
     from sandboxer.backends.bwrap import namespace
-    from sandboxer.core import seccomp
     from sandboxer.core.plan import MountKind
     from sandboxer.core.record import PlanShare, SeccompRecord
-    from sandboxer.host import limits
+    from sandboxer.host import limits, seccomp_cache
 
     limit_setup = limits.setup(plan.sandbox_id, plan.limits)
-    program = seccomp.cached_bpf(os.path.join(site.state_dir, "parsed"), allow_ptrace=plan.allow_ptrace)
+    program = seccomp_cache.cached_bpf(os.path.join(site.state_dir, "parsed"), allow_ptrace=plan.allow_ptrace)
     namespace.save_seccomp(site.directory, program)
     record = replace(
         record,

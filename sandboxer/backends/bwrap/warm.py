@@ -33,9 +33,9 @@ if TYPE_CHECKING:
 def fingerprint(plan: Plan, *, state_dir: str) -> str:
     """The sha256 of the plan and of the syscall policy a namespace of it starts with: a warm
     sandbox is taken only by a create that would start exactly the same one."""
-    from sandboxer.core import seccomp
+    from sandboxer.host import seccomp_cache
 
-    program = seccomp.cached_bpf(os.path.join(state_dir, "parsed"), allow_ptrace=plan.allow_ptrace)
+    program = seccomp_cache.cached_bpf(os.path.join(state_dir, "parsed"), allow_ptrace=plan.allow_ptrace)
     document = json.dumps(dataclasses.asdict(plan), sort_keys=True, default=str)
     return hashlib.sha256(document.encode() + hashlib.sha256(program).digest()).hexdigest()
 
