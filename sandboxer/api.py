@@ -31,10 +31,10 @@ from sandboxer.commands.teardown import gc as collect
 from sandboxer.commands.teardown import list_sandboxes
 from sandboxer.commands.teardown import teardown as remove_sandbox
 from sandboxer.commands.warm import fill
+from sandboxer.core.reading import CallerFile
 from sandboxer.dirs import Dirs, require_state_dir, resolve_dirs
 from sandboxer.errors import EntryError, ExecError, Interrupted, NotFoundError, ResidueError
 from sandboxer.exec_threads import ExecSink, ExecStream, fed
-from sandboxer.host.fsutil import CallerFile
 from sandboxer.host.registry import Registry, check_id
 from sandboxer.results import (
     Approval,
@@ -363,7 +363,7 @@ class Sandbox(SandboxBase):
         """Relay the request `request_id` from the spool of the tool-request lease `lease` to its
         endpoint, waiting up to `wait_seconds` (0-300) for the consumer to write it
         (docs/tool-requests.md); NotPendingError (75, retryable) when it is not there yet."""
-        from sandboxer.host.dispatch import dispatch
+        from sandboxer.commands.dispatch import dispatch
 
         check_dispatch(lease, request_id, wait_seconds)
         document = dispatch(

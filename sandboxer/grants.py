@@ -62,9 +62,10 @@ def rights_of(uid: int, groups: set[int], dirs: Dirs) -> Rights | None:
     from sandboxer.core.approvals import Ledger, Status
     from sandboxer.core.configdir import load_grants
     from sandboxer.errors import SandboxerError
+    from sandboxer.host.parse_cache import ParseCache
 
     try:
-        loaded = load_grants(dirs.config, cache_dir=os.path.join(dirs.state, "parsed"))
+        loaded = load_grants(dirs.config, cache=ParseCache.of_state(dirs.state))
         if loaded is None:
             return None
         _, grants = loaded

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from sandboxer.caller import Caller
+    from sandboxer.core.reading import CallerFile
     from sandboxer.dirs import Dirs
-    from sandboxer.host.fsutil import CallerFile
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,21 @@
-"""The one interface the core asks of an engine (`Backend`), its part that runs a command in a
-live sandbox (`Execution`), and what inspect gets from one (`Observed`). The implementations are
+"""The interface the commands ask of an engine, in roles (`Admission`, `Lifecycle`, `Warming`,
+`Spools`, `Collector`, and `Execution`, which runs a command in a live sandbox; `Backend` is all
+of them), and what inspect gets from one (`Observed`). The implementations are
 backends/bwrap/backend.py and backends/docker/backend.py; sandboxer.backends.backend_for picks
-one. exec, on its hot path, asks sandboxer.backends.execution_for for the engine's exec part
-alone (backends/bwrap/enter.py, backends/docker/enter.py), which loads none of its other code."""
+one. A caller that needs one role takes that role: the warm pool a `Warming`, lease removal and
+dispatch-tool a `Spools`; exec, on its hot path, asks sandboxer.backends.execution_for for the
+engine's `Execution` alone (backends/bwrap/enter.py, backends/docker/enter.py), which loads none
+of its other code.
+
+A backend returns what it made (the record with the engine's part) and what it removed
+(`Removal`); it never reads or writes the registry. It is told where a sandbox's files are (a
+`Site`), and a start that must have its record persisted before anything could outlive it hands
+each version of the record to a `Note` the caller gives (the registry's write, in commands)."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -17,11 +27,27 @@ if TYPE_CHECKING:
     from sandboxer.core.plan import Plan
     from sandboxer.core.record import SandboxRecord
     from sandboxer.core.record_exec import ExecView
-    from sandboxer.dirs import Dirs
+    from sandboxer.core.removal import Removal
     from sandboxer.host.limit_events import LimitWatch
     from sandboxer.host.observe import MountSeen, ProbeSeen
-    from sandboxer.host.registry import Registry
     from sandboxer.host.stdio import Stdio
+
+# Persists a version of the sandbox's record at once (create and the warm pool pass the registry's
+# write): a backend calls it before anything the record names could outlive the caller.
+Note = Callable[["SandboxRecord"], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Site:
+    """Where one sandbox's host files are: the broker's state dir, and the sandbox's own
+    directory in it (commands take both from the registry; a backend never opens the registry)."""
+
+    state_dir: str
+    directory: str
+
+    def path(self, *parts: str) -> str:
+        """A path inside the sandbox's directory."""
+        return os.path.join(self.directory, *parts)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,8 +110,9 @@ class Execution(Protocol):
         ...
 
 
-class Backend(Execution, Protocol):
-    """What the core needs of an engine."""
+class Admission(Protocol):
+    """Whether and how a sandbox of this engine may be made on this host (doctor, approval, the
+    checks of a create before anything is made)."""
 
     def health(self) -> list[Check]:
         """What `doctor` checks of this backend on this host (it changes nothing)."""
@@ -108,17 +135,24 @@ class Backend(Execution, Protocol):
         """The host uid and gid of the sandbox user (`inside` in the sandbox); `known` are those
         of a sandbox already started for it (a warm container), checked again, not asked for."""
 
+    def admits_service_images(self) -> bool:
+        """Whether a lease manifest's service_images can be honoured (an engine of images)."""
+
     def workspace_in_memory(self) -> bool:
         """Whether the workspace must be a tmpfs of the sandbox's own (no sized host filesystem)."""
 
+
+class Lifecycle(Protocol):
+    """Starting a sandbox, watching it, and ending it."""
+
     def start(
-        self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str, profile_file: str
+        self, plan: Plan, record: SandboxRecord, *, site: Site, image: str, profile_file: str, note: Note
     ) -> SandboxRecord:
         """Start the sandbox of `plan` (its workspace cloned at plan.workspace_source; `image` for
-        an engine of images), record it, and refuse it (BackendError) unless what runs is the
-        plan and its workspace is in place; `profile_file` is named in a refusal of the profile.
-        Returns the record with the engine's part (limits, processes or container, the plan as
-        started), which it has also written to the registry before anything could outlive it."""
+        an engine of images), and refuse it (BackendError) unless what runs is the plan and its
+        workspace is in place; `profile_file` is named in a refusal of the profile. Returns the
+        record with the engine's part (limits, processes or container, the plan as started),
+        which it has also handed to `note` before anything could outlive it."""
 
     def fill_workspace(self, plan: Plan, record: SandboxRecord, *, profile_file: str) -> None:
         """Put the clone at plan.workspace_source where the started sandbox sees it, when that is
@@ -129,36 +163,43 @@ class Backend(Execution, Protocol):
         """Write `data` at `target` inside the started sandbox, as its user, before anything else
         runs there (a runtime bootstrap)."""
 
-    def stop(self, registry: Registry, record: SandboxRecord) -> tuple[list[str], list[str]]:
-        """End every process (or the container) of the sandbox: (removed, residue)."""
+    def stop(self, record: SandboxRecord, *, site: Site) -> Removal:
+        """End every process (or the container) of the sandbox."""
 
-    def release(self, record: SandboxRecord) -> tuple[list[str], list[str]]:
-        """Remove what held the sandbox's limits once its processes are gone: (removed, residue)."""
+    def release(self, record: SandboxRecord) -> Removal:
+        """Remove what held the sandbox's limits once its processes are gone."""
 
     def is_running(self, record: SandboxRecord) -> bool | None:
         """Whether the sandbox runs; None when that cannot be known (an Engine that is silent)."""
 
-    def observe(self, dirs: Dirs, record: SandboxRecord) -> Observed:
+    def observe(self, record: SandboxRecord, *, site: Site) -> Observed:
         """Observe the live sandbox against its plan."""
 
-    def warm_fingerprint(self, plan: Plan, registry: Registry, image: str) -> str:
+
+class Warming(Protocol):
+    """Sandboxes started ahead of the create that takes one (sandboxer.commands.warmpool)."""
+
+    def warm_fingerprint(self, plan: Plan, *, site: Site, image: str) -> str:
         """What the engine would be asked for to start `plan`, as a digest: a warm sandbox is
-        taken only by a create whose plan has the same (sandboxer.host.warmpool)."""
+        taken only by a create whose plan has the same."""
 
     def start_warm(
-        self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str
+        self, plan: Plan, record: SandboxRecord, *, site: Site, image: str, note: Note
     ) -> tuple[SandboxRecord, dict[str, Any]]:
-        """Start and verify a warm sandbox of `plan` (its workspace empty): its record, and what it
-        showed, for `warm_problems` to compare when a create takes it."""
+        """Start and verify a warm sandbox of `plan` (its workspace empty), its record handed to
+        `note` as `start` does: its record, and what it showed, for `warm_problems` to compare
+        when a create takes it."""
 
-    def warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
+    def warm_problems(self, record: SandboxRecord, plan: Plan, *, site: Site) -> list[str]:
         """Every reason the warm sandbox of `record` may not become the sandbox of `plan`."""
 
-    def taken_warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
+    def taken_warm_problems(self, record: SandboxRecord, plan: Plan, *, site: Site) -> list[str]:
         """The final inspection of a warm sandbox a create took (after `warm_problems`)."""
 
-    def admits_service_images(self) -> bool:
-        """Whether a lease manifest's service_images can be honoured (an engine of images)."""
+
+class Spools(Protocol):
+    """The request spools of a lease manifest's tool leases: where each lives, making it,
+    finding it for dispatch-tool, removing it."""
 
     def spool_place(self, name: str, *, sandbox_dir: str) -> tuple[str, str | None]:
         """Where the request spool `name` of the sandbox whose directory is `sandbox_dir` lives:
@@ -174,9 +215,18 @@ class Backend(Execution, Protocol):
         """The host directory of a live sandbox's spool `name` (dispatch-tool works there);
         BackendError when it cannot be found."""
 
-    def remove_spool(self, source: str, *, sandbox_id: str) -> tuple[list[str], list[str]]:
-        """Remove a spool (its tmpfs first) of a sandbox being destroyed: (removed, residue)."""
+    def remove_spool(self, source: str, *, sandbox_id: str) -> Removal:
+        """Remove a spool (its tmpfs first) of a sandbox being destroyed."""
 
-    def collect_orphans(self, registry: Registry) -> list[dict[str, Any]]:
-        """gc's receipts ({"id", "removed", "residue"}) for what the engine still holds of
-        sandboxes whose directory is gone; nothing when it cannot tell what that is."""
+
+class Collector(Protocol):
+    """gc's question to an engine: what does it still hold of sandboxes that are gone?"""
+
+    def collect_orphans(self, *, state_dir: str, present: Callable[[], set[str]]) -> dict[str, Removal]:
+        """Remove what the engine still holds of sandboxes of `state_dir` whose directory is gone
+        (`present`: the ids whose directory is there, asked again whenever it matters): what went
+        and what is left, by sandbox id; nothing when it cannot tell what that is."""
+
+
+class Backend(Admission, Lifecycle, Warming, Spools, Collector, Execution, Protocol):
+    """Everything the commands ask of an engine: each of its roles."""

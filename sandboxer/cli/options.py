@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from sandboxer.caller import require_own_files
+from sandboxer.core.reading import CallerFile
 from sandboxer.dirs import Dirs, require_state_dir
-from sandboxer.host.fsutil import CallerFile
 from sandboxer.invocation import current
 
 if TYPE_CHECKING:

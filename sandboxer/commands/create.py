@@ -8,19 +8,21 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from sandboxer.commands.destroy import destroy
 from sandboxer.commands.making import CreateRequest, before, clone_workspace, deliver_requested, plan_for
+from sandboxer.commands.sites import site_of
+from sandboxer.commands.spools import make_spools
 from sandboxer.core.record import SandboxRecord, expiry_text, now_text
 from sandboxer.errors import SandboxerError, UsageError
 from sandboxer.host import activity, procs
-from sandboxer.host.destroy import destroy
 from sandboxer.host.registry import Registry
 from sandboxer.results import BootstrapSummary, Created, ManifestSummary
 
 MIN_TTL, MAX_TTL = 1, 30 * 24 * 3600  # create --ttl, in seconds
 
 if TYPE_CHECKING:
+    from sandboxer.core.reading import CallerFile
     from sandboxer.dirs import Dirs
-    from sandboxer.host.fsutil import CallerFile
 
 
 def create(
@@ -83,7 +85,7 @@ def create(
         record = replace(record, state="failed")
         with contextlib.suppress(OSError, SandboxerError):
             registry.write(record)
-        _, residue = destroy(registry, record.id, record)
+        residue = destroy(registry, record.id, record).residue
         if residue and isinstance(exc, SandboxerError):
             exc.message += f" (and cleanup left residue: {'; '.join(residue)})"
         raise
@@ -124,7 +126,14 @@ def _make(request: CreateRequest, registry: Registry, record: SandboxRecord) -> 
     if assignment is not None:
         record = replace(record, manifest=assignment.record(plan))
         registry.write(record)
-        assignment.make_spools(plan, backend, request.state_dir, consumer=(plan.host_uid, plan.host_gid))
+        make_spools(assignment, plan, backend, request.state_dir, consumer=(plan.host_uid, plan.host_gid))
     before("the start")
-    record = backend.start(plan, registry, record, image=request.image, profile_file=request.profile_file)
+    record = backend.start(
+        plan,
+        record,
+        site=site_of(registry, record.id),
+        image=request.image,
+        profile_file=request.profile_file,
+        note=registry.write,  # before anything the record names could outlive this process
+    )
     return deliver_requested(request, plan, record)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from sandboxer.commands.sites import site_of
 from sandboxer.errors import BackendError
 from sandboxer.host.registry import Registry, check_id
 from sandboxer.results import Evidence
@@ -28,7 +29,7 @@ def inspect(dirs: Dirs, sandbox_id: str) -> Evidence:
         raise BackendError(f"sandbox {sandbox_id} is not running (state {record.state})", hint=gone)
     if record.plan is None or record.limits is None:
         raise BackendError(f"sandbox {sandbox_id}: its record has no plan", hint=gone)
-    seen = backend.observe(dirs, record)
+    seen = backend.observe(record, site=site_of(registry, record.id))
     evidence = _evidence(record, state_dir=dirs.state, mounts=seen.mounts, probe=seen.probe, problems=seen.problems)
     evidence["network"] = seen.network
     evidence["limits"].update(seen.limits)
@@ -47,7 +48,7 @@ def _evidence(
     """The evidence both backends report, in the contract's shape; the runtime is re-digested
     now (through the stat cache) and a changed runtime is one more difference."""
     from sandboxer.core.plan import RUNTIME_TARGET, STATE_ROOT, TMP_TARGETS
-    from sandboxer.core.runtime import digest_runtime
+    from sandboxer.host.digest_cache import digest_runtime
 
     if record.plan is None or record.limits is None:
         raise BackendError(f"sandbox {record.id}: its record has no plan")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
@@ -18,13 +18,14 @@ from sandboxer.host.registry import Registry
 if TYPE_CHECKING:
     from sandboxer.core.approvals import Ledger
     from sandboxer.core.bootstrap import Bootstrap
-    from sandboxer.core.config_types import ExtensionConfig, Profile
+    from sandboxer.core.config_types import ExtensionConfig, Profile, RuntimePin
+    from sandboxer.core.digest import TreeDigest
     from sandboxer.core.leases import Assignment
     from sandboxer.core.plan import Backend as BackendName
     from sandboxer.core.plan import Grants, Plan
+    from sandboxer.core.reading import CallerFile
     from sandboxer.core.record import SandboxRecord
     from sandboxer.dirs import Dirs
-    from sandboxer.host.fsutil import CallerFile
 
 # What a service checks before each step that makes something for a caller (its grant, again:
 # grants.yaml may have changed since the request was admitted). Set by the core for a caller's
@@ -92,15 +93,15 @@ def _admit(dirs: Dirs, profile_name: str) -> tuple[str, Profile, ExtensionConfig
     from sandboxer.backends import backend_for
     from sandboxer.core.approvals import Ledger
     from sandboxer.core.configdir import load_extension, load_profile
-    from sandboxer.core.runtime import verify_pin
+    from sandboxer.host.parse_cache import ParseCache
 
     Registry(dirs.state).ensure()  # the state dir first, with its own mode, before any cache in it
     require_state_dir(dirs.state)  # again once made: nobody swapped a directory above it meanwhile
-    cache_dir = os.path.join(dirs.state, "parsed")
-    raw, profile = load_profile(dirs.config, profile_name, cache_dir=cache_dir)
+    cache = ParseCache.of_state(dirs.state)
+    raw, profile = load_profile(dirs.config, profile_name, cache=cache)
     ledger = Ledger(dirs.config)
     _require_approved(ledger, profile.name, profile.file_sha256)
-    _, extension = load_extension(dirs.config, profile.extension, cache_dir=cache_dir)
+    _, extension = load_extension(dirs.config, profile.extension, cache=cache)
     _require_approved(ledger, extension.extension, extension.file_sha256)
     backend = backend_for(backend_name(extension))
     backend.preflight(extension)
@@ -288,3 +289,19 @@ def _admit_manifest(dirs: Dirs, path: str | None, *, backend: str, repository: s
         if held is not None and held.run_id == assignment.manifest.run_id:
             raise PolicyError(f"{assignment.file}: run_id: run {held.run_id} already has sandbox {other}")
     return assignment
+
+
+def verify_pin(pin: RuntimePin, *, state_dir: str, others: Mapping[str, str], full: bool = False) -> TreeDigest:
+    """Check the runtime against its pin: artifact rules, no overlap, the exact tree digest (read
+    through the state dir's cache unless `full`)."""
+    from sandboxer.core.digest import RuntimeArtifactError
+    from sandboxer.core.runtime import check_digest, check_overlap
+    from sandboxer.host.digest_cache import digest_runtime
+
+    try:
+        check_overlap(pin.path, others)
+        result = digest_runtime(pin.path, state_dir=state_dir, full=full)
+    except RuntimeArtifactError as exc:
+        raise PolicyError(exc.message) from exc
+    check_digest(pin, result)
+    return result

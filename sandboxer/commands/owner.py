@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from sandboxer import results
-from sandboxer.core.approvals import Ledger, Status
+from sandboxer.commands.making import verify_pin
+from sandboxer.core import approvals
+from sandboxer.core.approvals import Approval, Ledger, Status
 from sandboxer.core.config import parse_owner_file, validate_name
 from sandboxer.core.config_types import ExtensionConfig, OwnerFile, Profile, meaning
 from sandboxer.core.configdir import load_owner_file, present_names, read_file, read_owner_file
-from sandboxer.core.runtime import digest_runtime, verify_pin
 from sandboxer.dirs import Dirs
 from sandboxer.errors import SandboxerError
+from sandboxer.host.digest_cache import digest_runtime
+from sandboxer.host.fsutil import atomic_write, locked
 
 
 def describe(item: OwnerFile) -> dict[str, Any]:
@@ -53,17 +58,31 @@ def approve(dirs: Dirs, name: str) -> results.Approval:
 
         workspace = item.workspace
         check_repository(workspace.repository, (workspace.ref, *workspace.refs), raw.path)
-    approval = Ledger(dirs.config).approve(name, item.file_sha256)
-    return results.Approval(name=name, file=raw.path, status=Status.APPROVED.value, sha256=approval.sha256)
+    given = approvals.approval(name, item.file_sha256)
+    with _edit_ledger(Ledger(dirs.config)) as entries:
+        entries[name] = given
+    return results.Approval(name=name, file=raw.path, status=Status.APPROVED.value, sha256=given.sha256)
 
 
 def revoke(dirs: Dirs, name: str) -> results.Approval:
     """Withdraw an approval; revoking what is not approved is not an error (it stays unapproved)."""
     relpath = validate_name(name)  # the file itself may already be gone
-    removed = Ledger(dirs.config).revoke(name)
+    with _edit_ledger(Ledger(dirs.config)) as entries:
+        removed = entries.pop(name, None)
     return results.Approval(
         name=name, file=os.path.join(dirs.config, relpath), status=Status.UNAPPROVED.value, revoked=removed is not None
     )
+
+
+@contextlib.contextmanager
+def _edit_ledger(ledger: Ledger) -> Iterator[dict[str, Approval]]:
+    """The ledger's approvals to change in the block, written back atomically when it ends; under
+    the ledger's lock throughout, so that concurrent approvers never lose an entry."""
+    approvals.check_owner_dir(ledger.config_dir)
+    with locked(ledger.lock_path):
+        entries = ledger.read()
+        yield entries
+        atomic_write(ledger.path, approvals.render(entries), mode=0o600)
 
 
 def list_entries(dirs: Dirs) -> results.OwnerListing:

@@ -8,9 +8,9 @@ import os
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from sandboxer.commands.destroy import destroy
 from sandboxer.core.record import expiry_text
 from sandboxer.errors import BackendError, NotFoundError, ResidueError, SandboxerError, UnexportedWorkError
-from sandboxer.host.destroy import destroy
 from sandboxer.host.registry import Registry, check_id
 
 if TYPE_CHECKING:
@@ -45,14 +45,14 @@ def teardown(dirs: Dirs, sandbox_id: str, *, keep_work: bool = False) -> dict[st
             record = replace(record, state="tearing-down", consumed=record.consumed or record.state == "ready")
             with contextlib.suppress(OSError, SandboxerError):
                 registry.write(record)
-        removed, residue = destroy(registry, sandbox_id, record)
+        done = destroy(registry, sandbox_id, record)
     finally:
         os.close(lock)
     if record is not None and record.warm_profile:
         from sandboxer.commands.warm import spawn_fill
 
         spawn_fill(dirs, record.profile)
-    return {"id": sandbox_id, "removed": removed, "residue": residue}
+    return done.receipt(sandbox_id)
 
 
 def receipt_or_raise(receipt: dict[str, Any]) -> dict[str, Any]:
@@ -141,8 +141,7 @@ def gc(dirs: Dirs) -> dict[str, Any]:
                 elif running:
                     healthy.append(sandbox_id)
                     continue
-                removed, residue = destroy(registry, sandbox_id, record)
-                collected.append({"id": sandbox_id, "removed": removed, "residue": residue})
+                collected.append(destroy(registry, sandbox_id, record).receipt(sandbox_id))
             finally:
                 os.close(lock)
         except Exception as exc:  # one sandbox's failure is its own residue, never gc's end
@@ -156,4 +155,11 @@ def _collect_orphans(registry: Registry) -> list[dict[str, Any]]:
     """What each engine still holds of sandboxes whose directory is gone (its own receipts)."""
     from sandboxer.backends import NAMES, backend_for
 
-    return [receipt for name in NAMES for receipt in backend_for(name).collect_orphans(registry)]
+    def present() -> set[str]:
+        return set(registry.ids())
+
+    receipts = []
+    for name in NAMES:
+        collected = backend_for(name).collect_orphans(state_dir=registry.state_dir, present=present)
+        receipts += [removal.receipt(sandbox_id) for sandbox_id, removal in collected.items()]
+    return receipts

@@ -1,4 +1,4 @@
-"""The `warm` command and create's use of the warm pool (sandboxer.host.warmpool).
+"""The `warm` command and create's use of the warm pool (sandboxer.commands.warmpool).
 
 `sandboxer warm PROFILE` brings a profile's warm sandboxes to its extension's `config.warm`
 count; a create takes one when the profile keeps them, and its teardown (or the create that
@@ -12,8 +12,9 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
+from sandboxer.commands import warmpool
+from sandboxer.commands.sites import site_of
 from sandboxer.errors import BackendError, SandboxerError, UsageError
-from sandboxer.host import warmpool
 from sandboxer.host.registry import Registry, try_lock_file
 
 if TYPE_CHECKING:
@@ -125,7 +126,7 @@ def finish(request: CreateRequest, registry: Registry, record: SandboxRecord, pl
     from sandboxer.backends import backend_for
     from sandboxer.commands.making import deliver_requested
 
-    problems = backend_for(request.backend).taken_warm_problems(registry, record, plan)
+    problems = backend_for(request.backend).taken_warm_problems(record, plan, site=site_of(registry, record.id))
     if problems:
         raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))
     return deliver_requested(request, plan, record)
@@ -215,14 +216,15 @@ def is_current(dirs: Dirs, record: SandboxRecord) -> bool:
     approved with the bytes it was made from and the extension still keeps warm sandboxes."""
     from sandboxer.core.approvals import Ledger, Status
     from sandboxer.core.configdir import load_extension, load_profile
+    from sandboxer.host.parse_cache import ParseCache
 
     stamp = record.warm
     if stamp is None:
         return False
     try:
-        cache_dir = os.path.join(dirs.state, "parsed")
-        _, profile = load_profile(dirs.config, record.profile, cache_dir=cache_dir)
-        _, extension = load_extension(dirs.config, profile.extension, cache_dir=cache_dir)
+        cache = ParseCache.of_state(dirs.state)
+        _, profile = load_profile(dirs.config, record.profile, cache=cache)
+        _, extension = load_extension(dirs.config, profile.extension, cache=cache)
         ledger = Ledger(dirs.config)
         approved = ledger.status(profile.name, profile.file_sha256) is Status.APPROVED
         approved = approved and ledger.status(extension.extension, extension.file_sha256) is Status.APPROVED

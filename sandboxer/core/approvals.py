@@ -1,8 +1,9 @@
 """The approvals ledger: which owner files are approved, each bound to the sha256 of its bytes.
 
 `<config-dir>/approvals.json` is owner-only. Every change happens under an exclusive lock on
-`<config-dir>/approvals.lock` and is written atomically, so concurrent approvers never lose an
-entry and a reader never sees half a file. A ledger that is not owner-only, not ours or not
+`<config-dir>/approvals.lock` and is written atomically (`approve` and `revoke` in
+sandboxer/commands/owner.py; this module reads the ledger and renders it), so concurrent
+approvers never lose an entry and a reader never sees half a file. A ledger that is not owner-only, not ours or not
 well formed is refused; it is never reset, because resetting would silently revoke or, worse,
 let a forged file stand.
 """
@@ -12,14 +13,11 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
 from sandboxer.errors import PolicyError
-from sandboxer.host.fsutil import atomic_write, locked
 
 LEDGER = "approvals.json"
 LOCK = "approvals.lock"
@@ -51,11 +49,12 @@ class Approval:
 
 
 class Ledger:
-    """Read and change the approvals of one config directory."""
+    """The approvals of one config directory (read here; changed by the owner's commands)."""
 
     def __init__(self, config_dir: str) -> None:
         self.config_dir = config_dir
         self.path = os.path.join(config_dir, LEDGER)
+        self.lock_path = os.path.join(config_dir, LOCK)
 
     def read(self) -> dict[str, Approval]:
         """All approvals; an absent ledger means none."""
@@ -85,34 +84,25 @@ class Ledger:
             return Status.UNAPPROVED
         return Status.APPROVED if approval.sha256 == file_sha256 else Status.CHANGED
 
-    @contextmanager
-    def _edit(self) -> Iterator[dict[str, Approval]]:
-        _check_owner_dir(self.config_dir)
-        with locked(os.path.join(self.config_dir, LOCK)):
-            approvals = self.read()
-            yield approvals
-            document = {
-                "format": _FORMAT,
-                "approvals": {
-                    name: {"sha256": a.sha256, "approved_at": a.approved_at} for name, a in sorted(approvals.items())
-                },
-            }
-            atomic_write(self.path, (json.dumps(document, indent=2) + "\n").encode(), mode=0o600)
 
-    def approve(self, name: str, file_sha256: str) -> Approval:
-        """Record that the file `name` with exactly these bytes is approved."""
-        approval = Approval(name=name, sha256=file_sha256, approved_at=_now())
-        with self._edit() as approvals:
-            approvals[name] = approval
-        return approval
-
-    def revoke(self, name: str) -> Approval | None:
-        """Drop the approval of `name`; returns what was removed, if anything."""
-        with self._edit() as approvals:
-            return approvals.pop(name, None)
+def approval(name: str, file_sha256: str) -> Approval:
+    """The approval of the file `name` with exactly these bytes, as of now."""
+    return Approval(name=name, sha256=file_sha256, approved_at=_now())
 
 
-def _check_owner_dir(path: str) -> None:
+def render(approvals: dict[str, Approval]) -> bytes:
+    """The ledger's bytes for these approvals (sorted by name)."""
+    document = {
+        "format": _FORMAT,
+        "approvals": {
+            name: {"sha256": a.sha256, "approved_at": a.approved_at} for name, a in sorted(approvals.items())
+        },
+    }
+    return (json.dumps(document, indent=2) + "\n").encode()
+
+
+def check_owner_dir(path: str) -> None:
+    """Refuse to change the ledger of a config dir anyone but its owner could write to."""
     # Root's config dir is conventionally /etc/sandboxer, 0755: readable is fine, writable by
     # anyone but the owner is not, since they could swap files or the ledger under us.
     try:

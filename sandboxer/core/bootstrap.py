@@ -16,9 +16,9 @@ from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 from sandboxer.core import strictjson
+from sandboxer.core.reading import CallerFile, UnfitFile, read_caller_file
 from sandboxer.core.strictjson import JsonObject
 from sandboxer.errors import DocumentError
-from sandboxer.host.fsutil import CallerFile, UnfitFile, read_caller_file
 
 VERSION = "1"
 MAX_BYTES = 16 * 1024

@@ -37,7 +37,7 @@ class ExtensionConfig:
     runtime: RuntimePin
     image: str | None
     file_sha256: str
-    warm: int = 0  # sandboxes kept started ahead for each of its profiles (sandboxer.host.warmpool)
+    warm: int = 0  # sandboxes kept started ahead for each of its profiles (sandboxer.commands.warmpool)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

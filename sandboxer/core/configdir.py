@@ -5,11 +5,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import json
 import os
 import stat
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sandboxer.core.config import PROFILE_NAME, parse_owner_file
 from sandboxer.core.config import validate_name as file_for_name
@@ -25,8 +24,7 @@ from sandboxer.core.config_types import (
     owner_file_name,
 )
 from sandboxer.core.yamlstrict import MAX_FILE_BYTES
-from sandboxer.errors import PolicyError, SandboxerError, UsageError
-from sandboxer.host.fsutil import atomic_write, ensure_private_dir
+from sandboxer.errors import PolicyError, UsageError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,16 +67,27 @@ def read_owner_file(config_dir: str, name: str) -> OwnerFileBytes:
     return OwnerFileBytes(name=name, relpath=relpath, path=path, data=read_file(path, path))
 
 
-def load_owner_file(raw: OwnerFileBytes, *, cache_dir: str | None = None) -> OwnerFile:
+class ParseCache(Protocol):
+    """The meanings of owner files parsed before, by the sha256 of their bytes (the broker keeps
+    them in its state dir: host/parse_cache.py)."""
+
+    def get(self, digest: str) -> dict[str, Any] | None:
+        """The meaning cached for these bytes, if any can be trusted."""
+
+    def put(self, digest: str, meaning: dict[str, Any]) -> None:
+        """Keep the meaning of valid bytes (never failing the caller)."""
+
+
+def load_owner_file(raw: OwnerFileBytes, *, cache: ParseCache | None = None) -> OwnerFile:
     """Parse an owner file read by name; its declared name must match its path.
 
-    With `cache_dir` (in the owner-only state dir), the meaning of bytes parsed before is
-    reused, keyed by their sha256: the same bytes always mean the same thing, and `create`
-    then need not load the YAML parser at all. Only valid files are ever cached.
+    With a `cache`, the meaning of bytes parsed before is reused, keyed by their sha256: the same
+    bytes always mean the same thing, and `create` then need not load the YAML parser at all.
+    Only valid files are ever cached.
     """
     digest = hashlib.sha256(raw.data).hexdigest()
-    if cache_dir is not None:
-        cached = _cached_meaning(cache_dir, digest)
+    if cache is not None:
+        cached = cache.get(digest)
         item: OwnerFile | None = None
         if cached is not None:
             with contextlib.suppress(KeyError, TypeError, ValueError):  # written by an older broker
@@ -86,57 +95,39 @@ def load_owner_file(raw: OwnerFileBytes, *, cache_dir: str | None = None) -> Own
         if item is not None and owner_file_name(item) == raw.name:
             return item
     item = parse_owner_file(raw.data, raw.path, expected_name=raw.name)
-    if cache_dir is not None:
-        with contextlib.suppress(OSError, SandboxerError):
-            ensure_private_dir(cache_dir, "parse cache")
-            atomic_write(os.path.join(cache_dir, f"{digest}.json"), json.dumps(meaning(item)).encode(), durable=False)
+    if cache is not None:
+        cache.put(digest, meaning(item))
     return item
 
 
-def _cached_meaning(cache_dir: str, digest: str) -> dict[str, Any] | None:
-    try:
-        fd = os.open(os.path.join(cache_dir, f"{digest}.json"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as stream:
-        st = os.fstat(stream.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            return None
-        try:
-            document = json.loads(stream.read(1 << 16))
-        except ValueError:
-            return None
-    return document if isinstance(document, dict) else None
-
-
-def load_profile(config_dir: str, name: str, *, cache_dir: str | None = None) -> tuple[OwnerFileBytes, Profile]:
+def load_profile(config_dir: str, name: str, *, cache: ParseCache | None = None) -> tuple[OwnerFileBytes, Profile]:
     """Read and parse a profile by name."""
     if name in EXTENSIONS or name == GRANTS_NAME or not PROFILE_NAME.fullmatch(name):
         raise UsageError(f"--profile: {name!r} is not a profile name (a-z 0-9 _ -)")
     raw = read_owner_file(config_dir, name)
-    parsed = load_owner_file(raw, cache_dir=cache_dir)
+    parsed = load_owner_file(raw, cache=cache)
     if not isinstance(parsed, Profile):
         raise UsageError(f"{raw.path}: is not a profile")
     return raw, parsed
 
 
 def load_extension(
-    config_dir: str, name: str, *, cache_dir: str | None = None
+    config_dir: str, name: str, *, cache: ParseCache | None = None
 ) -> tuple[OwnerFileBytes, ExtensionConfig]:
     """Read and parse an extension config by name."""
     raw = read_owner_file(config_dir, name)
-    parsed = load_owner_file(raw, cache_dir=cache_dir)
+    parsed = load_owner_file(raw, cache=cache)
     if not isinstance(parsed, ExtensionConfig):
         raise UsageError(f"{raw.path}: is not an extension configuration")
     return raw, parsed
 
 
-def load_grants(config_dir: str, *, cache_dir: str | None = None) -> tuple[OwnerFileBytes, GrantsFile] | None:
+def load_grants(config_dir: str, *, cache: ParseCache | None = None) -> tuple[OwnerFileBytes, GrantsFile] | None:
     """Read and parse grants.yaml; None when there is none."""
     if not os.path.lexists(os.path.join(config_dir, f"{GRANTS_NAME}.yaml")):
         return None
     raw = read_owner_file(config_dir, GRANTS_NAME)
-    parsed = load_owner_file(raw, cache_dir=cache_dir)
+    parsed = load_owner_file(raw, cache=cache)
     if not isinstance(parsed, GrantsFile):
         raise UsageError(f"{raw.path}: is not a grants file")
     return raw, parsed

@@ -7,8 +7,9 @@ by the relative path as bytes, concatenated and hashed with sha256:
     file       F\\0<relpath>\\0<mode>\\0<sha256 hex>\\n
     symlink    L\\0<relpath>\\0<target as stored>\\n
 
-`<mode>` is `st_mode & 0o7777` as four octal digits. A `StatCache` may supply a file's content
-hash when its inode, size, mtime and ctime are unchanged; the digest is the same either way.
+`<mode>` is `st_mode & 0o7777` as four octal digits. A `StatCache` (host/digest_cache.py) may
+supply a file's content hash when its inode, size, mtime and ctime are unchanged; the digest is
+the same either way.
 """
 
 from __future__ import annotations
@@ -17,12 +18,21 @@ import hashlib
 import os
 import stat
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sandboxer.errors import UsageError
 
-if TYPE_CHECKING:
-    from sandboxer.core.digest_cache import StatCache
+
+class StatCache(Protocol):
+    """Content hashes of files whose stat is unchanged since they were hashed (the host keeps
+    them: host/digest_cache.py)."""
+
+    def lookup(self, relpath: bytes, st: os.stat_result) -> str | None:
+        """The recorded content hash if the file's stat is unchanged, else None."""
+
+    def store(self, relpath: bytes, st: os.stat_result, sha256: str) -> None:
+        """Offer a freshly computed hash."""
+
 
 _SMALL_FILE = 1 << 20
 

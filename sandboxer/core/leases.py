@@ -8,18 +8,17 @@ out as the specification says, and suppresses the bind of the socket endpoint it
 Provider-environment values are never mounted or stored: a provider launch reads them again
 right before it starts (`provider_environment`).
 
-The host mounts behind the grants are lease_mounts.py's; what teardown removes is
-lease_removal.py's.
+The host mounts behind the grants are host/lease_mounts.py's; the spools are laid out by
+commands/spools.py, and what teardown removes is commands/lease_removal.py's.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sandboxer.core import manifest as mf
 from sandboxer.core.plan import (
@@ -35,9 +34,6 @@ from sandboxer.core.plan import (
 )
 from sandboxer.core.record import LeaseMount, LeaseRecord, ManifestRecord, Spool
 from sandboxer.errors import PolicyError
-
-if TYPE_CHECKING:
-    from sandboxer.backends.protocol import Backend
 
 SPOOL_PENDING_FILES = 16
 SPOOL_REQUEST_BYTES = 256 * 1024
@@ -86,27 +82,6 @@ class Assignment:
 
     def record(self, plan: Plan) -> ManifestRecord:
         return record(self.manifest, plan.mounts, owner=self.owner)
-
-    def make_spools(self, plan: Plan, backend: Backend, state_dir: str, *, consumer: tuple[int, int]) -> None:
-        """Each tool-request lease's spool, laid out before the sandbox starts: on the directory
-        its backend makes for it, a bounded tmpfs of its own (the engine binds it from there, and
-        dispatch-tool reads it there)."""
-        from sandboxer.host.lease_mounts import mount_spool_tmpfs
-
-        for mount in plan.mounts:
-            if mount.kind is not MountKind.SPOOL:
-                continue
-            lease = next(item for item in self.manifest.leases if item.lease_id == mount.lease)
-            root = backend.make_spool_root(
-                str(mount.source), sandbox_id=plan.sandbox_id, state_dir=state_dir, group=consumer[1]
-            )
-            mount_spool_tmpfs(root)
-            lay_out_spool(
-                root,
-                binding_doc=binding(self.manifest, lease),
-                capability=self.capabilities[lease.lease_id],
-                consumer=consumer,
-            )
 
 
 def admit_assignment(path: str, *, forbidden: Sequence[str], images_admitted: bool, repository: str) -> Assignment:
@@ -229,28 +204,6 @@ def binding(manifest: mf.Manifest, lease: mf.Lease) -> dict[str, Any]:
         },
         "replay_policy": lease.replay_policy,
     }
-
-
-def lay_out_spool(root: str, *, binding_doc: dict[str, Any], capability: bytes, consumer: tuple[int, int]) -> None:
-    """The spool's layout in an empty directory the broker (root) owns: `.binding.json` and
-    `.capability` 0444, `requests/` 0700 the consumer's, `responses/` 0755, `.processing/` 0700."""
-    os.chmod(root, 0o755)  # noqa: S103 - the consumer traverses it; only requests/ is its to write
-    for name, data in (
-        (".binding.json", json.dumps(binding_doc, indent=2).encode() + b"\n"),
-        (".capability", capability),
-    ):
-        fd = os.open(
-            os.path.join(root, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444
-        )
-        try:
-            os.write(fd, data)
-            os.fchmod(fd, 0o444)
-        finally:
-            os.close(fd)
-    for name, mode in (("requests", 0o700), ("responses", 0o755), (".processing", 0o700)):
-        os.mkdir(os.path.join(root, name), mode)
-        os.chmod(os.path.join(root, name), mode)
-    os.lchown(os.path.join(root, "requests"), *consumer)
 
 
 def record(manifest: mf.Manifest, plan_mounts: tuple[Mount, ...], *, owner: int) -> ManifestRecord:

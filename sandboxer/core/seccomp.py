@@ -6,7 +6,8 @@ allowed. Calls from the i386 and x32 ABIs never run: they fail with ENOSYS.
 
 The same rules become
 - `bpf()`: the classic-BPF program libseccomp compiles (bwrap's `--seccomp FD`; each joined exec
-  installs it with `seccomp_install.install` just before execve), and `digest()`, its sha256;
+  installs it with `seccomp_install.install` just before execve; the broker keeps it between
+  runs with host/seccomp_cache.py, by `cache_key()`), and `digest()`, its sha256;
 - `docker_profile()`: a Docker seccomp profile (`--security-opt seccomp=<json>`).
 
 Both renderings need one condition per argument in a rule (see `seccomp_types`).
@@ -49,27 +50,10 @@ def bpf(*, allow_ptrace: bool) -> bytes:
 _COMPILE_VERSION = 1  # raise it whenever _compile emits a different program for the same rules
 
 
-def cached_bpf(cache_dir: str, *, allow_ptrace: bool) -> bytes:
-    """`bpf()`, kept in the broker's owner-only `cache_dir` between runs (compiling costs a create
-    ~30 ms). Keyed by the definition itself: a changed rule is a new file, never a stale program."""
-    from sandboxer.host.fsutil import atomic_write, ensure_private_dir
-
-    key = hashlib.sha256(f"{_COMPILE_VERSION}|{rules(allow_ptrace=allow_ptrace)!r}".encode()).hexdigest()
-    path = os.path.join(cache_dir, f"seccomp-{key}.bpf")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        fd = -1
-    if fd >= 0:
-        with os.fdopen(fd, "rb") as stream:
-            info = os.fstat(stream.fileno())
-            program = stream.read()
-        if info.st_uid == os.geteuid() and not info.st_mode & 0o077 and program and not len(program) % 8:
-            return program
-    program = bpf(allow_ptrace=allow_ptrace)
-    ensure_private_dir(cache_dir, "parse cache")
-    atomic_write(path, program, mode=0o600, durable=False)
-    return program
+def cache_key(*, allow_ptrace: bool) -> str:
+    """What names the compiled program in a cache (host/seccomp_cache.py): the definition itself,
+    so that a changed rule is a new entry, never a stale program."""
+    return hashlib.sha256(f"{_COMPILE_VERSION}|{rules(allow_ptrace=allow_ptrace)!r}".encode()).hexdigest()
 
 
 def digest(*, allow_ptrace: bool) -> str:

@@ -125,7 +125,7 @@ def check_lease_fd(fd: int, mount: Mount) -> None:
 def open_beneath_checked(mount: Mount) -> int:
     """A lease source or spool opened below its directory without following symlinks on the
     whole path from /, and still of a kind the check allowed."""
-    from sandboxer.host.fsutil import open_beneath
+    from sandboxer.core.reading import open_beneath
 
     fd = open_beneath(str(mount.beneath), str(mount.source), strict_root=True)
     try:

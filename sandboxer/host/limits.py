@@ -179,7 +179,7 @@ def of_sandbox(group: str, sandbox_id: str) -> bool:
         return False
     if parts[-2:] != ["sandboxer", sandbox_id] or any(part in ("", ".", "..") for part in parts[1:]):
         return False
-    from sandboxer.host.fsutil import open_dir_nofollow
+    from sandboxer.core.reading import open_dir_nofollow
 
     try:
         os.close(open_dir_nofollow(group))

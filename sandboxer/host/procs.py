@@ -8,6 +8,8 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from sandboxer.core.removal import Removal
+
 if TYPE_CHECKING:
     from sandboxer.core.record import Processes
 
@@ -177,10 +179,10 @@ def sandbox_namespace(sandbox_id: str, processes: Processes | None) -> int | Non
     return inode if carries(init_pid, bwrap_marker(sandbox_id)) else None
 
 
-def stop_sandbox(sandbox_id: str, processes: Processes | None, *, grace: float = 1.0) -> tuple[list[str], list[str]]:
+def stop_sandbox(sandbox_id: str, processes: Processes | None, *, grace: float = 1.0) -> Removal:
     """Kill every process of the sandbox: all of its pid namespace while its init lives, those its
     record names (bwrap, init, holder), and any bwrap that carries its id (one whose pids never
-    reached the record): TERM, grace, KILL. Returns (removed, residue).
+    reached the record): TERM, grace, KILL.
 
     The record is not trusted with a pid (a forged one could name any process): a pid it names is
     signalled only while it is the same process (its start time) and is the sandbox's own — in the
@@ -219,7 +221,7 @@ def stop_sandbox(sandbox_id: str, processes: Processes | None, *, grace: float =
         if late:
             survivors = terminate(late, grace=0.0)
             residue.extend(f"process {pid} still running" for pid in survivors)
-    return removed, residue
+    return Removal.of(removed, residue)
 
 
 def kill_cgroup(group: str) -> None:

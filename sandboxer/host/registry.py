@@ -12,7 +12,7 @@
         git-home/                 0700, host-side git's HOME while it clones
 
 Record states: `creating` → `ready` → `tearing-down` (then the directory is gone), or `failed`;
-a warm sandbox (sandboxer.host.warmpool) is `warming` → `warm` until a create takes it, and is
+a warm sandbox (sandboxer.commands.warmpool) is `warming` → `warm` until a create takes it, and is
 no caller's sandbox until then.
 Whatever a crash leaves — no record, a `creating` record, a dead holder — `gc` can finish, and it
 never touches a directory whose lock is held by a live process.

@@ -32,6 +32,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from sandboxer.core.plan import RUNTIME_TARGET, Plan
+from sandboxer.core.removal import Removal
 from sandboxer.errors import BackendError, PolicyError
 from sandboxer.host import fsutil
 
@@ -206,9 +207,9 @@ def mount_etc(sandbox_dir: str) -> str:
     return point
 
 
-def unstage(sandbox_dir: str) -> tuple[list[str], list[str]]:
-    """Unmount a sandbox's runtime image and /etc tmpfs (once nothing of it runs): (removed,
-    residue). Lazily: a mount namespace that still holds one keeps it until it ends."""
+def unstage(sandbox_dir: str) -> Removal:
+    """Unmount a sandbox's runtime image and /etc tmpfs (once nothing of it runs). Lazily: a
+    mount namespace that still holds one keeps it until it ends."""
     removed, residue = [], []
     points = set(fsutil.mount_points())
     for name, what in ((RUNTIME_POINT, "runtime image"), (ETC_POINT, "/etc tmpfs")):
@@ -221,7 +222,7 @@ def unstage(sandbox_dir: str) -> tuple[list[str], list[str]]:
                 break
             removed.append(f"{what} {point}")
             points = set(fsutil.mount_points())
-    return removed, residue
+    return Removal.of(removed, residue)
 
 
 def runtime_mismatches(sandbox_dir: str, inside: list[MountSeen]) -> list[str]:

@@ -16,6 +16,7 @@ import subprocess
 from typing import TYPE_CHECKING
 
 from sandboxer.core.record import WorkspaceFs
+from sandboxer.core.removal import Removal
 from sandboxer.errors import BackendError
 from sandboxer.host import fsutil
 
@@ -81,13 +82,13 @@ def make(directory: str, *, size_mib: int) -> bool:
     return True
 
 
-def unmount(directory: str) -> tuple[list[str], list[str]]:
-    """Unmount a sandbox's workspace filesystem (after its processes are gone): (removed, residue)."""
+def unmount(directory: str) -> Removal:
+    """Unmount a sandbox's workspace filesystem (after its processes are gone)."""
     target = os.path.join(directory, MOUNT_POINT)
     if not os.path.ismount(target):
-        return [], []
+        return Removal()
     try:
         fsutil.unmount(target)
     except OSError as exc:
-        return [], [f"workspace filesystem {target}: umount failed ({exc.strerror})"]
-    return [f"workspace filesystem {target}"], []
+        return Removal(residue=(f"workspace filesystem {target}: umount failed ({exc.strerror})",))
+    return Removal(removed=(f"workspace filesystem {target}",))

@@ -17,9 +17,9 @@ from typing import Any
 
 from aiohttp import web
 
+from sandboxer.core.reading import CallerFile
 from sandboxer.dirs import Dirs
 from sandboxer.errors import PolicyError, SandboxerError, UsageError
-from sandboxer.host.fsutil import CallerFile
 from sandboxer.host.registry import ID_PATTERN
 from sandboxer.results import ExportNoted, JsonResult, KeptExports, Receipt, SandboxList, Version
 from sandboxer.service.admission import CALLS_PER_CALLER, CallerSlots, Refused, admit, owner_by_uid

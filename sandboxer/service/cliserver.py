@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from sandboxer.caller import Caller
+from sandboxer.core.reading import CallerFile
 from sandboxer.dirs import Dirs
 from sandboxer.errors import UsageError
 from sandboxer.host.fdpass import receive_fds
-from sandboxer.host.fsutil import CallerFile
 from sandboxer.host.registry import ID_PATTERN
 from sandboxer.invocation import Invocation, running
 from sandboxer.service.admission import Refused, admit

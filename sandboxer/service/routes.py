@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from sandboxer.commands.create import MAX_TTL, MIN_TTL
-from sandboxer.host.dispatch import MAX_WAIT
+from sandboxer.commands.dispatch import MAX_WAIT
 from sandboxer.host.registry import ID_PATTERN
 from sandboxer.host.stdio import FORWARDED
 from sandboxer.results import (

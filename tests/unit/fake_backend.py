@@ -12,21 +12,20 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sandboxer.backends.protocol import Backend, Check, Observed
+from sandboxer.backends.protocol import Backend, Check, Note, Observed, Site
 from sandboxer.core.config_types import ExtensionConfig
 from sandboxer.core.exec_request import ExecRequest
 from sandboxer.core.plan import Plan
 from sandboxer.core.record import LimitsRecord, PlanShare, SandboxRecord
 from sandboxer.core.record_exec import ExecView
-from sandboxer.dirs import Dirs
+from sandboxer.core.removal import Removal
 from sandboxer.errors import BackendError, EntryError, ExecUsage
 from sandboxer.host.limit_events import LimitWatch
-from sandboxer.host.registry import Registry
 from sandboxer.host.stdio import CALLER_GONE, TIMED_OUT, Stdio
 
 NO_WARM = "the fake backend keeps no warm sandboxes"
@@ -40,7 +39,7 @@ class FakeBackend:
     calls: list[tuple[str, str]] = field(default_factory=list)  # (verb, its subject: a sandbox id, spool, state dir)
     images: bool = False  # whether it admits a manifest's service images
     spool_base: Path = Path("/nonexistent/fake-spools")  # where make_spool_root makes a spool's directory
-    orphans: list[dict[str, Any]] = field(default_factory=list)  # receipts gc gets once, then no more
+    orphans: dict[str, Removal] = field(default_factory=dict)  # what gc gets once (by sandbox id), then no more
     execs: list[tuple[ExecRequest, dict[str, str]]] = field(default_factory=list)  # each exec, its environment
 
     def health(self) -> list[Check]:
@@ -62,12 +61,12 @@ class FakeBackend:
         return True  # no sized filesystem to mount: the clone stays in the sandbox's directory
 
     def start(
-        self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str, profile_file: str
+        self, plan: Plan, record: SandboxRecord, *, site: Site, image: str, profile_file: str, note: Note
     ) -> SandboxRecord:
         self.calls.append(("start", plan.sandbox_id))
         limits = LimitsRecord(mechanism="fake", memory_mib=plan.limits.memory_mib, pids=plan.limits.pids)
         record = replace(record, limits=limits, plan=PlanShare.of(plan))  # as every backend records it
-        registry.write(record)
+        note(record)
         if self.fail_start is not None:
             raise BackendError(self.fail_start)
         self.running.add(plan.sandbox_id)
@@ -79,16 +78,16 @@ class FakeBackend:
     def deliver(self, plan: Plan, record: SandboxRecord, data: bytes, target: str) -> None:
         self.calls.append(("deliver", plan.sandbox_id))
 
-    def stop(self, registry: Registry, record: SandboxRecord) -> tuple[list[str], list[str]]:
+    def stop(self, record: SandboxRecord, *, site: Site) -> Removal:
         sandbox_id = record.id
         self.calls.append(("stop", sandbox_id))
         was = sandbox_id in self.running
         self.running.discard(sandbox_id)
-        return (["fake processes"] if was else []), []
+        return Removal(removed=("fake processes",) if was else ())
 
-    def release(self, record: SandboxRecord) -> tuple[list[str], list[str]]:
+    def release(self, record: SandboxRecord) -> Removal:
         self.calls.append(("release", record.id))
-        return [], []
+        return Removal()
 
     def is_running(self, record: SandboxRecord) -> bool | None:
         sandbox_id = record.id
@@ -96,21 +95,21 @@ class FakeBackend:
             return None
         return sandbox_id in self.running
 
-    def observe(self, dirs: Dirs, record: SandboxRecord) -> Observed:
+    def observe(self, record: SandboxRecord, *, site: Site) -> Observed:
         raise BackendError("the fake backend observes nothing")
 
-    def warm_fingerprint(self, plan: Plan, registry: Registry, image: str) -> str:
+    def warm_fingerprint(self, plan: Plan, *, site: Site, image: str) -> str:
         raise BackendError(NO_WARM)
 
     def start_warm(
-        self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str
+        self, plan: Plan, record: SandboxRecord, *, site: Site, image: str, note: Note
     ) -> tuple[SandboxRecord, dict[str, Any]]:
         raise BackendError(NO_WARM)
 
-    def warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
+    def warm_problems(self, record: SandboxRecord, plan: Plan, *, site: Site) -> list[str]:
         raise BackendError(NO_WARM)
 
-    def taken_warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
+    def taken_warm_problems(self, record: SandboxRecord, plan: Plan, *, site: Site) -> list[str]:
         raise BackendError(NO_WARM)
 
     def admits_service_images(self) -> bool:
@@ -130,13 +129,13 @@ class FakeBackend:
         self.calls.append(("spool_directory", name))
         return str(self.spool_base / name)
 
-    def remove_spool(self, source: str, *, sandbox_id: str) -> tuple[list[str], list[str]]:
+    def remove_spool(self, source: str, *, sandbox_id: str) -> Removal:
         self.calls.append(("remove_spool", source))
-        return [f"fake spool {source}"], []
+        return Removal(removed=(f"fake spool {source}",))
 
-    def collect_orphans(self, registry: Registry) -> list[dict[str, Any]]:
-        self.calls.append(("collect_orphans", registry.state_dir))
-        found, self.orphans = self.orphans, []
+    def collect_orphans(self, *, state_dir: str, present: Callable[[], set[str]]) -> dict[str, Removal]:
+        self.calls.append(("collect_orphans", state_dir))
+        found, self.orphans = self.orphans, {}
         return found
 
     def run(

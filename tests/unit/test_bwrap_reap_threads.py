@@ -14,6 +14,7 @@ import pytest
 
 from sandboxer.backends.bwrap import stop
 from sandboxer.core.record import SandboxRecord
+from sandboxer.core.removal import Removal
 
 REPO = Path(__file__).resolve().parents[2]
 # Run apart: the table is the process's, and this fills it with hundreds of ended children.
@@ -77,7 +78,7 @@ def test_a_reap_that_fails_does_not_stop_the_teardown(caplog: pytest.LogCaptureF
     stop.keep(broken)  # type: ignore[arg-type]
     try:
         record = SandboxRecord(id="f" * 24, profile="", backend="bwrap", state="failed", created_at="")
-        assert stop.stop(record) == ([], [])
+        assert stop.stop(record) == Removal()
     finally:
         broken.failing = False
         stop.reap()

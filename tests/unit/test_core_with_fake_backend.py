@@ -17,11 +17,12 @@ import pytest
 
 from sandboxer import Broker
 from sandboxer.backends import NAMES
+from sandboxer.commands.dispatch import dispatch
 from sandboxer.core import leases
 from sandboxer.core import manifest as mf
 from sandboxer.core.plan import MountKind
+from sandboxer.core.removal import Removal
 from sandboxer.errors import BackendError, PolicyError, UnexportedWorkError, UsageError
-from sandboxer.host.dispatch import dispatch
 from tests.conftest import make_repository, make_runtime
 from tests.manifest_samples import IMAGE_APP, REQUEST, RUN_ID, Run, build_run, fake_document, render
 from tests.samples import profile_yaml
@@ -246,7 +247,7 @@ def test_spools_are_placed_made_found_and_removed_by_the_backend(
 
 def test_gc_collects_the_orphans_each_backend_reports(broker: Broker, fake: FakeBackend) -> None:
     orphan = "0123456789abcdef01234567"
-    fake.orphans = [{"id": orphan, "removed": ["fake container"], "residue": []}]
+    fake.orphans = {orphan: Removal(removed=("fake container",))}
     report = broker.gc()
     assert [(receipt.id, receipt.removed, receipt.residue) for receipt in report.collected] == [
         (orphan, ("fake container",), ())

@@ -12,8 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from sandboxer.core.digest import TreeDigest, tree_digest
-from sandboxer.core.digest_cache import StatCache
-from sandboxer.core.runtime import digest_runtime
+from sandboxer.host.digest_cache import StatCache, digest_runtime
 from tests.conftest import make_runtime
 from tests.unit.digest_reference import Node, build_tree, reference_digest, trees
 

@@ -12,6 +12,7 @@ from sandboxer.core.config import parse_owner_file
 from sandboxer.core.config_types import from_meaning, meaning
 from sandboxer.core.configdir import OwnerFileBytes, load_owner_file
 from sandboxer.errors import ConfigError
+from sandboxer.host.parse_cache import ParseCache
 from tests.samples import profile_yaml
 
 PROFILE = profile_yaml("dev", extra="limits:\n  pids: 99\n").encode()
@@ -46,30 +47,30 @@ def raw(data: bytes, name: str) -> OwnerFileBytes:
 
 def test_cache_is_written_and_then_used(tmp_path: Path) -> None:
     cache = tmp_path / "parsed"
-    first = load_owner_file(raw(PROFILE, "dev"), cache_dir=str(cache))
+    first = load_owner_file(raw(PROFILE, "dev"), cache=ParseCache(str(cache)))
     entry = cache / f"{hashlib.sha256(PROFILE).hexdigest()}.json"
     assert entry.stat().st_mode & 0o777 == 0o600
     document = json.loads(entry.read_text())
     document["limits"]["pids"] = 77  # prove the cache, not the YAML, is what the second load reads
     entry.write_text(json.dumps(document))
-    second = load_owner_file(raw(PROFILE, "dev"), cache_dir=str(cache))
+    second = load_owner_file(raw(PROFILE, "dev"), cache=ParseCache(str(cache)))
     assert first.limits.pids == 99  # type: ignore[union-attr]
     assert second.limits.pids == 77  # type: ignore[union-attr]
 
 
 def test_cache_file_open_to_others_is_ignored(tmp_path: Path) -> None:
     cache = tmp_path / "parsed"
-    load_owner_file(raw(PROFILE, "dev"), cache_dir=str(cache))
+    load_owner_file(raw(PROFILE, "dev"), cache=ParseCache(str(cache)))
     entry = cache / f"{hashlib.sha256(PROFILE).hexdigest()}.json"
     document = json.loads(entry.read_text())
     document["limits"]["pids"] = 77
     entry.write_text(json.dumps(document))
     entry.chmod(0o644)
-    assert load_owner_file(raw(PROFILE, "dev"), cache_dir=str(cache)).limits.pids == 99  # type: ignore[union-attr]
+    assert load_owner_file(raw(PROFILE, "dev"), cache=ParseCache(str(cache))).limits.pids == 99  # type: ignore[union-attr]
 
 
 def test_cached_meaning_under_another_name_is_not_used(tmp_path: Path) -> None:
     cache = tmp_path / "parsed"
-    load_owner_file(raw(PROFILE, "dev"), cache_dir=str(cache))
+    load_owner_file(raw(PROFILE, "dev"), cache=ParseCache(str(cache)))
     with pytest.raises(ConfigError, match=r"must equal the file's name \(other\)"):
-        load_owner_file(raw(PROFILE, "other"), cache_dir=str(cache))
+        load_owner_file(raw(PROFILE, "other"), cache=ParseCache(str(cache)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandboxer.host.lease_removal import _below
+from sandboxer.commands.lease_removal import _below
 from sandboxer.host.limits import CGROUP_ROOT, of_sandbox
 
 SANDBOX = "0123456789abcdef01234567"

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandboxer.backends.bwrap.enter import BwrapExecution
 from sandboxer.backends.protocol import Check
+from sandboxer.core.removal import Removal
 from sandboxer.errors import BackendError
 from sandboxer.host import procs
 
@@ -16,12 +17,12 @@ SPOOLS = "spools"  # the sandbox directory's subdirectory of request spools
 # teardown, list and gc ask only is_running, stop and release: what else a method needs (the
 # namespace code, the plan, YAML through the config) is imported inside it.
 if TYPE_CHECKING:
-    from sandboxer.backends.protocol import Observed
+    from collections.abc import Callable
+
+    from sandboxer.backends.protocol import Note, Observed, Site
     from sandboxer.core.config_types import ExtensionConfig
     from sandboxer.core.plan import Plan
     from sandboxer.core.record import SandboxRecord
-    from sandboxer.dirs import Dirs
-    from sandboxer.host.registry import Registry
 
 
 class BwrapBackend(BwrapExecution):
@@ -80,11 +81,11 @@ class BwrapBackend(BwrapExecution):
         return os.geteuid() != 0
 
     def start(
-        self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str, profile_file: str
+        self, plan: Plan, record: SandboxRecord, *, site: Site, image: str, profile_file: str, note: Note
     ) -> SandboxRecord:
         from sandboxer.backends.bwrap.starting import start_verified
 
-        record, _, _, _ = start_verified(plan, registry, record)
+        record, _, _, _ = start_verified(plan, record, site=site, note=note)
         self.fill_workspace(plan, record, profile_file=profile_file)
         return record
 
@@ -113,18 +114,18 @@ class BwrapBackend(BwrapExecution):
         procs_files = record.limits.procs_files if record.limits else ()
         bwrap.deliver(live, plan, data, target, procs_files=procs_files, seccomp=program)
 
-    def stop(self, registry: Registry, record: SandboxRecord) -> tuple[list[str], list[str]]:
+    def stop(self, record: SandboxRecord, *, site: Site) -> Removal:
         from sandboxer.backends.bwrap.stop import stop
 
-        removed, residue = stop(record)
-        if not residue:  # nothing of the sandbox runs: its runtime image's mount goes
-            from sandboxer.host import staging
+        stopped = stop(record)
+        if not stopped.clean:
+            return stopped
+        # Nothing of the sandbox runs: its runtime image's mount goes.
+        from sandboxer.host import staging
 
-            more_removed, residue = staging.unstage(registry.path(record.id))
-            removed += more_removed
-        return removed, residue
+        return stopped + staging.unstage(site.directory)
 
-    def release(self, record: SandboxRecord) -> tuple[list[str], list[str]]:
+    def release(self, record: SandboxRecord) -> Removal:
         """The sandbox's cgroups (those recorded, or left by a create that died first)."""
         from sandboxer.host import limits
 
@@ -138,7 +139,9 @@ class BwrapBackend(BwrapExecution):
             f"cgroup {g}: not this sandbox's (sandboxer/{record.id}), left alone" for g in groups if g not in ours
         ]
         left = limits.remove(ours)
-        return [f"cgroup {g}" for g in ours if g not in left], [f"cgroup {g}" for g in left] + refused
+        return Removal.of(
+            removed=[f"cgroup {g}" for g in ours if g not in left], residue=[f"cgroup {g}" for g in left] + refused
+        )
 
     def is_running(self, record: SandboxRecord) -> bool | None:
         processes = record.processes
@@ -148,35 +151,32 @@ class BwrapBackend(BwrapExecution):
             processes.holder_pid, processes.holder_start
         )
 
-    def observe(self, dirs: Dirs, record: SandboxRecord) -> Observed:
+    def observe(self, record: SandboxRecord, *, site: Site) -> Observed:
         from sandboxer.backends.bwrap import live as bwrap
         from sandboxer.backends.bwrap.argv import HOLDER_TARGET
         from sandboxer.backends.bwrap.netview import observe_network
         from sandboxer.backends.protocol import Observed
         from sandboxer.host import limits, staging
         from sandboxer.host.observe import differences, read_mountinfo
-        from sandboxer.host.registry import Registry
 
-        registry = Registry(dirs.state)
-        sandbox_id = record.id
         live = bwrap.Live.of(record.processes)
         if record.limits is None:
             raise BackendError("the sandbox's record has no limits")
         mounts = read_mountinfo(live.holder_pid)
         network = observe_network(live.holder_pid)
-        plan = record.plan_for(registry.path(sandbox_id, "workspace"))
+        plan = record.plan_for(site.path("workspace"))
         limit_setup = limits.LimitSetup.of(record.limits)
         probe = bwrap.probe(
             live,
             plan,
             procs_files=limit_setup.procs_files,
             rlimits=limit_setup.rlimits,
-            seccomp=bwrap.load_seccomp(registry.path(sandbox_id)),
+            seccomp=bwrap.load_seccomp(site.directory),
         )
         problems = differences(plan, mounts, network["interfaces"], probe, backend_files=(HOLDER_TARGET,))
         problems += bwrap.confinement_problems(live, limit_setup)
-        if os.path.isdir(registry.path(sandbox_id, staging.RUNTIME_POINT)):  # a root broker's: its image
-            problems += staging.runtime_mismatches(registry.path(sandbox_id), mounts)
+        if os.path.isdir(site.path(staging.RUNTIME_POINT)):  # a root broker's: its image
+            problems += staging.runtime_mismatches(site.directory, mounts)
         return Observed(
             mounts=mounts,
             probe=probe,
@@ -185,24 +185,24 @@ class BwrapBackend(BwrapExecution):
             limits={"cgroups": list(probe.cgroups) if limit_setup.groups else []},
         )
 
-    def warm_fingerprint(self, plan: Plan, registry: Registry, image: str) -> str:
+    def warm_fingerprint(self, plan: Plan, *, site: Site, image: str) -> str:
         from sandboxer.backends.bwrap import warm
 
-        return warm.fingerprint(plan, registry)
+        return warm.fingerprint(plan, state_dir=site.state_dir)
 
     def start_warm(
-        self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str
+        self, plan: Plan, record: SandboxRecord, *, site: Site, image: str, note: Note
     ) -> tuple[SandboxRecord, dict[str, Any]]:
         from sandboxer.backends.bwrap import warm
 
-        return warm.start(plan, registry, record)
+        return warm.start(plan, record, site=site, note=note)
 
-    def warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
+    def warm_problems(self, record: SandboxRecord, plan: Plan, *, site: Site) -> list[str]:
         from sandboxer.backends.bwrap import warm
 
-        return warm.problems(registry, record, plan)
+        return warm.problems(record, plan)
 
-    def taken_warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
+    def taken_warm_problems(self, record: SandboxRecord, plan: Plan, *, site: Site) -> list[str]:
         """Nothing more: `warm_problems` ran under the create's lock just before, and the
         workspace was cloned when the sandbox was made."""
         return []
@@ -228,14 +228,14 @@ class BwrapBackend(BwrapExecution):
     def spool_directory(self, name: str, *, sandbox_dir: str) -> str:
         return os.path.join(sandbox_dir, SPOOLS, name)
 
-    def remove_spool(self, source: str, *, sandbox_id: str) -> tuple[list[str], list[str]]:
+    def remove_spool(self, source: str, *, sandbox_id: str) -> Removal:
         from sandboxer.host.fstree import remove_tree
         from sandboxer.host.lease_mounts import unmount_below
 
         if not unmount_below(source) and remove_tree(source):
-            return [f"spool {source}"], []
-        return [], [f"spool {source}"]
+            return Removal(removed=(f"spool {source}",))
+        return Removal(residue=(f"spool {source}",))
 
-    def collect_orphans(self, registry: Registry) -> list[dict[str, Any]]:
+    def collect_orphans(self, *, state_dir: str, present: Callable[[], set[str]]) -> dict[str, Removal]:
         """Nothing: what a namespace leaves is collected with its sandbox's directory and record."""
-        return []
+        return {}

@@ -8,30 +8,30 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sandboxer.backends.bwrap import live as bwrap
+    from sandboxer.backends.protocol import Note, Site
     from sandboxer.core.plan import Plan
     from sandboxer.core.record import SandboxRecord
     from sandboxer.host import limits
     from sandboxer.host.observe import ProbeSeen
-    from sandboxer.host.registry import Registry
 
 
 def start_verified(
-    plan: Plan, registry: Registry, record: SandboxRecord
+    plan: Plan, record: SandboxRecord, *, site: Site, note: Note
 ) -> tuple[SandboxRecord, bwrap.Live, ProbeSeen, list[str]]:
-    """Set up the limits, start the namespace inside them, record it, and refuse it unless it is
-    the plan: the record, the live namespace, and what its probe and network showed."""
+    """Set up the limits, start the namespace inside them, hand its record to `note` (before the
+    verification: a crash after the start must leave its processes findable), and refuse it
+    unless it is the plan: the record, the live namespace, and what its probe and network showed."""
     import hashlib
     from dataclasses import replace
 
     from sandboxer.backends.bwrap import namespace
-    from sandboxer.core import seccomp
     from sandboxer.core.plan import MountKind
     from sandboxer.core.record import PlanShare, SeccompRecord
-    from sandboxer.host import limits
+    from sandboxer.host import limits, seccomp_cache
 
     limit_setup = limits.setup(plan.sandbox_id, plan.limits)
-    program = seccomp.cached_bpf(os.path.join(registry.state_dir, "parsed"), allow_ptrace=plan.allow_ptrace)
-    namespace.save_seccomp(registry.path(plan.sandbox_id), program)
+    program = seccomp_cache.cached_bpf(os.path.join(site.state_dir, "parsed"), allow_ptrace=plan.allow_ptrace)
+    namespace.save_seccomp(site.directory, program)
     record = replace(
         record,
         limits=limit_setup.recorded(plan.limits),
@@ -42,15 +42,15 @@ def start_verified(
         from sandboxer.host import lease_mounts
 
         owner = record.manifest.owner_uid if record.manifest else -1
-        started = lease_mounts.stage(plan, registry.path(plan.sandbox_id), owner=owner)
+        started = lease_mounts.stage(plan, site.directory, owner=owner)
     if os.geteuid() == 0:  # the runtime from its image: no host path in the sandbox's mount table
         from sandboxer.host import staging
 
-        point = staging.stage_runtime(plan, registry.state_dir, registry.path(plan.sandbox_id))
+        point = staging.stage_runtime(plan, site.state_dir, site.directory)
         started = staging.staged_plan(started, point)
     live = namespace.start(started, seccomp_program=program, limit_setup=limit_setup)
     record = replace(record, processes=live.processes(), plan=PlanShare.of(plan))
-    registry.write(record)
+    note(record)
     probe, interfaces = _verify(plan, live, limit_setup, program)
     return record, live, probe, interfaces
 

@@ -10,6 +10,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
+from sandboxer.core.removal import Removal
 from sandboxer.host import procs
 
 if TYPE_CHECKING:
@@ -62,14 +63,14 @@ keep = STARTED.keep
 reap = STARTED.reap
 
 
-def stop(record: SandboxRecord) -> tuple[list[str], list[str]]:
+def stop(record: SandboxRecord) -> Removal:
     """Kill every process of the bwrap sandbox (procs.stop_sandbox), then reap the bwrap this
-    process started for it: (removed, residue). Reaping is our own bookkeeping: should it fail,
+    process started for it. Reaping is our own bookkeeping: should it fail,
     the bwrap is collected by the next reap or at exit, and the rest of the teardown (limits,
     mounts, the directory) still runs."""
-    removed, residue = procs.stop_sandbox(record.id, record.processes)
+    stopped = procs.stop_sandbox(record.id, record.processes)
     try:
         reap()
     except Exception:  # never a reason to leave the sandbox's mounts behind
         log.exception("reaping the bwraps this process started failed (teardown of %s goes on)", record.id)
-    return removed, residue
+    return stopped

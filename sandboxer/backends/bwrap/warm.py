@@ -2,7 +2,7 @@
 empty), fingerprinted by its plan and syscall policy, and checked again before a create takes it.
 
 The pool itself (which sandboxes are warm, claiming one, filling, draining) is the core's:
-sandboxer.host.warmpool. This module is the bubblewrap half it reaches through BwrapBackend.
+sandboxer.commands.warmpool. This module is the bubblewrap half it reaches through BwrapBackend.
 
 What a take checks: the namespace still runs with the same holder that was probed when it
 started, nothing but that holder runs in it (the broker refuses every exec, dispatch and inspect
@@ -25,22 +25,22 @@ from sandboxer.errors import BackendError
 _OWN_PROCESSES = ("bwrap's init", "the holder")  # all that runs in a warm namespace
 
 if TYPE_CHECKING:
+    from sandboxer.backends.protocol import Note, Site
     from sandboxer.core.plan import Plan
     from sandboxer.core.record import SandboxRecord
-    from sandboxer.host.registry import Registry
 
 
-def fingerprint(plan: Plan, registry: Registry) -> str:
+def fingerprint(plan: Plan, *, state_dir: str) -> str:
     """The sha256 of the plan and of the syscall policy a namespace of it starts with: a warm
     sandbox is taken only by a create that would start exactly the same one."""
-    from sandboxer.core import seccomp
+    from sandboxer.host import seccomp_cache
 
-    program = seccomp.cached_bpf(os.path.join(registry.state_dir, "parsed"), allow_ptrace=plan.allow_ptrace)
+    program = seccomp_cache.cached_bpf(os.path.join(state_dir, "parsed"), allow_ptrace=plan.allow_ptrace)
     document = json.dumps(dataclasses.asdict(plan), sort_keys=True, default=str)
     return hashlib.sha256(document.encode() + hashlib.sha256(program).digest()).hexdigest()
 
 
-def start(plan: Plan, registry: Registry, record: SandboxRecord) -> tuple[SandboxRecord, dict[str, Any]]:
+def start(plan: Plan, record: SandboxRecord, *, site: Site, note: Note) -> tuple[SandboxRecord, dict[str, Any]]:
     """Start and verify a warm namespace for `plan`, its workspace empty (a root broker's: its
     own sized filesystem, root's until a create's clone gives it to the sandbox user; an
     unprivileged broker's: the namespace's own tmpfs): its record, and what its probe and holder
@@ -50,8 +50,8 @@ def start(plan: Plan, registry: Registry, record: SandboxRecord) -> tuple[Sandbo
     from sandboxer.backends.bwrap.starting import start_verified
     from sandboxer.host import workspace_volume
 
-    record = replace(record, workspace_fs=workspace_volume.prepare(plan, registry.path(plan.sandbox_id)))
-    record, live, probe, interfaces = start_verified(plan, registry, record)
+    record = replace(record, workspace_fs=workspace_volume.prepare(plan, site.directory))
+    record, live, probe, interfaces = start_verified(plan, record, site=site, note=note)
     return record, {
         "probe": probe.fields(),
         "interfaces": interfaces,
@@ -61,7 +61,7 @@ def start(plan: Plan, registry: Registry, record: SandboxRecord) -> tuple[Sandbo
     }
 
 
-def problems(registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
+def problems(record: SandboxRecord, plan: Plan) -> list[str]:
     """Every reason the warm namespace may not become the sandbox of `plan`: the same holder,
     alone in it, and its mounts, network and confinement as the plan has them now."""
     from sandboxer.backends.bwrap import live as bwrap

@@ -8,35 +8,36 @@ from typing import TYPE_CHECKING, Any
 
 from sandboxer.backends.docker.enter import DockerExecution
 from sandboxer.backends.protocol import Check
+from sandboxer.core.removal import Removal
 from sandboxer.errors import BackendError, UsageError
-from sandboxer.host.registry import Registry
 
 # teardown, list and gc ask only is_running, stop and release: the plan and the config (YAML)
 # are imported by the methods that need them.
 if TYPE_CHECKING:
-    from sandboxer.backends.protocol import Observed
+    from collections.abc import Callable
+
+    from sandboxer.backends.protocol import Note, Observed, Site
     from sandboxer.core.config_types import ExtensionConfig
     from sandboxer.core.plan import Plan
     from sandboxer.core.record import SandboxRecord
-    from sandboxer.dirs import Dirs
     from sandboxer.host.observe import MountSeen, ProbeSeen
 
 
 def start_docker(
-    plan: Plan, image: str, registry: Registry, record: SandboxRecord
+    plan: Plan, record: SandboxRecord, *, image: str, site: Site, note: Note
 ) -> tuple[SandboxRecord, ProbeSeen, list[str]]:
-    """Start the container, record it, and refuse it unless Docker and the container itself
-    show exactly the plan; returns the record and what its pid 1 saw (the probe and the
-    interfaces)."""
+    """Start the container, its record handed to `note` before the Engine is asked for it and
+    again once it has an id (a crash in between leaves it findable by its labels), and refuse it
+    unless Docker and the container itself show exactly the plan; returns the record and what its
+    pid 1 saw (the probe and the interfaces)."""
     from dataclasses import replace
 
     from sandboxer.backends.docker import container as docker_backend
     from sandboxer.core.record import LimitsRecord, PlanShare, SeccompRecord
     from sandboxer.host.observe import process_differences
 
-    sandbox_id = plan.sandbox_id
-    etc_dir = registry.path(sandbox_id, "etc")
-    staged = _staged(plan, registry, record)
+    etc_dir = site.path("etc")
+    staged = _staged(plan, site, record)
     record = replace(
         record,
         limits=LimitsRecord(mechanism="docker", memory_mib=plan.limits.memory_mib, pids=plan.limits.pids),
@@ -46,10 +47,10 @@ def start_docker(
         seccomp=SeccompRecord(allow_ptrace=plan.allow_ptrace),
         plan=PlanShare.of(staged),  # what the Engine is asked for, and shows
     )
-    registry.write(record)
-    container_id, output = docker_backend.start(staged, image=image, etc_dir=etc_dir, state_dir=registry.state_dir)
+    note(record)
+    container_id, output = docker_backend.start(staged, image=image, etc_dir=etc_dir, state_dir=site.state_dir)
     record = replace(record, container_id=container_id)
-    registry.write(record)
+    note(record)
     problems = docker_backend.check(container_id, staged, etc_dir=etc_dir)
     probe, interfaces, mounts, _ = _parse_docker_probe(output)
     problems += process_differences(plan, interfaces, probe)
@@ -60,13 +61,13 @@ def start_docker(
     if staged is not plan:
         problems += staged_mismatches(staged, mounts)
     problems += spool_mismatches(plan, mounts)
-    problems += runtime_mismatches(registry.path(sandbox_id), mounts)
+    problems += runtime_mismatches(site.directory, mounts)
     if problems:
         raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))
     return record, probe, interfaces
 
 
-def _staged(plan: Plan, registry: Registry, record: SandboxRecord) -> Plan:
+def _staged(plan: Plan, site: Site, record: SandboxRecord) -> Plan:
     """As root, lease binds come from read-only mounts the broker makes of each source it opened
     and checked (as for bwrap): Docker resolves a bind source by path, so it is never given one
     in the run directory, which its owner could swap for a symlink after the check."""
@@ -77,7 +78,7 @@ def _staged(plan: Plan, registry: Registry, record: SandboxRecord) -> Plan:
     from sandboxer.host import lease_mounts
 
     owner = record.manifest.owner_uid if record.manifest else -1
-    return lease_mounts.stage(plan, registry.path(plan.sandbox_id), owner=owner)
+    return lease_mounts.stage(plan, site.directory, owner=owner)
 
 
 def docker_probe(container_id: str, plan: Plan) -> tuple[ProbeSeen, list[str], list[MountSeen], list[dict[str, str]]]:
@@ -182,9 +183,9 @@ class DockerBackend(DockerExecution):
         return False
 
     def start(
-        self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str, profile_file: str
+        self, plan: Plan, record: SandboxRecord, *, site: Site, image: str, profile_file: str, note: Note
     ) -> SandboxRecord:
-        record, _, _ = start_docker(plan, image, registry, record)
+        record, _, _ = start_docker(plan, record, image=image, site=site, note=note)
         return record
 
     def fill_workspace(self, plan: Plan, record: SandboxRecord, *, profile_file: str) -> None:
@@ -195,38 +196,38 @@ class DockerBackend(DockerExecution):
 
         container.deliver(str(record.container_id), plan, data, target)
 
-    def stop(self, registry: Registry, record: SandboxRecord) -> tuple[list[str], list[str]]:
+    def stop(self, record: SandboxRecord, *, site: Site) -> Removal:
         """Its processes, then the container (found by its label when a create died before
         recording it)."""
         from sandboxer.host import procs
 
-        removed, residue = procs.stop_sandbox(record.id, record.processes)
+        stopped = procs.stop_sandbox(record.id, record.processes)
         container_id = record.container_id
         if not container_id:
             from sandboxer.backends.docker import container
 
-            container_id = container.labelled(registry.state_dir).get(record.id)
+            container_id = container.labelled(site.state_dir).get(record.id)
         if container_id:
             from sandboxer.backends.docker.engine import remove_labelled  # no SDK, no plan code: teardown stays lean
             from sandboxer.backends.docker.render import LABEL, STATE_LABEL
 
             # The record's container id is not trusted: only a container labelled as this
             # sandbox of this state dir is removed.
-            problem = remove_labelled(str(container_id), {LABEL: record.id, STATE_LABEL: registry.state_dir})
+            problem = remove_labelled(str(container_id), {LABEL: record.id, STATE_LABEL: site.state_dir})
             if problem is None or problem == "gone":
-                removed.append(f"container {str(container_id)[:12]}")
+                stopped += Removal(removed=(f"container {str(container_id)[:12]}",))
             else:
-                residue.append(f"container {str(container_id)[:12]}: {problem}")
-        if not residue:  # no container holds them now: its runtime image and /etc tmpfs go
-            from sandboxer.host import staging
+                stopped += Removal(residue=(f"container {str(container_id)[:12]}: {problem}",))
+        if not stopped.clean:
+            return stopped
+        # No container holds them now: its runtime image and /etc tmpfs go.
+        from sandboxer.host import staging
 
-            more_removed, residue = staging.unstage(registry.path(record.id))
-            removed += more_removed
-        return removed, residue
+        return stopped + staging.unstage(site.directory)
 
-    def release(self, record: SandboxRecord) -> tuple[list[str], list[str]]:
+    def release(self, record: SandboxRecord) -> Removal:
         """Nothing: a container's cgroups are the Engine's, and go with it."""
-        return [], []
+        return Removal()
 
     def is_running(self, record: SandboxRecord) -> bool | None:
         import json
@@ -243,7 +244,7 @@ class DockerBackend(DockerExecution):
             return None
         return bool((json.loads(content).get("State") or {}).get("Running"))
 
-    def observe(self, dirs: Dirs, record: SandboxRecord) -> Observed:
+    def observe(self, record: SandboxRecord, *, site: Site) -> Observed:
         """What the Engine shows and what the container itself shows."""
         import os
         from dataclasses import replace
@@ -257,19 +258,17 @@ class DockerBackend(DockerExecution):
         from sandboxer.host.observe import process_differences
         from sandboxer.host.staging import runtime_mismatches
 
-        registry = Registry(dirs.state)
-        sandbox_id = record.id
         container_id = str(record.container_id)
         allow_ptrace = bool(record.seccomp and record.seccomp.allow_ptrace)
-        plan = replace(record.plan_for(registry.path(sandbox_id, "workspace")), allow_ptrace=allow_ptrace)
+        plan = replace(record.plan_for(site.path("workspace")), allow_ptrace=allow_ptrace)
         probe, interfaces, mounts, routes = docker_probe(container_id, plan)
         attrs = container.inspect(container_id)
-        problems = container.check(container_id, plan, etc_dir=registry.path(sandbox_id, "etc"))
+        problems = container.check(container_id, plan, etc_dir=site.path("etc"))
         problems += process_differences(plan, interfaces, probe)
-        if os.path.isdir(registry.path(sandbox_id, "leases")):
+        if os.path.isdir(site.path("leases")):
             problems += staged_mismatches(plan, mounts)
         problems += spool_mismatches(plan, mounts)
-        problems += runtime_mismatches(registry.path(sandbox_id), mounts)
+        problems += runtime_mismatches(site.directory, mounts)
         host = attrs.get("HostConfig") or {}
         seen = container.host_view((attrs.get("State") or {}).get("Pid"))
         return Observed(
@@ -303,27 +302,27 @@ class DockerBackend(DockerExecution):
             },
         )
 
-    def warm_fingerprint(self, plan: Plan, registry: Registry, image: str) -> str:
+    def warm_fingerprint(self, plan: Plan, *, site: Site, image: str) -> str:
         from sandboxer.backends.docker import warm
 
-        return warm.fingerprint(plan, registry, image)
+        return warm.fingerprint(plan, site=site, image=image)
 
     def start_warm(
-        self, plan: Plan, registry: Registry, record: SandboxRecord, *, image: str
+        self, plan: Plan, record: SandboxRecord, *, site: Site, image: str, note: Note
     ) -> tuple[SandboxRecord, dict[str, Any]]:
         from sandboxer.backends.docker import warm
 
-        return warm.start(plan, registry, record, image=image, start_docker=start_docker)
+        return warm.start(plan, record, site=site, image=image, note=note, start_docker=start_docker)
 
-    def warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
+    def warm_problems(self, record: SandboxRecord, plan: Plan, *, site: Site) -> list[str]:
         from sandboxer.backends.docker import warm
 
-        return warm.problems(registry, record, plan)
+        return warm.problems(record, plan, site=site)
 
-    def taken_warm_problems(self, registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
+    def taken_warm_problems(self, record: SandboxRecord, plan: Plan, *, site: Site) -> list[str]:
         from sandboxer.backends.docker import warm
 
-        return warm.container_problems(registry, record, plan)
+        return warm.container_problems(record, plan, site=site)
 
     def admits_service_images(self) -> bool:
         return True
@@ -343,18 +342,18 @@ class DockerBackend(DockerExecution):
 
         return volume_mountpoint(name)
 
-    def remove_spool(self, source: str, *, sandbox_id: str) -> tuple[list[str], list[str]]:
+    def remove_spool(self, source: str, *, sandbox_id: str) -> Removal:
         """The volume, if it is still this sandbox's."""
         from sandboxer.backends.docker.volumes import remove_volume
 
         problem = remove_volume(source, sandbox_id=sandbox_id)
         if problem == "gone":
-            return [], []
+            return Removal()
         if problem:
-            return [], [f"spool volume {source}: {problem}"]
-        return [f"spool volume {source}"], []
+            return Removal(residue=(f"spool volume {source}: {problem}",))
+        return Removal(removed=(f"spool volume {source}",))
 
-    def collect_orphans(self, registry: Registry) -> list[dict[str, Any]]:
+    def collect_orphans(self, *, state_dir: str, present: Callable[[], set[str]]) -> dict[str, Removal]:
         """Containers and spool volumes labelled with this state dir whose sandbox directory is
         gone. One that cannot be removed is residue of its sandbox id; when the Engine cannot
         even list them, nothing is collected this time (as when no Engine answers at all)."""
@@ -363,37 +362,39 @@ class DockerBackend(DockerExecution):
         from sandboxer.backends.docker.engine import SOCKET
 
         if not os.path.exists(SOCKET):
-            return []
+            return {}
         from sandboxer.backends.docker import container
         from sandboxer.backends.docker.volumes import orphan_volumes
 
-        receipts: list[dict[str, Any]] = []
+        collected: dict[str, Removal] = {}
         # Containers first, then directories: a create (or a warm fill) makes its directory before
         # its container, so a container whose directory is absent after this order is really an
         # orphan.
         try:
-            labelled = container.labelled(registry.state_dir)
+            labelled = container.labelled(state_dir)
         except Exception:  # the Engine stopped answering: like no Engine, nothing to collect
             labelled = {}
-        present = set(registry.ids())
+        there = present()
         for sandbox_id, container_id in labelled.items():
-            if sandbox_id in present:
+            if sandbox_id in there:
                 continue
             try:
                 residue = container.remove(container_id)
             except Exception as exc:  # residue of this sandbox, not the end of gc
                 residue = [f"container {container_id[:12]}: {type(exc).__name__}: {exc}"]
-            removed = [] if residue else [f"container {container_id[:12]}"]
-            receipts.append({"id": sandbox_id, "removed": removed, "residue": residue})
+            removed = () if residue else (f"container {container_id[:12]}",)
+            collected[sandbox_id] = collected.get(sandbox_id, Removal()) + Removal(
+                removed=removed, residue=tuple(residue)
+            )
         try:
-            volumes = orphan_volumes(registry.state_dir, lambda: set(registry.ids()))
+            volumes = orphan_volumes(state_dir, present)
         except Exception:  # as above
             volumes = []
         for volume, sandbox_id in volumes:
             try:
-                removed, residue = self.remove_spool(volume, sandbox_id=sandbox_id)
+                removal = self.remove_spool(volume, sandbox_id=sandbox_id)
             except Exception as exc:  # residue of this sandbox, not the end of gc
-                removed, residue = [], [f"spool volume {volume}: {type(exc).__name__}: {exc}"]
-            if removed or residue:
-                receipts.append({"id": sandbox_id, "removed": removed, "residue": residue})
-        return receipts
+                removal = Removal(residue=(f"spool volume {volume}: {type(exc).__name__}: {exc}",))
+            if removal.removed or removal.residue:
+                collected[sandbox_id] = collected.get(sandbox_id, Removal()) + removal
+        return collected

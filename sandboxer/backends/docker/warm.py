@@ -2,7 +2,7 @@
 fingerprinted by its rendered settings, and checked again before a create takes it.
 
 The pool itself (which containers are warm, claiming one, filling, draining) is the core's:
-sandboxer.host.warmpool. This module is the Docker half it reaches through DockerBackend.
+sandboxer.commands.warmpool. This module is the Docker half it reaches through DockerBackend.
 """
 
 from __future__ import annotations
@@ -11,32 +11,35 @@ import hashlib
 import json
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sandboxer.errors import BackendError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
+    from sandboxer.backends.protocol import Note, Site
     from sandboxer.core.plan import Plan
     from sandboxer.core.record import SandboxRecord
     from sandboxer.host.observe import ProbeSeen
-    from sandboxer.host.registry import Registry
 
-    Starter = Callable[[Plan, str, Registry, SandboxRecord], tuple[SandboxRecord, ProbeSeen, list[str]]]
+    class Starter(Protocol):
+        """backend.start_docker: start, note and verify the container of a plan."""
+
+        def __call__(
+            self, plan: Plan, record: SandboxRecord, *, image: str, site: Site, note: Note
+        ) -> tuple[SandboxRecord, ProbeSeen, list[str]]: ...
 
 
-def fingerprint(plan: Plan, registry: Registry, image: str) -> str:
+def fingerprint(plan: Plan, *, site: Site, image: str) -> str:
     """The sha256 of the container settings the plan renders to: a warm container is taken only
     by a create that would ask the Engine for exactly the same container."""
     from sandboxer.backends.docker.render import create_body
 
-    body = create_body(plan, image=image, etc_dir=registry.path(plan.sandbox_id, "etc"), state_dir=registry.state_dir)
+    body = create_body(plan, image=image, etc_dir=site.path("etc"), state_dir=site.state_dir)
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def start(
-    plan: Plan, registry: Registry, record: SandboxRecord, *, image: str, start_docker: Starter
+    plan: Plan, record: SandboxRecord, *, site: Site, image: str, note: Note, start_docker: Starter
 ) -> tuple[SandboxRecord, dict[str, Any]]:
     """Start (with `start_docker`, as every create) and verify a warm container for `plan` (its
     workspace an empty, sized filesystem, the container root's): its record, and what its pid 1
@@ -51,10 +54,10 @@ def start(
     # Its own sized filesystem (as every create's), empty until a create clones into it, and the
     # container root's (who enters it as the container's working directory before becoming the
     # sandbox user, who cannot).
-    workspace_volume.make(registry.path(plan.sandbox_id), size_mib=plan.limits.workspace_mib)
+    workspace_volume.make(site.directory, size_mib=plan.limits.workspace_mib)
     record = replace(record, workspace_fs=WorkspaceFs(mib=plan.limits.workspace_mib, enforced=True))
     os.chown(str(plan.workspace_source), *container.remap().root)
-    record, probe, interfaces = start_docker(plan, image, registry, record)
+    record, probe, interfaces = start_docker(plan, record, image=image, site=site, note=note)
     state = container.inspect(str(record.container_id)).get("State") or {}
     return record, {
         "probe": probe.fields(),
@@ -65,7 +68,7 @@ def start(
     }
 
 
-def problems(registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
+def problems(record: SandboxRecord, plan: Plan, *, site: Site) -> list[str]:
     """Every reason the warm container may not become the sandbox of `plan`: what its pid 1 saw
     when it started, and the container as the Engine shows it now."""
     from sandboxer.host.observe import ProbeSeen, process_differences
@@ -77,10 +80,10 @@ def problems(registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]
         interfaces = list(record.warm.interfaces)
     except (KeyError, TypeError, ValueError):
         return ["its warm record has an unexpected shape"]
-    return process_differences(plan, interfaces, probe) + container_problems(registry, record, plan)
+    return process_differences(plan, interfaces, probe) + container_problems(record, plan, site=site)
 
 
-def container_problems(registry: Registry, record: SandboxRecord, plan: Plan) -> list[str]:
+def container_problems(record: SandboxRecord, plan: Plan, *, site: Site) -> list[str]:
     """The final inspection of a warm container: the Engine's view against the plan, and the
     same pid 1 that was probed when it started, with no exec ever run in it."""
     from sandboxer.backends.docker import container
@@ -90,7 +93,7 @@ def container_problems(registry: Registry, record: SandboxRecord, plan: Plan) ->
         attrs = container.inspect(str(record.container_id))
     except BackendError as exc:
         return [exc.message]
-    found = verify(attrs, plan, etc_dir=registry.path(plan.sandbox_id, "etc"))
+    found = verify(attrs, plan, etc_dir=site.path("etc"))
     found += container.host_problems(attrs, plan)
     state = attrs.get("State") or {}
     stamp = record.warm

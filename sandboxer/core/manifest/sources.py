@@ -38,7 +38,7 @@ from sandboxer.core.manifest.schema import (
     denied_name,
     run_dir,
 )
-from sandboxer.host.fsutil import UnfitFile, open_beneath, open_dir_nofollow, read_owner_only
+from sandboxer.core.reading import UnfitFile, open_beneath, open_dir_nofollow, read_owner_only
 
 
 def read_assignment(path: str) -> tuple[bytes, os.stat_result]:

@@ -14,35 +14,32 @@ import os
 import stat
 from typing import TYPE_CHECKING
 
+from sandboxer.core.removal import Removal
+
 RUN_DIR_MODE = 0o700  # as create admitted it (core/manifest/sources.py)
 
 if TYPE_CHECKING:
-    from sandboxer.backends.protocol import Backend
+    from sandboxer.backends.protocol import Spools
     from sandboxer.core.record import ManifestRecord
 
 
 def remove(
-    manifest_record: ManifestRecord, *, backend: Backend, sandbox_id: str, sandbox_dir: str, materializations: bool
-) -> tuple[list[str], list[str]]:
+    manifest_record: ManifestRecord, *, backend: Spools, sandbox_id: str, sandbox_dir: str, materializations: bool
+) -> Removal:
     """Remove the spools (each by its backend) and, when the sandbox had consumed its assignment
-    (`materializations`), every recorded materialization source: (removed, residue)."""
+    (`materializations`), every recorded materialization source."""
     from sandboxer.core.leases import spool_name
 
-    removed: list[str] = []
-    residue: list[str] = []
+    done = Removal()
     for spool in manifest_record.spools:
         name = spool_name(manifest_record.run_id, spool.lease_id)
         if spool.source != backend.spool_place(name, sandbox_dir=sandbox_dir)[0]:
-            residue.append(f"spool {spool.source}: not where this sandbox's spool is, left alone")
+            done += Removal(residue=(f"spool {spool.source}: not where this sandbox's spool is, left alone",))
             continue
-        spool_removed, spool_residue = backend.remove_spool(spool.source, sandbox_id=sandbox_id)
-        removed += spool_removed
-        residue += spool_residue
+        done += backend.remove_spool(spool.source, sandbox_id=sandbox_id)
     if materializations:
-        more_removed, more_residue = _remove_materializations(manifest_record)
-        removed += more_removed
-        residue += more_residue
-    return removed, residue
+        done += Removal.of(*_remove_materializations(manifest_record))
+    return done
 
 
 def _remove_materializations(manifest_record: ManifestRecord) -> tuple[list[str], list[str]]:
@@ -50,7 +47,7 @@ def _remove_materializations(manifest_record: ManifestRecord) -> tuple[list[str]
     symlinks and checked to be the very directory create saw: a run directory swapped (or a
     parent made a symlink) since is left alone and reported, and so is a source not strictly
     below it."""
-    from sandboxer.host.fsutil import open_dir_nofollow
+    from sandboxer.core.reading import open_dir_nofollow
 
     directory = manifest_record.run_dir
     sources = [source for source in manifest_record.materializations if _below(source, directory)]

@@ -30,13 +30,14 @@ import stat
 import time
 from typing import Any, NoReturn
 
+from sandboxer.commands.dispatch_endpoint import Refused, canonical, relay, strict_json
 from sandboxer.core import manifest as mf
 from sandboxer.core.leases import SPOOL_PENDING_FILES, SPOOL_REQUEST_BYTES, SPOOL_TOTAL_BYTES, spool_name
 from sandboxer.core.manifest.schema import REPLAY_POLICY, TOOL_REQUEST
 from sandboxer.core.manifest.schema import run_dir as manifest_run_dir
+from sandboxer.core.reading import open_beneath
 from sandboxer.errors import BackendError, NotPendingError, UsageError
-from sandboxer.host.dispatch_endpoint import Refused, canonical, relay, strict_json
-from sandboxer.host.fsutil import atomic_write, open_beneath
+from sandboxer.host.fsutil import atomic_write
 from sandboxer.host.registry import Registry, check_id
 
 MAX_WAIT = 300

@@ -32,14 +32,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from sandboxer.commands.destroy import destroy
+from sandboxer.commands.sites import site_of
 from sandboxer.core.record import HIDDEN_STATES, SandboxRecord, WarmStamp, now_text
 from sandboxer.errors import NotFoundError, SandboxerError
 from sandboxer.host import procs
-from sandboxer.host.destroy import destroy
 from sandboxer.host.registry import Registry
 
 if TYPE_CHECKING:
-    from sandboxer.backends.protocol import Backend
+    from sandboxer.backends.protocol import Warming
     from sandboxer.core.plan import Backend as BackendName
     from sandboxer.core.plan import Plan
 
@@ -59,7 +60,7 @@ class Kind:
     extension_sha256: str
     image: str
     backend_name: BackendName
-    backend: Backend
+    backend: Warming
     planner: Planner
     # The repository's refs now (workspace.refs_digest), for the plan's sandbox directory.
     workspace_refs: Callable[[Plan], str]
@@ -68,11 +69,12 @@ class Kind:
 
     def made_from(self, registry: Registry, plan: Plan) -> dict[str, Any]:
         """What a warm sandbox was made from, to compare with what a create would make."""
+        site = site_of(registry, plan.sandbox_id)
         return {
             "profile_sha256": self.profile_sha256,
             "extension_sha256": self.extension_sha256,
             "image": self.image,
-            "body_sha256": self.backend.warm_fingerprint(plan, registry, self.image),
+            "body_sha256": self.backend.warm_fingerprint(plan, site=site, image=self.image),
         }
 
 
@@ -152,7 +154,9 @@ def start_one(registry: Registry, kind: Kind) -> str:
         registry.write(record)
         plan = kind.planner(sandbox_id, None)
         refs = kind.workspace_refs(plan)  # before the clone: a change while it runs makes it stale
-        record, seen = kind.backend.start_warm(plan, registry, record, image=kind.image)
+        record, seen = kind.backend.start_warm(
+            plan, record, site=site_of(registry, sandbox_id), image=kind.image, note=registry.write
+        )
         record = kind.clone(plan, record)
         stamp = WarmStamp(**kind.made_from(registry, plan), **seen, workspace_refs=refs)
         record = replace(record, warm=stamp, state=WARM)
@@ -177,7 +181,7 @@ def problems(registry: Registry, kind: Kind, record: SandboxRecord, plan: Plan) 
     stale = [f"stale: {key} changed" for key, value in made_from.items() if getattr(stamp, key) != value]
     if not stale and stamp.workspace_refs != kind.workspace_refs(plan):
         stale.append("stale: the repository's refs changed since its workspace was cloned")
-    return stale or kind.backend.warm_problems(registry, record, plan)
+    return stale or kind.backend.warm_problems(record, plan, site=site_of(registry, record.id))
 
 
 def drain(registry: Registry, profile: str) -> list[str]:

@@ -9,7 +9,8 @@ tick could otherwise go unseen (git calls this "racily clean").
 The cache lives in the broker's owner-only state directory, never inside the runtime. A cache
 file that is not ours, not owner-only, or fails its xxh3 checksum is ignored, not trusted. The
 body is marshal data (several times faster to load than JSON, which matters on the warm path);
-it is only ever read back after the ownership, mode and checksum checks.
+it is only ever read back after the ownership, mode and checksum checks. `digest_runtime` is the
+runtime's tree digest (sandboxer.core.digest) through this cache.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from __future__ import annotations
 import marshal
 import os
 import stat
+import sys
 import time
 
 import xxhash
 
+from sandboxer.core.digest import TreeDigest, tree_digest
+from sandboxer.errors import SandboxerError
 from sandboxer.host.fsutil import atomic_write, ensure_private_dir
 
 _FORMAT = 2
@@ -105,3 +109,22 @@ def _load(path: str, root: str) -> dict[bytes, Entry]:
         if type(entry[0]) is not tuple or len(entry[0]) != 5:
             return {}
     return entries
+
+
+def digest_runtime(path: str, *, state_dir: str | None, full: bool = False) -> TreeDigest:
+    """Tree digest v1 of `path`, reusing the verified-stat cache in `state_dir` unless `full`.
+
+    A `full` digest re-reads every byte and then refreshes the cache. Without a usable state
+    directory the digest is computed without a cache: slower, never different.
+    """
+    cache: StatCache | None = None
+    if state_dir is not None:
+        cache = StatCache.for_root(state_dir, path, load=not full)
+    result = tree_digest(path, cache=cache)
+    if cache is not None and state_dir is not None:
+        try:
+            ensure_private_dir(state_dir, "state dir", traversable=os.geteuid() == 0)
+            cache.save()
+        except (OSError, SandboxerError) as exc:
+            print(f"sandboxer: warning: digest cache not saved ({exc})", file=sys.stderr)
+    return result

@@ -1,4 +1,4 @@
-"""The trusted endpoint's side of `dispatch-tool` (sandboxer.host.dispatch): the one-line JSON frame
+"""The trusted endpoint's side of `dispatch-tool` (sandboxer.commands.dispatch): the one-line JSON frame
 sent to the lease's endpoint socket, and the correlated response read back, within fixed time
 and size limits; and the strict JSON every request and response must be."""
 
@@ -11,9 +11,9 @@ import stat
 from typing import Any
 
 from sandboxer.core import strictjson
+from sandboxer.core.reading import open_beneath
 from sandboxer.core.strictjson import JsonObject
 from sandboxer.errors import PolicyError
-from sandboxer.host.fsutil import open_beneath
 
 RESPONSE = ("version", "run_id", "lease_id", "consumer", "request_id", "payload")
 MAX_RESPONSE_BYTES = 1024 * 1024

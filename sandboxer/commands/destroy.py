@@ -6,88 +6,77 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
+from sandboxer.commands.sites import site_of
 from sandboxer.core.record import SandboxRecord
+from sandboxer.core.removal import Removal
 from sandboxer.host import hostgit, workspace
 from sandboxer.host.registry import Registry
 
 
-def destroy(registry: Registry, sandbox_id: str, record: SandboxRecord | None) -> tuple[list[str], list[str]]:
+def destroy(registry: Registry, sandbox_id: str, record: SandboxRecord | None) -> Removal:
     """Remove everything a sandbox owns: processes or container, cgroups, mounts, spools, clone,
     directory. `record` is None when it is missing or unreadable: then every backend removes what
-    it finds of the sandbox by its id. (removed, residue)"""
+    it finds of the sandbox by its id."""
     from sandboxer.backends import backend_for
 
     # A create killed mid-clone: git died with it, a helper of git may still write below.
-    stray = hostgit.stop_git(registry.path(sandbox_id, workspace.GIT_HOME))
+    stray_git = hostgit.stop_git(registry.path(sandbox_id, workspace.GIT_HOME))
+    stray = Removal.of(residue=[f"host git process {pid}" for pid in stray_git])
     if record is None:
         return _destroy_unrecorded(registry, sandbox_id, stray)
     record = replace(record, id=sandbox_id)
     backend = backend_for(record.backend)
-    removed, residue = backend.stop(registry, record)
-    residue += [f"host git process {pid}" for pid in stray]
-    still_running = list(residue)  # processes that survived, a container the Engine kept
+    done = backend.stop(record, site=site_of(registry, sandbox_id)) + stray
+    still_running = not done.clean  # processes that survived, a container the Engine kept
     if os.path.isdir(registry.path(sandbox_id, "leases")):  # no process or container uses them now
         from sandboxer.host import lease_mounts
 
         lease_mounts.unstage(registry.path(sandbox_id))  # what stays mounted is residue, found below
-    if record.bootstrap is not None and not residue:
-        removed.append(f"bootstrap file {record.bootstrap.target} (with the sandbox's private state)")
+    if record.bootstrap is not None and not still_running:
+        done += Removal(removed=(f"bootstrap file {record.bootstrap.target} (with the sandbox's private state)",))
     if record.manifest is not None:
-        from sandboxer.host import lease_removal
+        from sandboxer.commands import lease_removal
 
         # The assignment's own files go only once the sandbox had consumed it (it was ready).
-        lease_removed, lease_residue = lease_removal.remove(
+        done += lease_removal.remove(
             record.manifest,
             backend=backend,
             sandbox_id=sandbox_id,
             sandbox_dir=registry.path(sandbox_id),
             materializations=record.state == "ready" or record.consumed,
         )
-        removed.extend(lease_removed)
-        residue.extend(lease_residue)
-    limits_removed, limits_residue = backend.release(record)
-    removed.extend(limits_removed)
-    residue.extend(limits_residue)
+    done += backend.release(record)
     if not still_running:  # no process or container can hold the workspace filesystem now
         from sandboxer.host import workspace_volume
 
-        fs_removed, fs_residue = workspace_volume.unmount(registry.path(sandbox_id))
-        removed.extend(fs_removed)
-        residue.extend(fs_residue)
-    more_removed, more_residue = _remove_directory(registry.path(sandbox_id))
-    return removed + more_removed, residue + more_residue
+        done += workspace_volume.unmount(registry.path(sandbox_id))
+    return done + _remove_directory(registry.path(sandbox_id))
 
 
-def _destroy_unrecorded(registry: Registry, sandbox_id: str, stray: list[int]) -> tuple[list[str], list[str]]:
+def _destroy_unrecorded(registry: Registry, sandbox_id: str, stray: Removal) -> Removal:
     """A sandbox without a readable record: each backend stops and releases what it finds by the
     id (processes carrying it, a container labelled with it, leftover cgroups), then the
     directory goes unless something is still mounted below it."""
     from sandboxer.backends import NAMES, backend_for
 
-    removed: list[str] = []
-    residue = [f"host git process {pid}" for pid in stray]
+    done = stray
     for name in NAMES:
         stub = SandboxRecord(id=sandbox_id, profile="", backend=name, state="failed", created_at="")
         backend = backend_for(name)
-        stopped, left = backend.stop(registry, stub)
-        released, held = backend.release(stub)
-        removed += stopped + released
-        residue += left + held
+        done += backend.stop(stub, site=site_of(registry, sandbox_id))
+        done += backend.release(stub)
     if os.path.isdir(registry.path(sandbox_id, "leases")):
         from sandboxer.host import lease_mounts
 
         lease_mounts.unstage(registry.path(sandbox_id))
-    if not residue:
+    if done.clean:
         from sandboxer.host import workspace_volume
 
-        fs_removed, fs_residue = workspace_volume.unmount(registry.path(sandbox_id))
-        removed += fs_removed
-        residue += fs_residue
-    more_removed, more_residue = _remove_directory(registry.path(sandbox_id))
-    return removed + more_removed, residue + more_residue
+        done += workspace_volume.unmount(registry.path(sandbox_id))
+    return done + _remove_directory(registry.path(sandbox_id))
 
 
-def _remove_directory(directory: str) -> tuple[list[str], list[str]]:
+def _remove_directory(directory: str) -> Removal:
     """The sandbox's own directory: its clone, replay ledger and the rest, unless something is
     still mounted below it (then all of it is residue)."""
     removed: list[str] = []
@@ -106,7 +95,7 @@ def _remove_directory(directory: str) -> tuple[list[str], list[str]]:
         removed.append(f"sandbox dir {directory}")
     elif os.path.lexists(directory):
         residue.append(f"sandbox dir {directory}")
-    return removed, residue
+    return Removal.of(removed, residue)
 
 
 def _host_mounts_below(directory: str) -> list[str]:
