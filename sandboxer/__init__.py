@@ -43,15 +43,15 @@ _CLIENT = {"Client", "ClientOwner", "ClientSandbox"}
 
 def __getattr__(name: str) -> object:
     if name in _API:
-        from sandboxer import api
+        from sandboxer.api import broker as api
 
         return getattr(api, name)
     if name in _CLIENT:
-        from sandboxer import client
+        from sandboxer.clients import service as client
 
         return getattr(client, name)
     if name in __all__:
-        from sandboxer import results
+        from sandboxer.api import results
 
         return getattr(results, name)
     raise AttributeError(f"module 'sandboxer' has no attribute {name!r}")

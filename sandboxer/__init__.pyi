@@ -1,24 +1,24 @@
 # The names sandboxer/__init__.py imports on first use, for type checkers (see its docstring).
-from sandboxer.api import Broker as Broker
-from sandboxer.api import Owner as Owner
-from sandboxer.api import Sandbox as Sandbox
-from sandboxer.client import Client as Client
-from sandboxer.client import ClientOwner as ClientOwner
-from sandboxer.client import ClientSandbox as ClientSandbox
-from sandboxer.exec_threads import ExecStream as ExecStream
-from sandboxer.results import Approval as Approval
-from sandboxer.results import Created as Created
-from sandboxer.results import Dispatched as Dispatched
-from sandboxer.results import Evidence as Evidence
-from sandboxer.results import ExecResult as ExecResult
-from sandboxer.results import Exported as Exported
-from sandboxer.results import GcReport as GcReport
-from sandboxer.results import KeptExport as KeptExport
-from sandboxer.results import MountEvidence as MountEvidence
-from sandboxer.results import OwnerEntry as OwnerEntry
-from sandboxer.results import Receipt as Receipt
-from sandboxer.results import RuntimeDigest as RuntimeDigest
-from sandboxer.results import SandboxInfo as SandboxInfo
+from sandboxer.api.broker import Broker as Broker
+from sandboxer.api.broker import Owner as Owner
+from sandboxer.api.broker import Sandbox as Sandbox
+from sandboxer.api.exec_stream import ExecStream as ExecStream
+from sandboxer.api.results import Approval as Approval
+from sandboxer.api.results import Created as Created
+from sandboxer.api.results import Dispatched as Dispatched
+from sandboxer.api.results import Evidence as Evidence
+from sandboxer.api.results import ExecResult as ExecResult
+from sandboxer.api.results import Exported as Exported
+from sandboxer.api.results import GcReport as GcReport
+from sandboxer.api.results import KeptExport as KeptExport
+from sandboxer.api.results import MountEvidence as MountEvidence
+from sandboxer.api.results import OwnerEntry as OwnerEntry
+from sandboxer.api.results import Receipt as Receipt
+from sandboxer.api.results import RuntimeDigest as RuntimeDigest
+from sandboxer.api.results import SandboxInfo as SandboxInfo
+from sandboxer.clients.service import Client as Client
+from sandboxer.clients.service import ClientOwner as ClientOwner
+from sandboxer.clients.service import ClientSandbox as ClientSandbox
 
 __version__: str
 __all__ = [

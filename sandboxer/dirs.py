@@ -18,7 +18,7 @@ class Dirs:
     """The config directory (owner YAML, approvals) and the state directory (live sandboxes, caches).
 
     A plain slotted class: the CLI client resolves these before anything else, and imports
-    little (sandboxer/cliclient.py).
+    little (sandboxer/clients/cli.py).
     """
 
     __slots__ = ("config", "state")

@@ -92,7 +92,7 @@ class PolicyError(SandboxerError):
 class UnapprovedError(PolicyError):
     """A profile or extension config that is not approved, or changed since it was: the hint is
     the owner's command; a caller of the service is told to ask the owner instead
-    (sandboxer.caller)."""
+    (sandboxer.api.caller)."""
 
 
 class UntrustedServiceError(PolicyError):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from sandboxer.caller import Caller
+    from sandboxer.api.caller import Caller
     from sandboxer.core.reading import CallerFile
     from sandboxer.dirs import Dirs
 

@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     from sandboxer.core.record import SandboxRecord
     from sandboxer.core.record_exec import ExecView
     from sandboxer.core.removal import Removal
+    from sandboxer.execio.stdio import Stdio
     from sandboxer.host.limit_events import LimitWatch
     from sandboxer.host.observe import MountSeen, ProbeSeen
-    from sandboxer.host.stdio import Stdio
 
 # Persists a version of the sandbox's record at once (create and the warm pool pass the registry's
 # write): a backend calls it before anything the record names could outlive the caller.

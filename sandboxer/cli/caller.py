@@ -18,7 +18,8 @@ from typer._click.exceptions import BadOptionUsage, NoSuchOption
 from typer._click.exceptions import UsageError as ClickUsageError
 from typer.core import TyperCommand
 
-from sandboxer.api import MANIFEST_PATHS
+from sandboxer.api.broker import MANIFEST_PATHS
+from sandboxer.api.results import KeptExportFetched, KeptExports, Receipt, SandboxList
 from sandboxer.cli.files import deliver, deliver_kept, sandbox_of, sandbox_path
 from sandboxer.cli.options import (
     JsonOption,
@@ -34,7 +35,6 @@ from sandboxer.cli.options import (
 from sandboxer.errors import EntryError, ExecUsage, ResidueError, UsageError
 from sandboxer.invocation import current
 from sandboxer.output import flatten, print_result
-from sandboxer.results import KeptExportFetched, KeptExports, Receipt, SandboxList
 
 app = typer.Typer()
 exports_app = typer.Typer(
@@ -155,7 +155,7 @@ def exec_(
     """
     from sandboxer.commands.execute import execute
     from sandboxer.core.exec_request import ExecRequest
-    from sandboxer.host.stdio import ClientStdio, Control, OwnStdio, Stdio
+    from sandboxer.execio.stdio import ClientStdio, Control, OwnStdio, Stdio
 
     invocation = current()
     stdio: Stdio = OwnStdio()  # this process's own stdio and signals

@@ -16,8 +16,8 @@ from sandboxer.errors import UsageError
 from sandboxer.invocation import current
 
 if TYPE_CHECKING:
-    from sandboxer.api import Sandbox
-    from sandboxer.client import ClientSandbox
+    from sandboxer.api.broker import Sandbox
+    from sandboxer.clients.service import ClientSandbox
     from sandboxer.commands.export import Export
     from sandboxer.dirs import Dirs
 
@@ -90,9 +90,9 @@ def sandbox_of(dirs: Dirs, sandbox_id: str) -> Sandbox | ClientSandbox:
             raise typer.Exit(125)
         if probe is not None:
             probe.close()
-            from sandboxer.client import Client
+            from sandboxer.clients.service import Client
 
             return Client(path).sandbox(sandbox_id)  # put and get check that it is there
-    from sandboxer.api import Broker
+    from sandboxer.api.broker import Broker
 
     return Broker(config_dir=dirs.config, state_dir=dirs.state).sandbox(sandbox_id)

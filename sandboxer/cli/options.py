@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from sandboxer.caller import require_own_files
+from sandboxer.api.caller import require_own_files
 from sandboxer.core.reading import CallerFile
 from sandboxer.dirs import Dirs, require_state_dir
 from sandboxer.invocation import current
 
 if TYPE_CHECKING:
-    from sandboxer.api import Broker
-    from sandboxer.caller import Caller
+    from sandboxer.api.broker import Broker
+    from sandboxer.api.caller import Caller
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
 
@@ -64,14 +64,14 @@ def caller() -> Caller | None:
 
 def broker_of(ctx: typer.Context) -> Broker:
     """The core API for the command's caller (created once per command)."""
-    from sandboxer.api import Broker
+    from sandboxer.api.broker import Broker
 
     broker: Broker | None = ctx.meta.get(_BROKER)
     if broker is None:
         dirs = dirs_of(ctx)
         served = caller()
         if served is None:
-            from sandboxer.caller import Caller
+            from sandboxer.api.caller import Caller
 
             served = Caller.this_process()
         broker = Broker.serving(dirs, served)
@@ -87,7 +87,7 @@ def debug_allowed() -> bool:
 
 def caller_path(path: str, what: str, *, why: str | None = None) -> str:
     """The path a caller named, as the broker opens it: as given in-process; in the service only
-    for a caller of the service's own account (sandboxer.caller.require_own_files; `why`: the
+    for a caller of the service's own account (sandboxer.api.caller.require_own_files; `why`: the
     reason another account is refused, when it is more than the general rule), relative to the
     client's working directory."""
     served = caller()
@@ -119,7 +119,7 @@ def named(sandbox_id: str) -> str:
 def interrupted() -> bool:
     """In the service: whether the client passed on a signal (its Ctrl-C) or went away while the
     command ran. In-process the signal interrupts the command itself (KeyboardInterrupt)."""
-    from sandboxer.host.stdio import Control
+    from sandboxer.execio.stdio import Control
 
     control = current().control
     if control is None:

@@ -8,6 +8,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from sandboxer.api.results import BootstrapSummary, Created, ManifestSummary
 from sandboxer.commands.destroy import destroy
 from sandboxer.commands.making import CreateRequest, before, clone_workspace, deliver_requested, plan_for
 from sandboxer.commands.sites import site_of
@@ -16,7 +17,6 @@ from sandboxer.core.record import SandboxRecord, expiry_text, now_text
 from sandboxer.errors import SandboxerError, UsageError
 from sandboxer.host import activity, procs
 from sandboxer.host.registry import Registry
-from sandboxer.results import BootstrapSummary, Created, ManifestSummary
 
 MIN_TTL, MAX_TTL = 1, 30 * 24 * 3600  # create --ttl, in seconds
 

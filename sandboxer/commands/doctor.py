@@ -12,15 +12,15 @@ import shutil
 import stat
 from typing import Any
 
+from sandboxer.api.results import CallerView
 from sandboxer.backends.protocol import Check
-from sandboxer.client import Client
+from sandboxer.clients.service import Client
 from sandboxer.commands.owner import list_entries, status_of
 from sandboxer.core.approvals import Status
 from sandboxer.core.config_types import GRANTS_NAME
 from sandboxer.core.configdir import load_grants
 from sandboxer.dirs import ROOT_SOCKET, Dirs, find_service, state_dir_problem
 from sandboxer.errors import PolicyError, SandboxerError, UntrustedServiceError
-from sandboxer.results import CallerView
 
 TOOLS_PATH = "/usr/bin:/bin:/usr/local/bin"  # where the broker looks for git, whatever PATH says
 MIN_FREE_MIB = 1024  # free space below this on the state dir's filesystem is a warning

@@ -3,7 +3,7 @@ API and the service share, below any parsing of a command line.
 
 execute() takes an ExecRequest (sandboxer.core.exec_request: its options checked when it was
 made), reads the sandbox's record and hands the command to its engine's exec part
-(sandboxer.backends.execution_for), on the caller's stdio (sandboxer.host.stdio.Stdio). Every
+(sandboxer.backends.execution_for), on the caller's stdio (sandboxer.execio.stdio.Stdio). Every
 refusal is an ExecUsage (one line, status 125); a command that cannot start is an EntryError
 (125, 126, 127). Otherwise the status is the command's own, 128+N when it died of signal N, 124
 when the timeout expired (the exec's whole session is killed).
@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING
 from sandboxer import backends
 from sandboxer.core.record_exec import ExecView, ExecViewError
 from sandboxer.errors import ExecUsage
+from sandboxer.execio.stdio import TIMED_OUT
 from sandboxer.host import activity
 from sandboxer.host.limit_events import LimitWatch, full_filesystems
-from sandboxer.host.stdio import TIMED_OUT
 from sandboxer.invocation import current
 
 if TYPE_CHECKING:
     from sandboxer.core.exec_request import ExecRequest
     from sandboxer.dirs import Dirs
-    from sandboxer.host.stdio import Stdio
+    from sandboxer.execio.stdio import Stdio
 
 BROKER_FAILED = 125  # the exec status of every broker failure
 
@@ -83,7 +83,7 @@ def execute(
     elif request.consumer is not None:
         env["SANDBOXER_CONSUMER"] = request.consumer
     if request.tty:  # exec -t: the terminal type the caller's is, among known ones
-        from sandboxer.host.terminal import term_of
+        from sandboxer.execio.terminal import term_of
 
         env["TERM"] = term_of(current().environ if caller_env is None else caller_env)
     execution = backends.execution_for(record.backend)

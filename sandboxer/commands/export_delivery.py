@@ -80,7 +80,7 @@ KERNEL_FILE_SYSTEMS = {  # named in a refusal
 
 
 def deliver_to_path(export: Export, destination: str) -> None:
-    """Write a verified export at `destination` (sandboxer.verbs's rules)."""
+    """Write a verified export at `destination` (sandboxer.api.verbs's rules)."""
     if export.format == "patch":
         write_series_at(destination, _series(export))
     else:

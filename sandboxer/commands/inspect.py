@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from sandboxer.api.results import Evidence
 from sandboxer.commands.sites import site_of
 from sandboxer.errors import BackendError
 from sandboxer.host.registry import Registry, check_id
-from sandboxer.results import Evidence
 
 if TYPE_CHECKING:
     from sandboxer.core.plan import Mount

@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from sandboxer.api.results import KeptExportRemoved, KeptExports
 from sandboxer.commands.export_space import EXPORTS, SUMMARY, kept_uid, ledger, read_json
 from sandboxer.core.record import expiry_text
 from sandboxer.errors import NotFoundError, UsageError
 from sandboxer.host.fstree import remove_tree
 from sandboxer.host.registry import ID_PATTERN
-from sandboxer.results import KeptExportRemoved, KeptExports
 
 if TYPE_CHECKING:
     from sandboxer.dirs import Dirs

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 # What a service checks before each step that makes something for a caller (its grant, again:
 # grants.yaml may have changed since the request was admitted). Set by the core for a caller's
-# create and export (sandboxer.caller.Authority); nothing for an owner.
+# create and export (sandboxer.api.caller.Authority); nothing for an owner.
 _CHECKPOINT: ContextVar[Callable[[str], None] | None] = ContextVar("sandboxer_checkpoint", default=None)
 
 

@@ -9,7 +9,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from sandboxer import results
+from sandboxer.api import results
 from sandboxer.commands.making import verify_pin
 from sandboxer.core import approvals
 from sandboxer.core.approvals import Approval, Ledger, Status

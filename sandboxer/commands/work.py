@@ -175,7 +175,7 @@ def git_inside(
     failure is a BackendError saying why."""
     from sandboxer.commands.execute import execute
     from sandboxer.core.exec_request import ExecRequest
-    from sandboxer.host.stdio import Program
+    from sandboxer.execio.stdio import Program
 
     out: list[bytes] = []
     err: list[bytes] = []

@@ -1,7 +1,7 @@
 """What a caller asks `exec` to run (`ExecRequest`), checked once when it is made.
 
 Each front end parses its own wire format into one: the CLI's strings (`from_cli`, for
-sandboxer/cli/caller.py), the Python API's keywords (`of`, for sandboxer/api.py) and the HTTP
+sandboxer/cli/caller.py), the Python API's keywords (`of`, for sandboxer/api/broker.py) and the HTTP
 body, which the service checks for its JSON shape first (sandboxer/service/exec_route.py). The
 core (sandboxer/commands/execute.py) and the engines' exec paths read its typed fields only.
 

@@ -1,14 +1,14 @@
 """Who the service lets in: the caller at the other end of a connection, as the kernel reported
 it — an owner by its uid, a granted caller by grants.yaml as it is now (sandboxer.grants) — and
 each account's share of the requests under way. What an admitted caller may then do is the
-core's to decide (sandboxer.caller.Authority)."""
+core's to decide (sandboxer.api.caller.Authority)."""
 
 from __future__ import annotations
 
 import os
 import socket
 
-from sandboxer.caller import Caller
+from sandboxer.api.caller import Caller
 from sandboxer.dirs import Dirs
 from sandboxer.errors import PolicyError
 from sandboxer.grants import rights_of

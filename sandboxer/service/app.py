@@ -17,11 +17,11 @@ from typing import Any
 
 from aiohttp import web
 
+from sandboxer.api.results import ExportNoted, JsonResult, KeptExports, Receipt, SandboxList, Version
 from sandboxer.core.reading import CallerFile
 from sandboxer.dirs import Dirs
 from sandboxer.errors import PolicyError, SandboxerError, UsageError
 from sandboxer.host.registry import ID_PATTERN
-from sandboxer.results import ExportNoted, JsonResult, KeptExports, Receipt, SandboxList, Version
 from sandboxer.service.admission import CALLS_PER_CALLER, CallerSlots, Refused, admit, owner_by_uid
 from sandboxer.service.audit import AuditLog
 from sandboxer.service.exec_route import SIGNALLING, exec_command, signal_exec
@@ -162,7 +162,7 @@ async def version(request: web.Request) -> web.Response:
 
 
 def _json(result: JsonResult, status: int = 200) -> web.Response:
-    """A result as the response: its one JSON shape (sandboxer.results)."""
+    """A result as the response: its one JSON shape (sandboxer.api.results)."""
     return web.json_response(result.to_json(), status=status)
 
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from sandboxer.caller import Caller
+from sandboxer.api.caller import Caller
 from sandboxer.core.reading import CallerFile
 from sandboxer.dirs import Dirs
 from sandboxer.errors import UsageError

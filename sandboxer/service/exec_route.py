@@ -22,11 +22,11 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from sandboxer.api.results import Signalled
 from sandboxer.core.exec_request import ExecRequest
 from sandboxer.dirs import Dirs
 from sandboxer.errors import BackendError, ExecError, ExecUsage, NotFoundError, SandboxerError, UsageError
-from sandboxer.host.stdio import CANCEL_POLL, FORWARDED
-from sandboxer.results import Signalled
+from sandboxer.execio.stdio import CANCEL_POLL, FORWARDED
 from sandboxer.service import frames
 from sandboxer.service.http import (
     BODY_SECONDS,
@@ -320,7 +320,7 @@ def _execute(
     `cancelled` says the client went away; `signals` carries the client's for the command."""
     from sandboxer.commands import execute
     from sandboxer.errors import EntryError
-    from sandboxer.host.stdio import Program
+    from sandboxer.execio.stdio import Program
 
     try:
         # An HTTP client sends no environment: a provider launch inherits nothing through it.

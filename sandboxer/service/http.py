@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from sandboxer.api import Broker, Sandbox
+from sandboxer.api.broker import Broker, Sandbox
 from sandboxer.dirs import Dirs
 from sandboxer.errors import BackendError, SandboxerError, UsageError
 from sandboxer.service.audit import AuditLog

@@ -1,5 +1,5 @@
 """An OpenAPI 3.1 document made from a table of routes (the service's: routes.py) and the schemas
-of the result types they answer with (sandboxer.results), so that it describes what the service
+of the result types they answer with (sandboxer.api.results), so that it describes what the service
 answers and nothing else: what a route is (`Route`, its `Body` and `Raw` bodies), and the
 document of a table (`document`).
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-from sandboxer.results import JsonResult, Receipt
+from sandboxer.api.results import JsonResult, Receipt
 
 Schema = Mapping[str, Any]  # a JSON Schema (2020-12, as OpenAPI 3.1 has it)
 

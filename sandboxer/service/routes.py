@@ -3,7 +3,7 @@ request and its answer (openapi.Route). app.py answers exactly these (a handler 
 the OpenAPI document the service serves is made of them, so no route is answered that the
 document does not describe. `python -m sandboxer.service.routes` prints that document.
 
-A JSON answer is a result type (sandboxer.results), whose schema is the document's; a body that
+A JSON answer is a result type (sandboxer.api.results), whose schema is the document's; a body that
 is bytes (exec's frames, an export) is `Raw`. Any route may also answer the error envelope
 `{"error": {kind, message, hint, status}}`; `errors` lists the statuses worth a word.
 """
@@ -15,11 +15,7 @@ import json
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from sandboxer.commands.create import MAX_TTL, MIN_TTL
-from sandboxer.commands.dispatch import MAX_WAIT
-from sandboxer.host.registry import ID_PATTERN
-from sandboxer.host.stdio import FORWARDED
-from sandboxer.results import (
+from sandboxer.api.results import (
     Approval,
     CallerView,
     Created,
@@ -37,6 +33,10 @@ from sandboxer.results import (
     Signalled,
     Version,
 )
+from sandboxer.commands.create import MAX_TTL, MIN_TTL
+from sandboxer.commands.dispatch import MAX_WAIT
+from sandboxer.execio.stdio import FORWARDED
+from sandboxer.host.registry import ID_PATTERN
 from sandboxer.service import frames
 from sandboxer.service.openapi import Body, Raw, Route, Schema, document
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxer.api import Broker, Owner
+from sandboxer.api.broker import Broker, Owner
 from sandboxer.errors import SandboxerError
 from tests.conftest import REPO, Result, make_repository
 from tests.integration.services import Service

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandboxer.client import Client
+from sandboxer.clients.service import Client
 from sandboxer.errors import SandboxerError
 from tests.integration.conftest import SandboxBroker
 

@@ -2,7 +2,7 @@
 each is TypeError before anything starts — no exec runs, nothing waits for input that never
 comes, no sandbox is made — and a bare local name in put/get is the working directory's.
 
-The checks are the front ends' own (sandboxer.verbs), so one backend shows them; the service's
+The checks are the front ends' own (sandboxer.api.verbs), so one backend shows them; the service's
 audit log shows that the client sent nothing for them.
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from sandboxer import Broker, Client
-from sandboxer.api import Sandbox
-from sandboxer.client import ClientSandbox
+from sandboxer.api.broker import Sandbox
+from sandboxer.clients.service import ClientSandbox
 from tests.integration.conftest import SandboxBroker
 from tests.integration.services import Service
 

@@ -1,5 +1,5 @@
 """Every verb, through every front end, for every kind of caller: authorization is decided once, in the core
-(sandboxer.caller.Authority, reached through sandboxer.api.Broker), so every front end answers
+(sandboxer.api.caller.Authority, reached through sandboxer.api.broker.Broker), so every front end answers
 every kind of caller alike.
 
 Kinds of caller: the owner (root), a granted caller on its own sandbox (A), a granted caller on
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from sandboxer.api import Broker
-from sandboxer.caller import Caller
-from sandboxer.client import Client
+from sandboxer.api.broker import Broker
+from sandboxer.api.caller import Caller
+from sandboxer.clients.service import Client
 from sandboxer.dirs import Dirs
 from sandboxer.errors import ExecError, SandboxerError
 from sandboxer.grants import rights_of

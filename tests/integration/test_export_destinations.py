@@ -28,7 +28,7 @@ REPO = Path(__file__).parents[2]
 # The sandboxer client, but each file it passes is its own open of argv[1], for writing.
 PASSES_ANY = """
 import os, sys
-import sandboxer.cliclient as client
+import sandboxer.clients.cli as client
 target = sys.argv[1]
 client._open_for = lambda use, path, made: os.open(target, os.O_WRONLY | os.O_CLOEXEC)
 sys.exit(client.run(sys.argv[2:]))

@@ -31,8 +31,8 @@ from typing import Any, Protocol
 import pytest
 
 from sandboxer import Broker, Client
-from sandboxer.api import Sandbox
-from sandboxer.client import ClientSandbox
+from sandboxer.api.broker import Sandbox
+from sandboxer.clients.service import ClientSandbox
 from sandboxer.errors import SandboxerError
 from tests.integration.conftest import SandboxBroker
 from tests.integration.services import Service

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from sandboxer import Broker, Evidence, ExecResult, Sandbox
+from sandboxer.api.results import thawed
 from sandboxer.errors import ExecError, NotFoundError, PolicyError, UsageError
-from sandboxer.results import thawed
 from tests.conftest import REPO
 from tests.integration.conftest import SandboxBroker
 

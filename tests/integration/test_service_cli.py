@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxer.cliclient import IDLE_EXIT
+from sandboxer.clients.cli import IDLE_EXIT
 from tests.integration.conftest import UNPRIVILEGED_UID, SandboxBroker, _bwrap_broker, _cleanup, services_of
 from tests.integration.services import Service
 from tests.integration.test_service import _running_marker, callers  # noqa: F401 - a fixture
@@ -63,7 +63,7 @@ def test_every_commands_help_is_the_same_through_the_service(sb_root: SandboxBro
 
 
 def _in_own_process(words: tuple[str, ...]) -> bool:
-    from sandboxer.cliclient import FILE_CHECKS, OWN_PROCESS
+    from sandboxer.clients.cli import FILE_CHECKS, OWN_PROCESS
 
     return words[:1] == ("serve",) or words[:1] in {(name,) for name in OWN_PROCESS} or words[:2] in FILE_CHECKS
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from sandboxer import Client
-from sandboxer.cliclient import IDLE_EXIT
+from sandboxer.clients.cli import IDLE_EXIT
 from sandboxer.dirs import ROOT_SOCKET
 from sandboxer.errors import UntrustedServiceError
 from tests.integration.conftest import (

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sandboxer import Client
-from sandboxer.client import ClientSandbox
+from sandboxer.clients.service import ClientSandbox
 from sandboxer.errors import UsageError
 from tests.conftest import settled
 from tests.integration.conftest import SandboxBroker

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxer.client import Client
+from sandboxer.clients.service import Client
 from tests.integration.conftest import PROFILE, SandboxBroker, _bwrap_broker, _cleanup, _serve
 from tests.integration.stress import (
     cgroups_of,

@@ -25,8 +25,8 @@ from sandboxer.core.record import LimitsRecord, PlanShare, SandboxRecord
 from sandboxer.core.record_exec import ExecView
 from sandboxer.core.removal import Removal
 from sandboxer.errors import BackendError, EntryError, ExecUsage
+from sandboxer.execio.stdio import CALLER_GONE, TIMED_OUT, Stdio
 from sandboxer.host.limit_events import LimitWatch
-from sandboxer.host.stdio import CALLER_GONE, TIMED_OUT, Stdio
 
 NO_WARM = "the fake backend keeps no warm sandboxes"
 

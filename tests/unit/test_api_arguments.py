@@ -1,4 +1,4 @@
-"""The Python API's arguments checked at its edge (sandboxer.verbs): a Python mistake — a str
+"""The Python API's arguments checked at its edge (sandboxer.api.verbs): a Python mistake — a str
 where a list of str is due, text where bytes are, bytes where a str is — is TypeError before
 anything starts, on the embedded API and the service's client alike (both call these first;
 tests/integration/test_api_arguments.py shows nothing starts)."""
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from sandboxer.verbs import check_dispatch, checked_create, checked_exec, checked_export, checked_path
+from sandboxer.api.verbs import check_dispatch, checked_create, checked_exec, checked_export, checked_path
 
 NO_OPTIONS: dict[str, Any] = {"cwd": None, "timeout": None, "consumer": None, "executable": None, "env": None}
 

@@ -13,13 +13,15 @@ REPO = Path(__file__).resolve().parents[2]
 ALLOWED_OWN = {
     "sandboxer",
     "sandboxer.__main__",
-    "sandboxer.cliclient",
+    "sandboxer.clients",  # a package of no imports of its own
+    "sandboxer.clients.cli",
     "sandboxer.dirs",
     "sandboxer.host",
-    "sandboxer.host.pumps",
+    "sandboxer.execio",  # a package of no imports of its own
+    "sandboxer.execio.pumps",
     "sandboxer.host.ready",
 }
-EXEC_TERMINAL = {"sandboxer.host.terminal"}
+EXEC_TERMINAL = {"sandboxer.execio.terminal"}
 # What the service pays for once and the client must never: the command table and its parsers,
 # the HTTP server, YAML, the broker's core; and what no command it forwards needs (annotations
 # are never evaluated; only the service runs threads; only exec -t touches a terminal's modes).
@@ -36,12 +38,12 @@ def _loaded_by(module: str) -> list[str]:
 
 def test_the_client_loads_no_other_sandboxer_module() -> None:
     loaded = _loaded_by("sandboxer.__main__")
-    assert "sandboxer.cliclient" in loaded
+    assert "sandboxer.clients.cli" in loaded
     assert {name for name in loaded if name.split(".")[0] == "sandboxer"} <= ALLOWED_OWN
 
 
 def test_exec_t_loads_only_the_terminal_module_more() -> None:
-    loaded = _loaded_by("sandboxer.__main__, sandboxer.host.terminal")
+    loaded = _loaded_by("sandboxer.__main__, sandboxer.execio.terminal")
     own = {name for name in loaded if name.split(".")[0] == "sandboxer"}
     assert own <= ALLOWED_OWN | EXEC_TERMINAL
     assert {name.split(".")[0] for name in loaded} & FORBIDDEN == set()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import signal
 
-from sandboxer.host.stdio import Control
-from sandboxer.host.terminal import winch_message
+from sandboxer.execio.stdio import Control
+from sandboxer.execio.terminal import winch_message
 
 
 def test_signals_and_window_sizes_however_they_arrive() -> None:

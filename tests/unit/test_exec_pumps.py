@@ -1,4 +1,4 @@
-"""What `exec` puts between the caller's stdio and the command (sandboxer.host.stdio.caller_pumps),
+"""What `exec` puts between the caller's stdio and the command (sandboxer.execio.stdio.caller_pumps),
 in forked children whose fds 0-2 are set up as a caller's might be."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import stat
 from pathlib import Path
 
 from sandboxer.errors import ExecUsage
-from sandboxer.host.stdio import caller_pumps
+from sandboxer.execio.stdio import caller_pumps
 
 
 def _in_child(stdio: tuple[int, int, int]) -> str:

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from sandboxer import Broker
+from sandboxer.api.results import ExecResult
 from sandboxer.commands.execute import execute
 from sandboxer.core.exec_request import ExecRequest
 from sandboxer.errors import ExecError, ExecUsage
-from sandboxer.host.stdio import TIMED_OUT, ClientStdio, OwnStdio, Program
-from sandboxer.results import ExecResult
+from sandboxer.execio.stdio import TIMED_OUT, ClientStdio, OwnStdio, Program
 from tests.conftest import make_repository, make_runtime
 from tests.samples import profile_yaml
 from tests.unit.fake_backend import FakeBackend

@@ -22,15 +22,15 @@ FORBIDDEN = {
         "sandboxer.commands",
         "sandboxer.service",
         "sandboxer.cli",
-        "sandboxer.api",
+        "sandboxer.api.broker",
     ),
-    "host": ("sandboxer.backends", "sandboxer.commands", "sandboxer.service", "sandboxer.cli", "sandboxer.api"),
+    "host": ("sandboxer.backends", "sandboxer.commands", "sandboxer.service", "sandboxer.cli", "sandboxer.api.broker"),
     "backends": (
         "sandboxer.host.registry",
         "sandboxer.commands",
         "sandboxer.service",
         "sandboxer.cli",
-        "sandboxer.api",
+        "sandboxer.api.broker",
     ),
 }
 

@@ -13,8 +13,8 @@ import pytest
 from jsonschema import Draft202012Validator
 from referencing.exceptions import Unresolvable
 
+from sandboxer.api.results import Created, Evidence, JsonResult
 from sandboxer.dirs import Dirs
-from sandboxer.results import Created, Evidence, JsonResult
 from sandboxer.service.admission import CallerSlots
 from sandboxer.service.app import CREATE_FIELDS, HANDLERS, make_app
 from sandboxer.service.exec_route import EXEC_FIELDS, SIGNAL_NAMES

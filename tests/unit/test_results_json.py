@@ -1,7 +1,7 @@
 """Every result type's one JSON shape: for any instance, `from_json` of what `to_json` rendered
 (through JSON text) is the same result, and the document is valid against `json_schema()`.
 
-The types are found in sandboxer.results, so a new one is covered as soon as it is written; a
+The types are found in sandboxer.api.results, so a new one is covered as soon as it is written; a
 field of a kind this test cannot make fails it (add the kind to `_strategy`).
 """
 
@@ -21,8 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from sandboxer import results
-from sandboxer.results import JsonObject, JsonResult
+from sandboxer.api import results
+from sandboxer.api.results import JsonObject, JsonResult
 from sandboxer.service.openapi import schema_ref
 from tests.openapi_schemas import validator
 

@@ -1,4 +1,4 @@
-"""get's unpacking (sandboxer/transfer.py) against archives made here: what it makes, what it
+"""get's unpacking (sandboxer/api/transfer.py) against archives made here: what it makes, what it
 refuses, and that a failed get removes what it made and nothing else. The sandbox's side is a
 stream of the archive's bytes (the real exec is tested in tests/integration/test_service.py)."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from sandboxer.api.transfer import get
 from sandboxer.errors import UsageError
-from sandboxer.transfer import get
 
 
 class _Stream:

@@ -1,4 +1,4 @@
-"""The exec's timeout watchdog (sandboxer.host.stdio.Watchdog): it kills at the deadline, never
+"""The exec's timeout watchdog (sandboxer.execio.stdio.Watchdog): it kills at the deadline, never
 after stop(), and says whether it did."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from sandboxer.host.stdio import Watchdog
+from sandboxer.execio.stdio import Watchdog
 
 
 def test_it_kills_at_the_deadline() -> None:

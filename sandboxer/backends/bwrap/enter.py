@@ -11,11 +11,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sandboxer.errors import ExecUsage
+from sandboxer.execio.pumps import Pumps
+from sandboxer.execio.stdio import CALLER_GONE, CANCEL_POLL, TIMED_OUT, Control, Watchdog
+from sandboxer.execio.terminal import set_size
 from sandboxer.host import procs
-from sandboxer.host.pumps import Pumps
 from sandboxer.host.ready import wait_ready
-from sandboxer.host.stdio import CALLER_GONE, CANCEL_POLL, TIMED_OUT, Control, Watchdog
-from sandboxer.host.terminal import set_size
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from sandboxer.backends.bwrap.started import Started
     from sandboxer.core.exec_request import ExecRequest
     from sandboxer.core.record_exec import ExecView
+    from sandboxer.execio.stdio import Stdio
     from sandboxer.host.limit_events import LimitWatch
-    from sandboxer.host.stdio import Stdio
 
 
 class BwrapExecution:

@@ -280,7 +280,7 @@ def deliver(container_id: str, plan: Plan, data: bytes, target: str) -> None:
     """Write `data` to `target` inside the container as the sandbox user (mode 0600, a new file),
     through the stdin of an exec: never its command line, environment or the host's disk."""
     from sandboxer.backends.docker import engine, execs
-    from sandboxer.host.stdio import to_fds
+    from sandboxer.execio.stdio import to_fds
 
     source = os.memfd_create("sandboxer-delivery", os.MFD_CLOEXEC)
     devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)

@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING
 
 from sandboxer.backends.docker import engine, execs
 from sandboxer.errors import EntryError, ExecUsage
+from sandboxer.execio.stdio import CALLER_GONE, TIMED_OUT, Control, Resize
 from sandboxer.host import pids_room, procs
-from sandboxer.host.stdio import CALLER_GONE, TIMED_OUT, Control, Resize
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from sandboxer.core.exec_request import ExecRequest
     from sandboxer.core.record_exec import ExecView
+    from sandboxer.execio.stdio import Stdio
     from sandboxer.host.limit_events import LimitWatch
-    from sandboxer.host.stdio import Stdio
 
 
 class DockerExecution:

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 
 from sandboxer.backends.docker.engine import EngineError, frames, hijack, inspect_exec, request
+from sandboxer.execio.stdio import CANCEL_POLL, Watchdog, to_fds
 from sandboxer.host.ready import wait_ready
-from sandboxer.host.stdio import CANCEL_POLL, Watchdog, to_fds
 
 Socket = socket.socket
 

@@ -1,7 +1,7 @@
 """An exec's stdio, behind one interface (`Stdio`) that both engines' exec paths ask: this
 process's own descriptors (`OwnStdio`, the CLI in-process), those a CLI client passed the service
 with its connection (`ClientStdio`), or a program's bytes and callbacks (`Program`: the Python
-API, the HTTP API, the broker's own git) — and the pumps each needs (sandboxer.host.pumps)."""
+API, the HTTP API, the broker's own git) — and the pumps each needs (sandboxer.execio.pumps)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from sandboxer.errors import ExecUsage
-from sandboxer.host.pumps import Pumps, writer
+from sandboxer.execio.pumps import Pumps, writer
+from sandboxer.execio.terminal import WINCH_MESSAGE, WINCH_SIZE, caller_size, caller_terminal, open_terminal
 from sandboxer.host.ready import wait_ready
-from sandboxer.host.terminal import WINCH_MESSAGE, WINCH_SIZE, caller_size, caller_terminal, open_terminal
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
-    from sandboxer.results import Stream
+    from sandboxer.api.results import Stream
 
 Resize = Callable[[tuple[int, int]], None]  # gives the exec's terminal a window size (rows, columns)
 Sink = Callable[[int, bytes], None]  # where a command's output goes: stream 1 or 2, and its bytes
@@ -337,7 +337,7 @@ def caller_pumps(fds: tuple[int, int, int] = (0, 1, 2)) -> Pumps:
 
 
 def terminal_pumps(source: int, out: int, size: tuple[int, int] | None) -> Pumps:
-    """`exec -t` (sandboxer.host.terminal): the command's 0-2 are the far end of a new terminal of
+    """`exec -t` (sandboxer.execio.terminal): the command's 0-2 are the far end of a new terminal of
     `size`; the caller's input `source` is copied into it, and what the command writes to it to
     the caller's `out`."""
     pumps = Pumps()

@@ -21,8 +21,8 @@ import tarfile
 import threading
 from collections.abc import Callable, Iterator
 
+from sandboxer.api.results import ExecResult, OutputStream
 from sandboxer.errors import UsageError
-from sandboxer.results import ExecResult, OutputStream
 
 Exec = Callable[..., ExecResult]  # a sandbox's exec(argv, *, stdin=...)
 ExecStream = Callable[..., OutputStream]  # a sandbox's exec_stream(argv)

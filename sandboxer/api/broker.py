@@ -19,24 +19,9 @@ import builtins
 import os
 from collections.abc import Callable, Mapping, Sequence
 
-from sandboxer.caller import Authority, Caller
-from sandboxer.commands import owner as owner_commands
-from sandboxer.commands.create import create as create_sandbox
-from sandboxer.commands.export import Export, check_format, discard_quarantine, finished, prepare
-from sandboxer.commands.export_delivery import copy_to_path, deliver_to_path
-from sandboxer.commands.inspect import inspect as inspect_sandbox
-from sandboxer.commands.kept import kept_file, list_kept, remove_kept
-from sandboxer.commands.owner import status_of
-from sandboxer.commands.teardown import gc as collect
-from sandboxer.commands.teardown import list_sandboxes
-from sandboxer.commands.teardown import teardown as remove_sandbox
-from sandboxer.commands.warm import fill
-from sandboxer.core.reading import CallerFile
-from sandboxer.dirs import Dirs, require_state_dir, resolve_dirs
-from sandboxer.errors import EntryError, ExecError, Interrupted, NotFoundError, ResidueError
-from sandboxer.exec_threads import ExecSink, ExecStream, fed
-from sandboxer.host.registry import Registry, check_id
-from sandboxer.results import (
+from sandboxer.api.caller import Authority, Caller
+from sandboxer.api.exec_stream import ExecSink, ExecStream, fed
+from sandboxer.api.results import (
     Approval,
     CallerView,
     Created,
@@ -56,7 +41,22 @@ from sandboxer.results import (
     Stream,
     WarmFill,
 )
-from sandboxer.verbs import Input, SandboxBase, Stdin, check_dispatch, checked_create, checked_exec, checked_export
+from sandboxer.api.verbs import Input, SandboxBase, Stdin, check_dispatch, checked_create, checked_exec, checked_export
+from sandboxer.commands import owner as owner_commands
+from sandboxer.commands.create import create as create_sandbox
+from sandboxer.commands.export import Export, check_format, discard_quarantine, finished, prepare
+from sandboxer.commands.export_delivery import copy_to_path, deliver_to_path
+from sandboxer.commands.inspect import inspect as inspect_sandbox
+from sandboxer.commands.kept import kept_file, list_kept, remove_kept
+from sandboxer.commands.owner import status_of
+from sandboxer.commands.teardown import gc as collect
+from sandboxer.commands.teardown import list_sandboxes
+from sandboxer.commands.teardown import teardown as remove_sandbox
+from sandboxer.commands.warm import fill
+from sandboxer.core.reading import CallerFile
+from sandboxer.dirs import Dirs, require_state_dir, resolve_dirs
+from sandboxer.errors import EntryError, ExecError, Interrupted, NotFoundError, ResidueError
+from sandboxer.host.registry import Registry, check_id
 
 __all__ = ["Broker", "ExecStream", "Owner", "Sandbox"]
 
@@ -72,7 +72,7 @@ class Broker:
     dir another account could have written in is refused here (PolicyError, 3), as the CLI
     refuses it (sandboxer.dirs.state_dir_problem). In-process the caller is this process's
     account, an owner; the service makes one per request for the caller the kernel reported
-    (`Broker.serving`). Every verb is authorized here (sandboxer.caller.Authority), whichever
+    (`Broker.serving`). Every verb is authorized here (sandboxer.api.caller.Authority), whichever
     front end asks.
     """
 
@@ -300,11 +300,11 @@ class Sandbox(SandboxBase):
         a command it cannot start ends with the CLI's status and line on stderr. A binary file as
         `stdin` is fed to the command through a pipe as it reads; `cancelled` saying yes kills
         the exec (status 137); `signals` is a pipe's read end whose bytes are signals for the
-        command (sandboxer.host.stdio.Program)."""
+        command (sandboxer.execio.stdio.Program)."""
         from sandboxer.commands import execute
         from sandboxer.core.exec_request import ExecRequest
         from sandboxer.errors import ExecUsage
-        from sandboxer.host.stdio import Program
+        from sandboxer.execio.stdio import Program
 
         try:
             request = ExecRequest.of(
@@ -344,7 +344,7 @@ class Sandbox(SandboxBase):
         discard_quarantine(made)
 
     def export(self, format: str, destination: str) -> Exported:
-        """Take the sandbox's work out to the new local `destination` (sandboxer.verbs)."""
+        """Take the sandbox's work out to the new local `destination` (sandboxer.api.verbs)."""
         destination = checked_export("export", format, destination)
         made = self.prepare_export(format)
         try:

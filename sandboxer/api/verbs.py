@@ -1,5 +1,5 @@
-"""What a sandbox offers whichever way it is reached — in-process (`sandboxer.api.Sandbox`) or
-through the service (`sandboxer.client.ClientSandbox`): its id and what create reported, teardown
+"""What a sandbox offers whichever way it is reached — in-process (`sandboxer.api.broker.Sandbox`) or
+through the service (`sandboxer.clients.service.ClientSandbox`): its id and what create reported, teardown
 at the end of a `with` block, and put/get on top of its own exec."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import BinaryIO, Self, cast
 
-from sandboxer.results import Created, ExecResult, Exported, OutputStream, Receipt
+from sandboxer.api.results import Created, ExecResult, Exported, OutputStream, Receipt
 
 # An exec's stdin as a program gives it: all of it (bytes-like), or a binary file read to its end
 # as the command runs (a pipe, a file, a socket: put's tar stream).
@@ -111,7 +111,7 @@ def checked_signal(signum: int) -> int:
     """`signum` when a caller may send it to an exec's command (SIGINT, SIGTERM, SIGHUP: what a
     CLI client passes on), else UsageError (2)."""
     from sandboxer.errors import UsageError
-    from sandboxer.host.stdio import FORWARDED
+    from sandboxer.execio.stdio import FORWARDED
 
     if signum not in FORWARDED:
         raise UsageError(f"signal: {signum} is not one an exec's command may be sent (SIGINT, SIGTERM or SIGHUP)")
@@ -232,8 +232,8 @@ class SandboxBase:
 
     def put(self, source: PathArg, destination: PathArg) -> None:
         """Copy the local file or directory `source` to `destination` (an absolute path) inside
-        the sandbox, as its user (sandboxer.transfer)."""
-        from sandboxer.transfer import put
+        the sandbox, as its user (sandboxer.api.transfer)."""
+        from sandboxer.api.transfer import put
 
         local, inside = checked_path("put: source", source), checked_path("put: destination", destination)
         self._require_known()
@@ -241,8 +241,8 @@ class SandboxBase:
 
     def get(self, source: PathArg, destination: PathArg) -> None:
         """Copy the file or directory `source` inside the sandbox to the new local `destination`:
-        regular files and directories only (sandboxer.transfer)."""
-        from sandboxer.transfer import get
+        regular files and directories only (sandboxer.api.transfer)."""
+        from sandboxer.api.transfer import get
 
         inside, local = checked_path("get: source", source), checked_path("get: destination", destination)
         self._require_known()

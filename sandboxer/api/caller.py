@@ -1,6 +1,6 @@
 """Who asks the core (`Caller`) and what it may do (`Authority`): the one place that decides.
 
-Every front end binds a caller and goes through the core API (sandboxer.api): the service the
+Every front end binds a caller and goes through the core API (sandboxer.api.broker): the service the
 account the kernel reported for its connection (SO_PEERCRED, sandboxer.service.peer), the CLI
 and the embedded `Broker` in-process the owner — the process's own account, whose rights are
 all there is. No front end checks anything itself.

@@ -13,9 +13,9 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 
+from sandboxer.api.results import Stream
+from sandboxer.api.verbs import InputChunks, Stdin, checked_signal
 from sandboxer.errors import BackendError
-from sandboxer.results import Stream
-from sandboxer.verbs import InputChunks, Stdin, checked_signal
 
 __all__ = ["ExecSink", "ExecStream", "fed"]
 

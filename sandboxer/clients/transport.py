@@ -1,6 +1,6 @@
 """The client's side of HTTP on the service's Unix socket: requests and their error answers, and
 an exec's stream — its body (options, then stdin) sent while its output frames are read
-(docs/service.md has the framing). `sandboxer.client` builds the verbs on it."""
+(docs/service.md has the framing). `sandboxer.clients.service` builds the verbs on it."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from sandboxer import errors
+from sandboxer.api.results import Receipt, Stream
+from sandboxer.api.verbs import InputChunks, Stdin, checked_signal
 from sandboxer.dirs import ROOT_SOCKET, Untrusted, check_peer
-from sandboxer.results import Receipt, Stream
 from sandboxer.service import frames
-from sandboxer.verbs import InputChunks, Stdin, checked_signal
 
 UNTRUSTED_HINT = "nothing was sent to it: a client talks only to a service of root or of its own account"
 INLINE_BODY = 64 * 1024  # an exec body this small is sent without a thread (a Unix socket buffers more)

@@ -45,7 +45,7 @@ from sandboxer.dirs import (
     resolve_dirs,
     service_socket,
 )
-from sandboxer.host.pumps import Pumps
+from sandboxer.execio.pumps import Pumps
 
 IDLE_EXIT = 600  # seconds a private service waits for its next command before it exits
 START_SECONDS = 15.0  # how long a private service may take to answer
@@ -206,7 +206,7 @@ def _forward(conn: socket.socket, argv: list[str], words: tuple[str, ...]) -> in
     request: dict[str, object] = {"argv": argv, "cwd": _cwd(), "env": dict(os.environ), "files": files}
     terminal = _wants_terminal(words)
     if terminal:
-        from sandboxer.host.terminal import caller_size
+        from sandboxer.execio.terminal import caller_size
 
         request["window"] = caller_size((0, 1, 2))
     header = json.dumps(request).encode()
@@ -257,10 +257,10 @@ def _wants_terminal(words: tuple[str, ...]) -> bool:
 def _terminal_passed_on(conn: socket.socket) -> Iterator[None]:
     """exec -t: this process's terminal in raw mode while the command runs (its keys, Ctrl-C
     included, go to the command's own terminal), and each change of its window size sent to the
-    service (sandboxer.host.terminal)."""
+    service (sandboxer.execio.terminal)."""
     import signal
 
-    from sandboxer.host.terminal import caller_size, raw, winch_message
+    from sandboxer.execio.terminal import caller_size, raw, winch_message
 
     def resized(_signum: int, _frame: object) -> None:
         size = caller_size((0, 1, 2))

@@ -1,5 +1,5 @@
 """The pipes between an exec's command and its caller's stdio, and the copying between them: the
-exec's hot path (plain os calls), shared by the service's exec paths (sandboxer.host.stdio makes
+exec's hot path (plain os calls), shared by the service's exec paths (sandboxer.execio.stdio makes
 their pumps) and the CLI client, which copies its terminal and files to and from the pipes it
 passes the service (Pumps.for_client) — so this module imports little (tests/unit/
 test_cli_client_imports.py)."""

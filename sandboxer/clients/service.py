@@ -10,7 +10,7 @@ service's Unix socket (docs/service.md, docs/api.md).
 The service knows the caller from the kernel (the socket's peer credentials): nothing the client
 sends says who it is. Errors are the classes of `sandboxer.errors`, rebuilt from the service's
 answer, with the same `.status`. HTTP is the standard library's (`http.client`) on a Unix socket
-(sandboxer.client_http).
+(sandboxer.clients.transport).
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sandboxer import errors
-from sandboxer.client_http import ClientExecStream, ServiceHttp, raise_for
-from sandboxer.results import (
+from sandboxer.api.results import (
     Approval,
     CallerView,
     Created,
@@ -44,7 +43,8 @@ from sandboxer.results import (
     Version,
     owner_entries,
 )
-from sandboxer.verbs import Input, SandboxBase, check_dispatch, checked_create, checked_exec, checked_export
+from sandboxer.api.verbs import Input, SandboxBase, check_dispatch, checked_create, checked_exec, checked_export
+from sandboxer.clients.transport import ClientExecStream, ServiceHttp, raise_for
 
 __all__ = ["Client", "ClientExecStream", "ClientOwner", "ClientSandbox"]
 
@@ -236,7 +236,7 @@ class ClientSandbox(SandboxBase):
         return self._receipt
 
     def export(self, format: str, destination: str) -> Exported:
-        """Take the sandbox's work out to the new local `destination` (sandboxer.verbs): the
+        """Take the sandbox's work out to the new local `destination` (sandboxer.api.verbs): the
         service verifies it and sends it; it is written here, with this process's rights."""
         from sandboxer.commands.export_delivery import receive
 
