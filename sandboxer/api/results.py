@@ -334,6 +334,7 @@ class Dispatched(JsonResult):
     """What `dispatch-tool --json` reports of one relayed request: where its response is inside the
     sandbox, and whether it came from the replay ledger (`cached`) rather than the endpoint."""
 
+    status: Literal["dispatched"] = "dispatched"
     sandbox: str
     lease_id: str
     request_id: str
