@@ -221,7 +221,7 @@ def check_peer(conn: socket.socket, path: str, *, root_only: bool = False) -> No
     """Untrusted unless the kernel says the process answering on the connected `conn` (at
     `path`, for the message) runs as root or as this account (`root_only`: as root). Every
     client of the service checks each connection with this before it sends a byte: the CLI
-    client (connect) and sandboxer.Client (client_http)."""
+    client (connect) and sandboxer.Client (clients/transport.py)."""
     try:
         _, uid, _ = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
     except OSError as exc:
@@ -275,7 +275,7 @@ def find_service(dirs: Dirs, environ: Mapping[str, str]) -> str:
     starting nothing: service_socket's, but for an account other than root with no configuration
     of its own (dirs that differ from its defaults count as named), the system service's when
     root's answers there or no service of its own does. (The sandboxer command decides the same
-    in cliclient.py with the connection it keeps.)"""
+    in clients/cli.py with the connection it keeps.)"""
     euid, home = os.geteuid(), os.path.expanduser("~")
     own = service_socket(dirs, environ)
     if euid == 0:
