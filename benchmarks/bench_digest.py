@@ -40,6 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandboxer.core.digest import RuntimeArtifactError
+from sandboxer.core.runtime import digest_runtime
+
 REPO = Path(__file__).resolve().parent.parent
 HOST_PYTHON = "/usr/bin/python3"
 RACY_SECONDS = 2.1  # the stat cache refuses files whose mtime/ctime is within 2 s of the walk
@@ -180,8 +183,6 @@ class Setup:
 
 def prepare(work: Path, state: str, *, log: Callable[[str], None]) -> Setup:
     """Build the runtime, check the artifact rules, and warm the stat cache; nothing here is timed."""
-    from sandboxer.core.digest import RuntimeArtifactError
-    from sandboxer.core.runtime import digest_runtime
 
     dependencies = runtime_dependencies()
     start = time.perf_counter()
@@ -221,7 +222,6 @@ def prepare(work: Path, state: str, *, log: Callable[[str], None]) -> Setup:
 
 
 def measure(setup: Setup, repeat: int) -> dict[str, Measurement]:
-    from sandboxer.core.runtime import digest_runtime
 
     runtime, state = setup.runtime, setup.state
     results = {

@@ -38,12 +38,11 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 
-if TYPE_CHECKING:
-    from sandboxer import Client
+from sandboxer import Client
 
 REPO = Path(__file__).resolve().parent.parent
 SANDBOXER = [sys.executable, "-m", "sandboxer"]  # replaced by install_as_users_do() in main()
@@ -184,7 +183,6 @@ def sandbox_memory(world: World, sandbox_id: str) -> dict[str, float]:
 def serving(world: World) -> Iterator[Client]:
     """`sandboxer serve` on the world's state dir while the block runs, its CLI a client of it,
     and a `Client` of it."""
-    from sandboxer import Client
 
     path = world.state / "broker.sock"
     served = subprocess.Popen([*world.cli("serve")], stderr=subprocess.DEVNULL, env=cli_env(through_service=False))

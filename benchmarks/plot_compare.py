@@ -15,6 +15,9 @@ import json
 import statistics
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
+
 FIGURES = (
     ("exec_true_ms", "bwrap exec"),
     ("service_exec_true_ms", "bwrap exec, CLI client"),
@@ -35,10 +38,8 @@ FIGURES = (
 
 def main() -> None:
     """Read the runs, draw one group of bars per figure, save the PNG."""
-    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", action="append", required=True)

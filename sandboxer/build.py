@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -150,7 +151,6 @@ def build_runtime(
 
 
 def _remove(path: Path) -> None:
-    import shutil
 
     shutil.rmtree(path, ignore_errors=True)
 

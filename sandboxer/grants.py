@@ -16,8 +16,12 @@ import pwd
 from dataclasses import dataclass
 
 from sandboxer.commands.export_space import Budget, default_budget
+from sandboxer.core.approvals import Ledger, Status
 from sandboxer.core.config_types import GRANTS_NAME, Grant
+from sandboxer.core.configdir import load_grants
 from sandboxer.dirs import Dirs
+from sandboxer.errors import SandboxerError
+from sandboxer.host.parse_cache import ParseCache
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +63,6 @@ def budget_of_account(dirs: Dirs, uid: int) -> Budget:
 
 def rights_of(uid: int, groups: set[int], dirs: Dirs) -> Rights | None:
     """The caller's rights, or None when no approved grant names it."""
-    from sandboxer.core.approvals import Ledger, Status
-    from sandboxer.core.configdir import load_grants
-    from sandboxer.errors import SandboxerError
-    from sandboxer.host.parse_cache import ParseCache
 
     try:
         loaded = load_grants(dirs.config, cache=ParseCache.of_state(dirs.state))

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from sandboxer.api.caller import Caller
+    from sandboxer.commands.services import Services
     from sandboxer.core.reading import CallerFile
     from sandboxer.dirs import Dirs
 
@@ -38,6 +39,7 @@ class Invocation:
     control: int | None = None
     caller: Caller | None = None  # the service's caller (the kernel's word); None: in-process
     dirs: Dirs | None = None  # the service's directories; None: in-process
+    services: Services | None = None  # the service's engines and fills; None: in-process
     sandboxes: list[str] = field(default_factory=list)  # the sandbox the command named or made (audit)
     files: Mapping[str, CallerFile] = field(default_factory=dict)  # the client's opens, by the name given
     window: tuple[int, int] | None = None  # the client's terminal's (rows, columns), for exec -t

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
 from typing import Any
+
+from sandboxer.errors import SandboxerError
 
 
 def emit_json(document: Any) -> None:
@@ -33,11 +36,8 @@ def report_failure(exc: Exception, *, as_json: bool, debug: bool) -> int:
     A SandboxerError carries its status and a message fit to show; anything else is a bug,
     reported by type only (its text or a traceback could hold values) unless --debug.
     """
-    from sandboxer.errors import SandboxerError
 
     if debug:
-        import traceback  # only with --debug: start-up time on every other run
-
         traceback.print_exception(exc)
     if isinstance(exc, SandboxerError):
         emit_error(kind=exc.kind, message=str(exc), as_json=as_json)

@@ -42,20 +42,26 @@ from sandboxer.api.results import (
     WarmFill,
 )
 from sandboxer.api.verbs import Input, SandboxBase, Stdin, check_dispatch, checked_create, checked_exec, checked_export
+from sandboxer.backends import Backends
+from sandboxer.commands import execute
 from sandboxer.commands import owner as owner_commands
 from sandboxer.commands.create import create as create_sandbox
+from sandboxer.commands.dispatch import dispatch
 from sandboxer.commands.export import Export, check_format, discard_quarantine, finished, prepare
 from sandboxer.commands.export_delivery import copy_to_path, deliver_to_path
 from sandboxer.commands.inspect import inspect as inspect_sandbox
 from sandboxer.commands.kept import kept_file, list_kept, remove_kept
 from sandboxer.commands.owner import status_of
+from sandboxer.commands.services import Services
 from sandboxer.commands.teardown import gc as collect
 from sandboxer.commands.teardown import list_sandboxes
 from sandboxer.commands.teardown import teardown as remove_sandbox
 from sandboxer.commands.warm import fill
+from sandboxer.core.exec_request import ExecRequest
 from sandboxer.core.reading import CallerFile
 from sandboxer.dirs import Dirs, require_state_dir, resolve_dirs
-from sandboxer.errors import EntryError, ExecError, Interrupted, NotFoundError, ResidueError
+from sandboxer.errors import EntryError, ExecError, ExecUsage, Interrupted, NotFoundError, ResidueError
+from sandboxer.execio.stdio import Program
 from sandboxer.host.registry import Registry, check_id
 
 __all__ = ["Broker", "ExecStream", "Owner", "Sandbox"]
@@ -73,11 +79,17 @@ class Broker:
     refuses it (sandboxer.dirs.state_dir_problem). In-process the caller is this process's
     account, an owner; the service makes one per request for the caller the kernel reported
     (`Broker.serving`). Every verb is authorized here (sandboxer.api.caller.Authority), whichever
-    front end asks.
+    front end asks. `backends`: the engines sandboxes run on (default: bubblewrap and Docker; a
+    test gives a fake one, sandboxer.backends.Backends).
     """
 
     def __init__(
-        self, *, config_dir: str | None = None, state_dir: str | None = None, caller: Caller | None = None
+        self,
+        *,
+        config_dir: str | None = None,
+        state_dir: str | None = None,
+        caller: Caller | None = None,
+        backends: Backends | None = None,
     ) -> None:
         self.dirs: Dirs = resolve_dirs(
             config_dir=config_dir,
@@ -87,17 +99,24 @@ class Broker:
             home=os.path.expanduser("~"),
         )
         require_state_dir(self.dirs.state)
+        self.services = Services.of(backends)
         self.authority = Authority(self.dirs, caller or Caller.this_process())
         self.owner = Owner(self)
 
     @classmethod
-    def serving(cls, dirs: Dirs, caller: Caller) -> Broker:
-        """The broker of a service (whose state dir was checked when it started) for one caller."""
+    def serving(cls, dirs: Dirs, caller: Caller, services: Services) -> Broker:
+        """The broker of a service (whose state dir was checked when it started) for one caller,
+        on the service's engines and fills."""
         broker = cls.__new__(cls)
         broker.dirs = dirs
+        broker.services = services
         broker.authority = Authority(dirs, caller)
         broker.owner = Owner(broker)
         return broker
+
+    @property
+    def backends(self) -> Backends:
+        return self.services.backends
 
     @property
     def caller(self) -> Caller:
@@ -142,10 +161,11 @@ class Broker:
                 caller_uid=self.authority.caller_uid(),
                 ref=ref,
                 branch=branch,
+                services=self.services,
             )
         sandbox = Sandbox(self, created)
         if abandoned is not None and abandoned():
-            remove_sandbox(self.dirs, sandbox.id)
+            remove_sandbox(self.dirs, sandbox.id, services=self.services)
             raise Interrupted("interrupted")
         return sandbox
 
@@ -162,19 +182,21 @@ class Broker:
 
     def list(self) -> list[SandboxInfo]:
         """Every sandbox of this state directory this caller may see, with its status."""
-        entries = [SandboxInfo.from_json(entry) for entry in list_sandboxes(self.dirs)["sandboxes"]]
+        entries = [
+            SandboxInfo.from_json(entry) for entry in list_sandboxes(self.dirs, backends=self.backends)["sandboxes"]
+        ]
         own = self.authority.visible([entry.id for entry in entries])
         return entries if own is None else [entry for entry in entries if entry.id in own]
 
     def gc(self) -> GcReport:
         """Finish what crashed creates and teardowns left; healthy and busy sandboxes stay (owners)."""
         self.authority.require_owner("gc")
-        return GcReport.from_json(collect(self.dirs))
+        return GcReport.from_json(collect(self.dirs, backends=self.backends))
 
     def warm(self, profile: str) -> WarmFill:
         """Start the warm sandboxes `profile` keeps; remove stale ones (owners)."""
         self.authority.require_owner("warm")
-        return WarmFill.from_json(fill(self.dirs, profile))
+        return WarmFill.from_json(fill(self.dirs, profile, backends=self.backends))
 
     def whoami(self) -> CallerView:
         """What this caller may do: an owner everything; a granted caller its profiles, with their
@@ -301,10 +323,6 @@ class Sandbox(SandboxBase):
         `stdin` is fed to the command through a pipe as it reads; `cancelled` saying yes kills
         the exec (status 137); `signals` is a pipe's read end whose bytes are signals for the
         command (sandboxer.execio.stdio.Program)."""
-        from sandboxer.commands import execute
-        from sandboxer.core.exec_request import ExecRequest
-        from sandboxer.errors import ExecUsage
-        from sandboxer.execio.stdio import Program
 
         try:
             request = ExecRequest.of(
@@ -314,7 +332,8 @@ class Sandbox(SandboxBase):
             raise ExecError(str(exc)) from None
         with fed(stdin) as source:
             try:
-                return execute.execute(self.broker.dirs, request, Program(source, sink, cancelled, signals))
+                stdio = Program(source, sink, cancelled, signals)
+                return execute.execute(self.broker.dirs, request, stdio, backends=self.broker.backends)
             except ExecUsage as exc:
                 raise ExecError(str(exc)) from None
             except EntryError as exc:
@@ -332,7 +351,8 @@ class Sandbox(SandboxBase):
         fmt = check_format(format)
         authority = self.broker.authority
         budget = authority.export_budget()
-        return authority.checking(lambda: prepare(self.broker.dirs, self.id, fmt, budget=budget))
+        backends = self.broker.backends
+        return authority.checking(lambda: prepare(self.broker.dirs, self.id, fmt, backends=backends, budget=budget))
 
     def finish_export(self, made: Export) -> None:
         """The export was delivered whole: the record notes what it took out."""
@@ -357,17 +377,21 @@ class Sandbox(SandboxBase):
 
     def inspect(self) -> Evidence:
         """The live sandbox observed against its plan (inspect --json)."""
-        return inspect_sandbox(self.broker.dirs, self.id)
+        return inspect_sandbox(self.broker.dirs, self.id, backends=self.broker.backends)
 
     def dispatch_tool(self, lease: str, request_id: str, wait_seconds: int = 0) -> Dispatched:
         """Relay the request `request_id` from the spool of the tool-request lease `lease` to its
         endpoint, waiting up to `wait_seconds` (0-300) for the consumer to write it
         (docs/tool-requests.md); NotPendingError (75, retryable) when it is not there yet."""
-        from sandboxer.commands.dispatch import dispatch
 
         check_dispatch(lease, request_id, wait_seconds)
         document = dispatch(
-            self.broker.dirs.state, self.id, lease_id=lease, request_id=request_id, wait_seconds=wait_seconds
+            self.broker.dirs.state,
+            self.id,
+            lease_id=lease,
+            request_id=request_id,
+            wait_seconds=wait_seconds,
+            backends=self.broker.backends,
         )
         return Dispatched.from_json(document)
 
@@ -377,7 +401,9 @@ class Sandbox(SandboxBase):
         raises UnexportedWorkError (2) unless `discard`."""
         if self._receipt is not None:
             return self._receipt
-        receipt = Receipt.from_json(remove_sandbox(self.broker.dirs, self.id, keep_work=not discard))
+        receipt = Receipt.from_json(
+            remove_sandbox(self.broker.dirs, self.id, services=self.broker.services, keep_work=not discard)
+        )
         if receipt.residue:
             error = ResidueError(f"teardown of {receipt.id} left residue: {'; '.join(receipt.residue)}")
             error.receipt = receipt
@@ -404,7 +430,7 @@ class Owner:
     def approve(self, name: str) -> Approval:
         """Approve the exact current bytes of one owner file."""
         self._require("ext approve")
-        return owner_commands.approve(self.dirs, name)
+        return owner_commands.approve(self.dirs, name, backends=self._broker.backends)
 
     def revoke(self, name: str) -> Approval:
         """Withdraw an approval."""

@@ -11,6 +11,10 @@ from types import TracebackType
 from typing import BinaryIO, Self, cast
 
 from sandboxer.api.results import Created, ExecResult, Exported, OutputStream, Receipt
+from sandboxer.api.transfer import get, put
+from sandboxer.errors import UsageError
+from sandboxer.execio.stdio import FORWARDED
+from sandboxer.host.ready import wait_ready
 
 # An exec's stdin as a program gives it: all of it (bytes-like), or a binary file read to its end
 # as the command runs (a pipe, a file, a socket: put's tar stream).
@@ -110,8 +114,6 @@ def _kind(value: object) -> str:
 def checked_signal(signum: int) -> int:
     """`signum` when a caller may send it to an exec's command (SIGINT, SIGTERM, SIGHUP: what a
     CLI client passes on), else UsageError (2)."""
-    from sandboxer.errors import UsageError
-    from sandboxer.execio.stdio import FORWARDED
 
     if signum not in FORWARDED:
         raise UsageError(f"signal: {signum} is not one an exec's command may be sent (SIGINT, SIGTERM or SIGHUP)")
@@ -134,7 +136,6 @@ class InputChunks:
         self.failure: BaseException | None = None
 
     def __iter__(self) -> Iterator[bytes]:
-        from sandboxer.host.ready import wait_ready
 
         read = getattr(self._stdin, "read1", self._stdin.read)  # what is there, as it comes
         while True:
@@ -233,7 +234,6 @@ class SandboxBase:
     def put(self, source: PathArg, destination: PathArg) -> None:
         """Copy the local file or directory `source` to `destination` (an absolute path) inside
         the sandbox, as its user (sandboxer.api.transfer)."""
-        from sandboxer.api.transfer import put
 
         local, inside = checked_path("put: source", source), checked_path("put: destination", destination)
         self._require_known()
@@ -242,7 +242,6 @@ class SandboxBase:
     def get(self, source: PathArg, destination: PathArg) -> None:
         """Copy the file or directory `source` inside the sandbox to the new local `destination`:
         regular files and directories only (sandboxer.api.transfer)."""
-        from sandboxer.api.transfer import get
 
         inside, local = checked_path("get: source", source), checked_path("get: destination", destination)
         self._require_known()

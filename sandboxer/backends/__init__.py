@@ -1,14 +1,19 @@
 """The engines a sandbox runs on, behind one interface.
 
 The core (sandboxer/commands) asks a `Backend` (protocol.py) for everything that differs between
-bubblewrap and Docker, and never branches on the backend's name: `backend_for` is the one place
-that maps a name to its implementation (and `execution_for` its exec part, on exec's hot path).
-Each implementation is a package of its own (`bwrap/`, `docker/`).
+bubblewrap and Docker, and never branches on the backend's name: `Backends` is the one place
+that maps a name to its implementation. The core API holds one (`Broker(backends=...)`) and hands
+it to every command, so a test gives the core a fake engine by constructing it, not by patching.
+Each implementation is a package of its own (`bwrap/`, `docker/`), imported on first use: exec's
+hot path loads an engine's exec part alone (`Backends.execution`, tests/unit/test_exec_imports.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
+
+from sandboxer.errors import BackendError, ExecUsage
 
 if TYPE_CHECKING:
     from sandboxer.backends.protocol import Backend, Execution
@@ -17,47 +22,64 @@ if TYPE_CHECKING:
 NAMES: tuple[Name, ...] = ("bwrap", "docker")  # every backend, in the order gc asks each for its orphans
 
 
-def backend_for(name: object) -> Backend:
-    """The backend a sandbox (its plan or record) names."""
-    match name:
-        case "bwrap":
-            from sandboxer.backends.bwrap.backend import BwrapBackend
+class Backends:
+    """The engines by name: the built-in ones, or those a test (or an embedding program) gives.
 
-            return BwrapBackend()
-        case "docker":
-            from sandboxer.backends.docker.backend import DockerBackend
+    `Backends()` is bubblewrap and Docker; `Backends({"bwrap": fake, "docker": fake})` is a core
+    that starts nothing. Instances are cheap and hold no state of a sandbox: the built-in engines
+    are made afresh for each call, as they were before injection."""
 
-            return DockerBackend()
-        case _:
-            from sandboxer.errors import BackendError
+    def __init__(self, engines: Mapping[Name, Backend] | None = None) -> None:
+        self._engines = dict(engines) if engines is not None else None
 
-            raise BackendError(f"no such backend: {str(name)[:32]!r}")
+    @property
+    def names(self) -> tuple[Name, ...]:
+        """Every engine, in the order gc asks each for its orphans."""
+        return NAMES if self._engines is None else tuple(self._engines)
 
+    def backend(self, name: object) -> Backend:
+        """The backend a sandbox (its plan or record) names; BackendError for any other name."""
+        if self._engines is not None:
+            if name in self._engines:
+                return self._engines[name]
+        else:
+            match name:
+                case "bwrap":
+                    from sandboxer.backends.bwrap.backend import BwrapBackend
 
-def execution_for(name: object) -> Execution:
-    """How `sandboxer exec` runs a command in a sandbox of this backend: the engine's exec part
-    alone (sandboxer.backends.protocol.Execution), which loads none of its create-time code."""
-    match name:
-        case "bwrap":
-            from sandboxer.backends.bwrap.enter import BwrapExecution
+                    return BwrapBackend()
+                case "docker":
+                    from sandboxer.backends.docker.backend import DockerBackend
 
-            return BwrapExecution()
-        case "docker":
-            from sandboxer.backends.docker.enter import DockerExecution
+                    return DockerBackend()
+        raise BackendError(f"no such backend: {str(name)[:32]!r}")
 
-            return DockerExecution()
-        case _:
-            from sandboxer.errors import ExecUsage
+    def execution(self, name: object) -> Execution:
+        """How `exec` runs a command in a sandbox of this backend: the engine's exec part alone
+        (protocol.Execution), which loads none of its create-time code."""
+        if self._engines is not None:
+            if name in self._engines:
+                return self._engines[name]
+        else:
+            match name:
+                case "bwrap":
+                    from sandboxer.backends.bwrap.enter import BwrapExecution
 
-            raise ExecUsage(f"exec: the sandbox's record names no known backend ({str(name)[:32]!r})")
+                    return BwrapExecution()
+                case "docker":
+                    from sandboxer.backends.docker.enter import DockerExecution
 
+                    return DockerExecution()
+        raise ExecUsage(f"exec: the sandbox's record names no known backend ({str(name)[:32]!r})")
 
-def service_helpers(started: bool) -> None:
-    """A service starts (True) or stops (False): the helpers a backend keeps for one (bwrap's
-    spawner: sandboxer/backends/bwrap/spawner.py)."""
-    from sandboxer.backends.bwrap import spawner
+    def serve(self, started: bool) -> None:
+        """A service starts (True) or stops (False): the helpers an engine keeps for one (bwrap's
+        spawner: sandboxer/backends/bwrap/spawner.py). Injected engines keep none."""
+        if self._engines is not None:
+            return
+        from sandboxer.backends.bwrap import spawner
 
-    if started:
-        spawner.activate()
-    else:
-        spawner.deactivate()
+        if started:
+            spawner.activate()
+        else:
+            spawner.deactivate()

@@ -26,6 +26,8 @@ from sandboxer.dirs import Dirs, resolve_dirs
 from sandboxer.errors import NotPendingError, ResidueError, SandboxerError, UsageError
 from sandboxer.invocation import current
 from sandboxer.output import emit_error, print_result, report_failure
+from sandboxer.service.cliserver import CommandTable
+from sandboxer.service.serve import serve as run_service
 
 
 class _Root(TyperGroup):
@@ -149,8 +151,6 @@ def serve(
     ] = 7 * 24 * 3600,
 ) -> None:
     """Run the broker as a service for the state dir: HTTP/JSON on a Unix socket (docs/service.md)."""
-    from sandboxer.service.cliserver import CommandTable
-    from sandboxer.service.serve import serve as run_service
 
     if current().caller is not None:
         raise UsageError("serve runs in its own process, never as a service's command")

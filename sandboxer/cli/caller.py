@@ -9,6 +9,7 @@ line on stderr and status 125 (sandboxer.commands.execute).
 from __future__ import annotations
 
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
@@ -32,7 +33,11 @@ from sandboxer.cli.options import (
     interrupted,
     named,
 )
+from sandboxer.commands.execute import BROKER_FAILED, execute
+from sandboxer.commands.kept import fetch_hint
+from sandboxer.core.exec_request import ExecRequest
 from sandboxer.errors import EntryError, ExecUsage, ResidueError, UsageError
+from sandboxer.execio.stdio import ClientStdio, Control, OwnStdio, Stdio
 from sandboxer.invocation import current
 from sandboxer.output import flatten, print_result
 
@@ -153,9 +158,6 @@ def exec_(
     Everything after -- is the command. Exit status: the command's own, 128+N when it died of
     signal N, 124 when --timeout expired, 125 when the broker failed, 126 not executable, 127 not found.
     """
-    from sandboxer.commands.execute import execute
-    from sandboxer.core.exec_request import ExecRequest
-    from sandboxer.execio.stdio import ClientStdio, Control, OwnStdio, Stdio
 
     invocation = current()
     stdio: Stdio = OwnStdio()  # this process's own stdio and signals
@@ -173,8 +175,9 @@ def exec_(
             tty=tty,
             env=env or [],
         )
-        broker_of(ctx).sandbox(named(sandbox_id), unknown=ExecUsage(f"exec: no such sandbox: {sandbox_id}"))
-        status = execute(dirs_of(ctx), request, stdio)
+        broker = broker_of(ctx)
+        broker.sandbox(named(sandbox_id), unknown=ExecUsage(f"exec: no such sandbox: {sandbox_id}"))
+        status = execute(dirs_of(ctx), request, stdio, backends=broker.backends)
     except Exception as exc:
         status = _exec_failure(exc, debug=debug_of(ctx))
     raise typer.Exit(status)
@@ -182,7 +185,6 @@ def exec_(
 
 def _exec_failure(exc: Exception, *, debug: bool) -> int:
     """Report an exec's failure as its contract wants (one line on stderr); return its status."""
-    from sandboxer.commands.execute import BROKER_FAILED
 
     if isinstance(exc, ExecUsage):
         sys.stderr.write(f"sandboxer: {exc}\n")
@@ -191,8 +193,6 @@ def _exec_failure(exc: Exception, *, debug: bool) -> int:
         sys.stderr.write(f"sandboxer: exec: {exc.message}\n")
         return exc.status
     if debug:
-        import traceback
-
         traceback.print_exception(exc)
     sys.stderr.write(f"sandboxer: exec: internal error ({type(exc).__name__}); rerun with --debug\n")
     return BROKER_FAILED
@@ -288,7 +288,6 @@ def exports(ctx: typer.Context, json: JsonOption = False) -> None:
     """List the work the service kept of your expired sandboxes (docs/service.md, Lifetimes)."""
     if ctx.invoked_subcommand is not None:
         return
-    from sandboxer.commands.kept import fetch_hint
 
     kept = broker_of(ctx).exports()
     rows = [("ID", "FILES", "MIB", "KEPT UNTIL")]

@@ -11,8 +11,19 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from sandboxer.api.broker import Broker
 from sandboxer.cli.options import caller, caller_path
+from sandboxer.clients.service import Client
+from sandboxer.commands.export_delivery import (
+    copy_to_fd,
+    copy_to_path,
+    deliver_to_directory,
+    deliver_to_file,
+    deliver_to_path,
+)
+from sandboxer.dirs import ROOT_SOCKET, Untrusted, connect, find_service, no_service
 from sandboxer.errors import UsageError
+from sandboxer.host.registry import ID_PATTERN
 from sandboxer.invocation import current
 
 if TYPE_CHECKING:
@@ -25,7 +36,6 @@ if TYPE_CHECKING:
 def deliver(made: Export, option: str, destination: str) -> None:
     """Write a verified export where the caller asked: to the descriptor its client opened with
     its own rights, or (in-process, or for the service's own account) at the path itself."""
-    from sandboxer.commands.export_delivery import deliver_to_directory, deliver_to_file, deliver_to_path
 
     opened = current().files.get(destination)
     if opened is None:
@@ -45,7 +55,6 @@ def deliver(made: Export, option: str, destination: str) -> None:
 def deliver_kept(source: str, destination: str) -> None:
     """Copy a kept export's file (the broker's) where the caller asked, as `deliver` writes an
     export: into the new file its client made with its own rights, or at the path itself."""
-    from sandboxer.commands.export_delivery import copy_to_fd, copy_to_path
 
     opened = current().files.get(destination)
     if opened is None:
@@ -59,7 +68,6 @@ def deliver_kept(source: str, destination: str) -> None:
 
 def sandbox_path(value: str) -> tuple[str, str] | None:
     """(id, path) of `ID:/path`, else None (a local path)."""
-    from sandboxer.host.registry import ID_PATTERN
 
     sandbox_id, colon, path = value.partition(":")
     if colon and ID_PATTERN.fullmatch(sandbox_id) and path.startswith("/"):
@@ -71,7 +79,6 @@ def sandbox_of(dirs: Dirs, sandbox_id: str) -> Sandbox | ClientSandbox:
     """The sandbox through the service that answers for the state dir (as sandboxer.Client; only
     a service of root or of this account), else through the embedded broker. An account with no
     configuration of its own uses the system service's, as the sandboxer command does."""
-    from sandboxer.dirs import ROOT_SOCKET, Untrusted, connect, find_service, no_service
 
     if os.environ.get("SANDBOXER_NO_SERVICE") != "1":
         path = find_service(dirs, os.environ)
@@ -90,9 +97,7 @@ def sandbox_of(dirs: Dirs, sandbox_id: str) -> Sandbox | ClientSandbox:
             raise typer.Exit(125)
         if probe is not None:
             probe.close()
-            from sandboxer.clients.service import Client
 
             return Client(path).sandbox(sandbox_id)  # put and get check that it is there
-    from sandboxer.api.broker import Broker
 
     return Broker(config_dir=dirs.config, state_dir=dirs.state).sandbox(sandbox_id)

@@ -6,18 +6,17 @@ the CLI client's, as the kernel reported it. The core decides what that caller m
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
-from sandboxer.api.caller import require_own_files
+from sandboxer.api.broker import Broker
+from sandboxer.api.caller import Caller, require_own_files
+from sandboxer.commands.services import Services
 from sandboxer.core.reading import CallerFile
 from sandboxer.dirs import Dirs, require_state_dir
+from sandboxer.execio.stdio import Control
 from sandboxer.invocation import current
-
-if TYPE_CHECKING:
-    from sandboxer.api.broker import Broker
-    from sandboxer.api.caller import Caller
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
 
@@ -62,19 +61,21 @@ def caller() -> Caller | None:
     return current().caller
 
 
+def services() -> Services:
+    """The engines and fills the command runs on: the service's, or in-process this command's own."""
+    return current().services or Services.of()
+
+
 def broker_of(ctx: typer.Context) -> Broker:
     """The core API for the command's caller (created once per command)."""
-    from sandboxer.api.broker import Broker
 
     broker: Broker | None = ctx.meta.get(_BROKER)
     if broker is None:
         dirs = dirs_of(ctx)
         served = caller()
         if served is None:
-            from sandboxer.api.caller import Caller
-
             served = Caller.this_process()
-        broker = Broker.serving(dirs, served)
+        broker = Broker.serving(dirs, served, services())
         ctx.meta[_BROKER] = broker
     return broker
 
@@ -119,7 +120,6 @@ def named(sandbox_id: str) -> str:
 def interrupted() -> bool:
     """In the service: whether the client passed on a signal (its Ctrl-C) or went away while the
     command ran. In-process the signal interrupts the command itself (KeyboardInterrupt)."""
-    from sandboxer.execio.stdio import Control
 
     control = current().control
     if control is None:

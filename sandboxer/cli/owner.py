@@ -8,7 +8,10 @@ from typing import Annotated
 
 import typer
 
-from sandboxer.cli.options import JsonOption, broker_of, caller_path, client_path, dirs_of
+from sandboxer.cli.options import JsonOption, broker_of, caller_path, client_path, dirs_of, services
+from sandboxer.commands import owner
+from sandboxer.commands.doctor import doctor as check_host
+from sandboxer.core import bootstrap, manifest
 from sandboxer.output import flatten
 from sandboxer.output import print_result as _print
 
@@ -30,7 +33,6 @@ def ext_check(
     file: Annotated[str, typer.Argument(help="An extension config or profile YAML file.")], json: JsonOption = False
 ) -> None:
     """Validate an extension config or profile and print what it means."""
-    from sandboxer.commands import owner
 
     result = owner.check(caller_path(file, "ext check"))
     lines = [f"{file}: valid {result['kind']} (sha256 {result['sha256']})"]
@@ -46,7 +48,6 @@ def manifest_check(
     json: JsonOption = False,
 ) -> None:
     """Validate a lease manifest and its sources; print what it grants (never a value)."""
-    from sandboxer.core import manifest
 
     dirs = dirs_of(ctx, state=False)  # only to refuse sources inside it
     checked = manifest.load(os.path.abspath(caller_path(file, "manifest check")), forbidden=(dirs.config, dirs.state))
@@ -66,7 +67,6 @@ def bootstrap_check(
     json: JsonOption = False,
 ) -> None:
     """Validate a runtime bootstrap file; print its fields but never the credential."""
-    from sandboxer.core import bootstrap
 
     opened = caller_path(file, "bootstrap check")
     document, _ = bootstrap.load(opened)
@@ -149,9 +149,9 @@ def runtime_digest(
 def doctor(ctx: typer.Context, json: JsonOption = False) -> None:
     """Check this host for sandboxes — bwrap, user namespaces, Landlock, cgroups, git, the config
     and state dirs, disk space, Docker — one line each, with what to do. Exit 5 when any fails."""
-    from sandboxer.commands.doctor import doctor as check_host
 
-    result = check_host(dirs_of(ctx, state=False))  # it reports a state dir it would refuse
+    # It reports a state dir it would refuse.
+    result = check_host(dirs_of(ctx, state=False), backends=services().backends)
     lines = result.pop("lines")
     _print(result, "\n".join(lines), json)
     if not result["ok"]:

@@ -15,6 +15,7 @@ answer, with the same `.status`. HTTP is the standard library's (`http.client`) 
 
 from __future__ import annotations
 
+import base64
 import builtins
 import contextlib
 import http.client
@@ -45,6 +46,10 @@ from sandboxer.api.results import (
 )
 from sandboxer.api.verbs import Input, SandboxBase, check_dispatch, checked_create, checked_exec, checked_export
 from sandboxer.clients.transport import ClientExecStream, ServiceHttp, raise_for
+from sandboxer.commands.export_delivery import receive
+from sandboxer.commands.owner import check
+from sandboxer.core import bootstrap
+from sandboxer.dirs import find_service, resolve_dirs
 
 __all__ = ["Client", "ClientExecStream", "ClientOwner", "ClientSandbox"]
 
@@ -56,7 +61,6 @@ def default_socket() -> str:
     /run/sandboxer/broker.sock). An account other than root with no configuration of its own
     is a caller of the system service: its socket when root's service answers there or no
     private one does (sandboxer.dirs.find_service; docs/service.md, "Finding the service")."""
-    from sandboxer.dirs import find_service, resolve_dirs
 
     euid, home = os.geteuid(), os.path.expanduser("~")
     dirs = resolve_dirs(config_dir=None, state_dir=None, environ=os.environ, euid=euid, home=home)
@@ -139,7 +143,6 @@ class Client:
     def get_export(self, export_id: str, destination: str, *, format: str = "bundle") -> None:
         """Write a kept export's commits (`format` "bundle") or changed tree ("tar") to the new
         local file `destination`, with this process's rights."""
-        from sandboxer.commands.export_delivery import receive
 
         destination = checked_export("get_export", format, destination)
         connection = self.service.connection(None)  # as long as the file takes
@@ -171,9 +174,6 @@ class Client:
 def _sent_bootstrap(path: str) -> dict[str, str]:
     """A bootstrap file as the service takes it from a client: read and checked here as the broker
     reads one (docs/bootstrap.md; the same errors), its path and base64 bytes."""
-    import base64
-
-    from sandboxer.core import bootstrap
 
     _, data = bootstrap.load(path)
     return {"path": os.path.abspath(path), "content": base64.b64encode(data).decode()}
@@ -238,7 +238,6 @@ class ClientSandbox(SandboxBase):
     def export(self, format: str, destination: str) -> Exported:
         """Take the sandbox's work out to the new local `destination` (sandboxer.api.verbs): the
         service verifies it and sends it; it is written here, with this process's rights."""
-        from sandboxer.commands.export_delivery import receive
 
         destination = checked_export("export", format, destination)
         connection = self.client.service.connection(None)  # as long as git inside takes
@@ -284,7 +283,6 @@ class ClientOwner:
         """Validate one owner file; its normalized meaning (ConfigError, 2, when invalid). Read in
         this process, with its own rights, as `sandboxer ext check` does: it needs nothing of the
         service's."""
-        from sandboxer.commands.owner import check
 
         return check(path)
 

@@ -9,13 +9,16 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from sandboxer.api.results import BootstrapSummary, Created, ManifestSummary
+from sandboxer.commands import warm
 from sandboxer.commands.destroy import destroy
 from sandboxer.commands.making import CreateRequest, before, clone_workspace, deliver_requested, plan_for
+from sandboxer.commands.services import Services
 from sandboxer.commands.sites import site_of
 from sandboxer.commands.spools import make_spools
+from sandboxer.core.plan import WORKSPACE_TARGET
 from sandboxer.core.record import SandboxRecord, expiry_text, now_text
 from sandboxer.errors import SandboxerError, UsageError
-from sandboxer.host import activity, procs
+from sandboxer.host import activity, procs, workspace_volume
 from sandboxer.host.registry import Registry
 
 MIN_TTL, MAX_TTL = 1, 30 * 24 * 3600  # create --ttl, in seconds
@@ -35,6 +38,7 @@ def create(
     ttl: float | None = None,
     ref: str | None = None,
     branch: str | None = None,
+    services: Services,
 ) -> Created:
     """Create a sandbox from an approved profile (a lease manifest by path, a runtime bootstrap
     by path or as its caller read it);
@@ -46,11 +50,11 @@ def create(
         raise UsageError("ttl: must be a number of seconds")  # from a program: the CLI's is a float
     if ttl is not None and not MIN_TTL <= ttl <= MAX_TTL:
         raise UsageError(f"--ttl: must be between {MIN_TTL} and {MAX_TTL} seconds")
-    from sandboxer.core.plan import WORKSPACE_TARGET
 
-    request = CreateRequest(dirs, profile_name, manifest_path, bootstrap, ref=ref, branch=branch)
+    request = CreateRequest(
+        dirs, profile_name, manifest_path, bootstrap, backends=services.backends, ref=ref, branch=branch
+    )
     registry = Registry(dirs.state)
-    from sandboxer.commands import warm
 
     warm_count = warm.wanted(request)  # 0 unless the backend keeps warm sandboxes for the profile
     taken = None
@@ -85,7 +89,7 @@ def create(
         record = replace(record, state="failed")
         with contextlib.suppress(OSError, SandboxerError):
             registry.write(record)
-        residue = destroy(registry, record.id, record).residue
+        residue = destroy(registry, record.id, record, backends=services.backends).residue
         if residue and isinstance(exc, SandboxerError):
             exc.message += f" (and cleanup left residue: {'; '.join(residue)})"
         raise
@@ -94,7 +98,7 @@ def create(
     if warm_count and taken is None:
         # None was warm (the first create of the profile, or a burst took them all): fill now.
         # A taken one is replaced when its sandbox is torn down, not while the caller uses it.
-        warm.spawn_fill(dirs, request.profile.name)
+        services.fills.spawn(dirs, request.profile.name)
     manifest = None if request.assignment is None else request.assignment.manifest
     return Created(
         id=record.id,
@@ -113,12 +117,10 @@ def create(
 
 def _make(request: CreateRequest, registry: Registry, record: SandboxRecord) -> SandboxRecord:
     """Plan, clone, spools, start and verify, deliver: the body of a create."""
-    from sandboxer.backends import backend_for
 
     assignment = request.assignment
     plan = plan_for(request, registry, record.id)
-    backend = backend_for(plan.backend)
-    from sandboxer.host import workspace_volume
+    backend = request.engine
 
     record = replace(record, workspace_fs=workspace_volume.prepare(plan, registry.path(record.id)))
     before("the clone")

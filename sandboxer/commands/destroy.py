@@ -6,37 +6,35 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
+from sandboxer.backends import Backends
+from sandboxer.commands import lease_removal
 from sandboxer.commands.sites import site_of
 from sandboxer.core.record import SandboxRecord
 from sandboxer.core.removal import Removal
-from sandboxer.host import hostgit, workspace
+from sandboxer.host import hostgit, lease_mounts, workspace, workspace_volume
+from sandboxer.host.fsutil import mount_points
 from sandboxer.host.registry import Registry
 
 
-def destroy(registry: Registry, sandbox_id: str, record: SandboxRecord | None) -> Removal:
+def destroy(registry: Registry, sandbox_id: str, record: SandboxRecord | None, *, backends: Backends) -> Removal:
     """Remove everything a sandbox owns: processes or container, cgroups, mounts, spools, clone,
     directory. `record` is None when it is missing or unreadable: then every backend removes what
     it finds of the sandbox by its id."""
-    from sandboxer.backends import backend_for
 
     # A create killed mid-clone: git died with it, a helper of git may still write below.
     stray_git = hostgit.stop_git(registry.path(sandbox_id, workspace.GIT_HOME))
     stray = Removal.of(residue=[f"host git process {pid}" for pid in stray_git])
     if record is None:
-        return _destroy_unrecorded(registry, sandbox_id, stray)
+        return _destroy_unrecorded(registry, sandbox_id, stray, backends)
     record = replace(record, id=sandbox_id)
-    backend = backend_for(record.backend)
+    backend = backends.backend(record.backend)
     done = backend.stop(record, site=site_of(registry, sandbox_id)) + stray
     still_running = not done.clean  # processes that survived, a container the Engine kept
     if os.path.isdir(registry.path(sandbox_id, "leases")):  # no process or container uses them now
-        from sandboxer.host import lease_mounts
-
         lease_mounts.unstage(registry.path(sandbox_id))  # what stays mounted is residue, found below
     if record.bootstrap is not None and not still_running:
         done += Removal(removed=(f"bootstrap file {record.bootstrap.target} (with the sandbox's private state)",))
     if record.manifest is not None:
-        from sandboxer.commands import lease_removal
-
         # The assignment's own files go only once the sandbox had consumed it (it was ready).
         done += lease_removal.remove(
             record.manifest,
@@ -47,31 +45,24 @@ def destroy(registry: Registry, sandbox_id: str, record: SandboxRecord | None) -
         )
     done += backend.release(record)
     if not still_running:  # no process or container can hold the workspace filesystem now
-        from sandboxer.host import workspace_volume
-
         done += workspace_volume.unmount(registry.path(sandbox_id))
     return done + _remove_directory(registry.path(sandbox_id))
 
 
-def _destroy_unrecorded(registry: Registry, sandbox_id: str, stray: Removal) -> Removal:
+def _destroy_unrecorded(registry: Registry, sandbox_id: str, stray: Removal, backends: Backends) -> Removal:
     """A sandbox without a readable record: each backend stops and releases what it finds by the
     id (processes carrying it, a container labelled with it, leftover cgroups), then the
     directory goes unless something is still mounted below it."""
-    from sandboxer.backends import NAMES, backend_for
 
     done = stray
-    for name in NAMES:
+    for name in backends.names:
         stub = SandboxRecord(id=sandbox_id, profile="", backend=name, state="failed", created_at="")
-        backend = backend_for(name)
+        backend = backends.backend(name)
         done += backend.stop(stub, site=site_of(registry, sandbox_id))
         done += backend.release(stub)
     if os.path.isdir(registry.path(sandbox_id, "leases")):
-        from sandboxer.host import lease_mounts
-
         lease_mounts.unstage(registry.path(sandbox_id))
     if done.clean:
-        from sandboxer.host import workspace_volume
-
         done += workspace_volume.unmount(registry.path(sandbox_id))
     return done + _remove_directory(registry.path(sandbox_id))
 
@@ -99,6 +90,5 @@ def _remove_directory(directory: str) -> Removal:
 
 
 def _host_mounts_below(directory: str) -> list[str]:
-    from sandboxer.host.fsutil import mount_points
 
     return [point for point in mount_points() if point == directory or point.startswith(directory + "/")]

@@ -30,6 +30,7 @@ import stat
 import time
 from typing import Any, NoReturn
 
+from sandboxer.backends import Backends
 from sandboxer.commands.dispatch_endpoint import Refused, canonical, relay, strict_json
 from sandboxer.core import manifest as mf
 from sandboxer.core.leases import SPOOL_PENDING_FILES, SPOOL_REQUEST_BYTES, SPOOL_TOTAL_BYTES, spool_name
@@ -48,7 +49,7 @@ POLL_SECONDS = 0.05
 class _Target:
     """One dispatch: the sandbox, its lease, the spool, the ledger and the endpoint."""
 
-    def __init__(self, state_dir: str, sandbox_id: str, lease_id: str, request_id: str) -> None:
+    def __init__(self, state_dir: str, sandbox_id: str, lease_id: str, request_id: str, backends: Backends) -> None:
         registry = Registry(state_dir)
         self.record = registry.read_caller(check_id(sandbox_id))
         if self.record.state != "ready":
@@ -77,10 +78,9 @@ class _Target:
         self.consumer_uid = self.record.plan.host_uid  # who the consumer is on the host (Docker: remapped)
         if self.uid != lease.consumer_uid or self.uid == 0:
             raise Refused(f"{lease.field}.consumer_uid: is not the sandbox user's uid")
-        from sandboxer.backends import backend_for
 
         name = spool_name(checked.run_id, lease.lease_id)
-        backend = backend_for(self.record.backend)
+        backend = backends.backend(self.record.backend)
         self.spool = backend.spool_directory(name, sandbox_dir=registry.path(sandbox_id))
         self.ledger = registry.path(sandbox_id, "ledger", name)
 
@@ -90,12 +90,14 @@ def _is_request_id(value: str) -> bool:
     return 0 < len(value) <= 128 and set(value) <= allowed and value not in (".", "..")
 
 
-def dispatch(state_dir: str, sandbox_id: str, *, lease_id: str, request_id: str, wait_seconds: int) -> dict[str, Any]:
+def dispatch(
+    state_dir: str, sandbox_id: str, *, lease_id: str, request_id: str, wait_seconds: int, backends: Backends
+) -> dict[str, Any]:
     """Relay one request; the result document, or an error carrying the exit status."""
     if not 0 <= wait_seconds <= MAX_WAIT:
         raise UsageError(f"--wait-seconds: must be between 0 and {MAX_WAIT}")
     deadline = time.monotonic() + wait_seconds
-    target = _Target(state_dir, sandbox_id, lease_id, request_id)
+    target = _Target(state_dir, sandbox_id, lease_id, request_id, backends)
     os.makedirs(target.ledger, mode=0o700, exist_ok=True)
     lock = os.open(
         os.path.join(target.ledger, f"{request_id}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600

@@ -7,12 +7,14 @@ made until it is fixed); a check that is not ok says what to do. Nothing is chan
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import stat
 from typing import Any
 
 from sandboxer.api.results import CallerView
+from sandboxer.backends import Backends
 from sandboxer.backends.protocol import Check
 from sandboxer.clients.service import Client
 from sandboxer.commands.owner import list_entries, status_of
@@ -21,18 +23,18 @@ from sandboxer.core.config_types import GRANTS_NAME
 from sandboxer.core.configdir import load_grants
 from sandboxer.dirs import ROOT_SOCKET, Dirs, find_service, state_dir_problem
 from sandboxer.errors import PolicyError, SandboxerError, UntrustedServiceError
+from sandboxer.host.limits import mechanism
 
 TOOLS_PATH = "/usr/bin:/bin:/usr/local/bin"  # where the broker looks for git, whatever PATH says
 MIN_FREE_MIB = 1024  # free space below this on the state dir's filesystem is a warning
 
 
-def doctor(dirs: Dirs) -> dict[str, Any]:
+def doctor(dirs: Dirs, *, backends: Backends) -> dict[str, Any]:
     """Every check, in order, and whether all of them passed (warnings allowed): this host's,
     then the broker's (the service, and the approvals and grants an owner keeps, or what the
     service lets a caller do)."""
-    from sandboxer.backends import NAMES, backend_for
 
-    sandboxes = [check for name in NAMES for check in backend_for(name).health()]
+    sandboxes = [check for name in backends.names for check in backends.backend(name).health()]
     checks = [
         sandboxes[0],  # the namespace engine first: every other check says what it needs
         _user_namespaces(),
@@ -95,7 +97,6 @@ def _landlock() -> Check:
 
 
 def _landlock_abi() -> int | None:
-    import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     version = libc.syscall(444, None, 0, 1)  # landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
@@ -103,7 +104,6 @@ def _landlock_abi() -> int | None:
 
 
 def _cgroups() -> Check:
-    from sandboxer.host.limits import mechanism
 
     found = mechanism()
     if found is None:

@@ -3,7 +3,7 @@ API and the service share, below any parsing of a command line.
 
 execute() takes an ExecRequest (sandboxer.core.exec_request: its options checked when it was
 made), reads the sandbox's record and hands the command to its engine's exec part
-(sandboxer.backends.execution_for), on the caller's stdio (sandboxer.execio.stdio.Stdio). Every
+(sandboxer.backends.Backends.execution), on the caller's stdio (sandboxer.execio.stdio.Stdio). Every
 refusal is an ExecUsage (one line, status 125); a command that cannot start is an EntryError
 (125, 126, 127). Otherwise the status is the command's own, 128+N when it died of signal N, 124
 when the timeout expired (the exec's whole session is killed).
@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from sandboxer import backends
+from sandboxer.backends import Backends
 from sandboxer.core.record_exec import ExecView, ExecViewError
 from sandboxer.errors import ExecUsage
 from sandboxer.execio.stdio import TIMED_OUT
@@ -58,6 +58,7 @@ def execute(
     request: ExecRequest,
     stdio: Stdio,
     *,
+    backends: Backends,
     caller_env: Mapping[str, str] | None = None,
     for_broker: bool = False,
 ) -> int:
@@ -86,7 +87,7 @@ def execute(
         from sandboxer.execio.terminal import term_of
 
         env["TERM"] = term_of(current().environ if caller_env is None else caller_env)
-    execution = backends.execution_for(record.backend)
+    execution = backends.execution(record.backend)
     limits = LimitWatch(record, execution.limit_groups(record))
     started = time.monotonic()
     with activity.in_use(os.path.join(dirs.state, "sandboxes", sandbox_id)):

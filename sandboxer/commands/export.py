@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from sandboxer.backends import Backends
 from sandboxer.commands.export_space import RESERVE_STEP, Budget, Quarantine
 from sandboxer.commands.making import before
 from sandboxer.commands.work import GIT, GIT_SECONDS, WorkState, git_inside, ready_work, work_state
@@ -94,6 +95,7 @@ def prepare(
     sandbox_id: str,
     fmt: Format,
     *,
+    backends: Backends,
     budget: Budget,
     state: WorkState | None = None,
     seconds: float = GIT_SECONDS,
@@ -104,7 +106,7 @@ def prepare(
     caller delivers it and then calls `finished` (or `discard_quarantine`)."""
     record, work = ready_work(dirs, sandbox_id)
     if state is None:
-        state, work = work_state(dirs, sandbox_id, seconds=seconds)
+        state, work = work_state(dirs, sandbox_id, backends=backends, seconds=seconds)
     if fmt != "tar" and state.ahead == 0:
         dirty = " (its tree has changes not committed: commit them, or export --tar)" if state.dirty else ""
         raise UsageError(f"export: sandbox {sandbox_id} has no commits since {work.ref}{dirty}")
@@ -115,7 +117,7 @@ def prepare(
     before("the export's quarantine")  # a service's caller: still granted
     quarantine = Quarantine(dirs.state, budget)
     try:
-        inside = _Inside(dirs, record, quarantine, seconds)
+        inside = _Inside(dirs, record, quarantine, seconds, backends)
         if fmt == "bundle":
             files = _bundle(inside, state, work)
         elif fmt == "patch":
@@ -174,6 +176,7 @@ class _Inside:
     record: SandboxRecord
     quarantine: Quarantine
     seconds: float
+    backends: Backends
 
     @property
     def directory(self) -> str:
@@ -184,7 +187,15 @@ class _Inside:
         each chunk reserved before it is written); its path."""
         path = os.path.join(self.directory, name)
         with _new_file(path) as fd:
-            git_inside(self.dirs, self.record, [*GIT, *args], into=fd, room=self.quarantine.need, seconds=self.seconds)
+            git_inside(
+                self.dirs,
+                self.record,
+                [*GIT, *args],
+                backends=self.backends,
+                into=fd,
+                room=self.quarantine.need,
+                seconds=self.seconds,
+            )
         return path
 
 

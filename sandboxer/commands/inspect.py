@@ -6,8 +6,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sandboxer.api.results import Evidence
+from sandboxer.backends import Backends
 from sandboxer.commands.sites import site_of
+from sandboxer.core.plan import MIB, RUNTIME_TARGET, STATE_ROOT, TMP_TARGETS, MountKind
 from sandboxer.errors import BackendError
+from sandboxer.host.digest_cache import digest_runtime
 from sandboxer.host.registry import Registry, check_id
 
 if TYPE_CHECKING:
@@ -17,13 +20,12 @@ if TYPE_CHECKING:
     from sandboxer.host.observe import MountSeen, ProbeSeen
 
 
-def inspect(dirs: Dirs, sandbox_id: str) -> Evidence:
+def inspect(dirs: Dirs, sandbox_id: str, *, backends: Backends) -> Evidence:
     """Evidence observed from the live sandbox, compared with its plan."""
-    from sandboxer.backends import backend_for
 
     registry = Registry(dirs.state)
     record = registry.read_caller(check_id(sandbox_id))
-    backend = backend_for(record.backend)
+    backend = backends.backend(record.backend)
     gone = f"tear it down: sandboxer teardown {sandbox_id}"  # its caller may (gc is the owners')
     if record.state != "ready" or not backend.is_running(record):
         raise BackendError(f"sandbox {sandbox_id} is not running (state {record.state})", hint=gone)
@@ -47,8 +49,6 @@ def _evidence(
 ) -> dict[str, Any]:
     """The evidence both backends report, in the contract's shape; the runtime is re-digested
     now (through the stat cache) and a changed runtime is one more difference."""
-    from sandboxer.core.plan import RUNTIME_TARGET, STATE_ROOT, TMP_TARGETS
-    from sandboxer.host.digest_cache import digest_runtime
 
     if record.plan is None or record.limits is None:
         raise BackendError(f"sandbox {record.id}: its record has no plan")
@@ -139,7 +139,6 @@ def _lease_evidence(record: SandboxRecord, mounts: list[MountSeen]) -> dict[str,
 
 def _tmpfs_mib(mounts: tuple[Mount, ...], target: str) -> int | None:
     """The planned size of the tmpfs at `target`, in MiB (None: no such tmpfs in this plan)."""
-    from sandboxer.core.plan import MIB, MountKind
 
     sizes = [m.size_bytes for m in mounts if m.target == target and m.kind is MountKind.TMPFS]
     return sizes[0] // MIB if sizes and sizes[0] is not None else None

@@ -11,9 +11,12 @@ identity, its owner, mode 0700, named after the run)."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from typing import TYPE_CHECKING
 
+from sandboxer.core.leases import spool_name
+from sandboxer.core.reading import open_dir_nofollow
 from sandboxer.core.removal import Removal
 
 RUN_DIR_MODE = 0o700  # as create admitted it (core/manifest/sources.py)
@@ -28,7 +31,6 @@ def remove(
 ) -> Removal:
     """Remove the spools (each by its backend) and, when the sandbox had consumed its assignment
     (`materializations`), every recorded materialization source."""
-    from sandboxer.core.leases import spool_name
 
     done = Removal()
     for spool in manifest_record.spools:
@@ -47,7 +49,6 @@ def _remove_materializations(manifest_record: ManifestRecord) -> tuple[list[str]
     symlinks and checked to be the very directory create saw: a run directory swapped (or a
     parent made a symlink) since is left alone and reported, and so is a source not strictly
     below it."""
-    from sandboxer.core.reading import open_dir_nofollow
 
     directory = manifest_record.run_dir
     sources = [source for source in manifest_record.materializations if _below(source, directory)]
@@ -89,7 +90,6 @@ def _remove_materializations(manifest_record: ManifestRecord) -> tuple[list[str]
 def _remove_below(run_fd: int, relative: str) -> bool | None:
     """Remove `relative` below the run directory, symlink-free: True when removed, None when it
     was not there, False when it could not be."""
-    import shutil
 
     parent, name = os.path.split(relative)
     try:

@@ -7,22 +7,35 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from sandboxer.core.record import WorkRecord
+from sandboxer.backends import Backends
+from sandboxer.core import bootstrap, leases
+from sandboxer.core.approvals import Ledger, Status
+from sandboxer.core.bootstrap import SUSPEND_DIR, TARGET
+from sandboxer.core.config import is_git_ref
+from sandboxer.core.configdir import load_extension, load_profile
+from sandboxer.core.digest import RuntimeArtifactError
+from sandboxer.core.manifest.schema import PROVIDER_CREDENTIAL, PROVIDER_ENVIRONMENT
+from sandboxer.core.plan import BACKEND_OF, SANDBOX_GID, SANDBOX_UID, Grants, Mount, MountKind, build_plan
+from sandboxer.core.record import BootstrapRecord, WorkRecord
+from sandboxer.core.runtime import check_digest, check_overlap
 from sandboxer.dirs import require_state_dir
-from sandboxer.errors import PolicyError, UnapprovedError
+from sandboxer.errors import PolicyError, UnapprovedError, UsageError
 from sandboxer.host import workspace
+from sandboxer.host.digest_cache import digest_runtime
+from sandboxer.host.parse_cache import ParseCache
 from sandboxer.host.registry import Registry
 
 if TYPE_CHECKING:
-    from sandboxer.core.approvals import Ledger
+    from sandboxer.backends.protocol import Backend
     from sandboxer.core.bootstrap import Bootstrap
     from sandboxer.core.config_types import ExtensionConfig, Profile, RuntimePin
     from sandboxer.core.digest import TreeDigest
     from sandboxer.core.leases import Assignment
     from sandboxer.core.plan import Backend as BackendName
-    from sandboxer.core.plan import Grants, Plan
+    from sandboxer.core.plan import Plan
     from sandboxer.core.reading import CallerFile
     from sandboxer.core.record import SandboxRecord
     from sandboxer.dirs import Dirs
@@ -70,7 +83,6 @@ def _host_layout() -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
 
 
 def _require_approved(ledger: Ledger, name: str, file_sha256: str) -> None:
-    from sandboxer.core.approvals import Status
 
     status = ledger.status(name, file_sha256)
     if status is Status.UNAPPROVED:
@@ -83,17 +95,12 @@ def _require_approved(ledger: Ledger, name: str, file_sha256: str) -> None:
 
 def backend_name(extension: ExtensionConfig) -> BackendName:
     """The backend an extension config runs its sandboxes on."""
-    from sandboxer.core.plan import BACKEND_OF
 
     return BACKEND_OF[extension.extension]
 
 
-def _admit(dirs: Dirs, profile_name: str) -> tuple[str, Profile, ExtensionConfig]:
+def _admit(dirs: Dirs, profile_name: str, backends: Backends) -> tuple[str, Profile, ExtensionConfig, Backend]:
     """Every check before anything is made: approvals, backend, runtime pin, reachability."""
-    from sandboxer.backends import backend_for
-    from sandboxer.core.approvals import Ledger
-    from sandboxer.core.configdir import load_extension, load_profile
-    from sandboxer.host.parse_cache import ParseCache
 
     Registry(dirs.state).ensure()  # the state dir first, with its own mode, before any cache in it
     require_state_dir(dirs.state)  # again once made: nobody swapped a directory above it meanwhile
@@ -103,7 +110,7 @@ def _admit(dirs: Dirs, profile_name: str) -> tuple[str, Profile, ExtensionConfig
     _require_approved(ledger, profile.name, profile.file_sha256)
     _, extension = load_extension(dirs.config, profile.extension, cache=cache)
     _require_approved(ledger, extension.extension, extension.file_sha256)
-    backend = backend_for(backend_name(extension))
+    backend = backends.backend(backend_name(extension))
     backend.preflight(extension)
     verify_pin(
         extension.runtime,
@@ -115,7 +122,7 @@ def _admit(dirs: Dirs, profile_name: str) -> tuple[str, Profile, ExtensionConfig
         },
     )
     backend.admit(extension, state_dir=dirs.state)
-    return raw.path, profile, extension
+    return raw.path, profile, extension, backend
 
 
 class CreateRequest:
@@ -129,14 +136,16 @@ class CreateRequest:
         manifest_path: str | None,
         bootstrap: str | CallerFile | None,
         *,
+        backends: Backends,
         ref: str | None = None,
         branch: str | None = None,
     ) -> None:
         self.state_dir = dirs.state
-        self.profile_file, self.profile, self.extension = _admit(dirs, profile_name)
+        self.backends = backends
+        self.profile_file, self.profile, self.extension, self.engine = _admit(dirs, profile_name, backends)
         self.backend = backend_name(self.extension)
         repository = self.profile.workspace.repository
-        self.assignment = _admit_manifest(dirs, manifest_path, backend=self.backend, repository=repository)
+        self.assignment = _admit_manifest(dirs, manifest_path, engine=self.engine, repository=repository)
         self.delivery = _admit_bootstrap(bootstrap, self.assignment)
         image = self.assignment.image if self.assignment is not None else None
         self.image = image or str(self.extension.image)
@@ -146,8 +155,6 @@ class CreateRequest:
 def _checkout(request: CreateRequest, ref: str | None, branch: str | None) -> workspace.Checkout:
     """What the clone checks out: a manifest's revision and task branch; else the profile's ref,
     or the caller's --ref where workspace.refs allows it, on the caller's --branch if given."""
-    from sandboxer.core.config import is_git_ref
-    from sandboxer.errors import UsageError
 
     assignment = request.assignment
     if assignment is not None:
@@ -175,10 +182,8 @@ def plan_for(
     """The plan of the sandbox `sandbox_id` for this request. `known_ids`: the host ids of a
     sandbox that already runs for it (a warm container's, checked on its pid 1 before it is
     taken), which spares asking for them again."""
-    from sandboxer.backends import backend_for
-    from sandboxer.core.plan import SANDBOX_GID, SANDBOX_UID, build_plan
 
-    backend = backend_for(request.backend)
+    backend = request.engine
     assignment, delivery = request.assignment, request.delivery
     links, etc = _host_layout()
     sandbox_dir = registry.path(sandbox_id)
@@ -224,13 +229,8 @@ def deliver_requested(request: CreateRequest, plan: Plan, record: SandboxRecord)
     the record says so."""
     if request.delivery is None:
         return record
-    from dataclasses import replace
 
-    from sandboxer.backends import backend_for
-    from sandboxer.core.bootstrap import TARGET
-    from sandboxer.core.record import BootstrapRecord
-
-    backend_for(plan.backend).deliver(plan, record, request.delivery[1], TARGET)
+    request.engine.deliver(plan, record, request.delivery[1], TARGET)
     return replace(
         record, bootstrap=BootstrapRecord(target=TARGET, suspend_control=request.delivery[0].suspend_control)
     )
@@ -240,15 +240,12 @@ def _admit_bootstrap(source: str | CallerFile | None, assignment: Assignment | N
     """The runtime bootstrap of a create, read once and checked before anything is made."""
     if source is None:
         return None
-    from sandboxer.core import bootstrap
 
     document, data = bootstrap.load(source)
     file = os.path.abspath(source if isinstance(source, str) else source.path)
     if document.workspace != bootstrap.PUBLIC_WORKSPACE:
         raise PolicyError(f"{file}: workspace: must be {bootstrap.PUBLIC_WORKSPACE}, where the sandbox serves it")
     if assignment is not None:
-        from sandboxer.core.manifest.schema import PROVIDER_CREDENTIAL, PROVIDER_ENVIRONMENT
-
         for lease in assignment.manifest.leases:
             if lease.scope in (PROVIDER_ENVIRONMENT, PROVIDER_CREDENTIAL):
                 raise PolicyError(
@@ -260,26 +257,20 @@ def _admit_bootstrap(source: str | CallerFile | None, assignment: Assignment | N
 
 def _with_suspend_dir(grants: Grants | None) -> Grants:
     """The grants plus the suspend control's directory (0700, the sandbox user's)."""
-    from dataclasses import replace
-
-    from sandboxer.core.bootstrap import SUSPEND_DIR
-    from sandboxer.core.plan import Grants, Mount, MountKind
 
     base = grants or Grants()
     return replace(base, mounts=(*base.mounts, Mount(kind=MountKind.DIR, target=SUSPEND_DIR, mode=0o700)))
 
 
-def _admit_manifest(dirs: Dirs, path: str | None, *, backend: str, repository: str) -> Assignment | None:
+def _admit_manifest(dirs: Dirs, path: str | None, *, engine: Backend, repository: str) -> Assignment | None:
     """The lease manifest of a create, fully checked before anything is made (or None)."""
     if path is None:
         return None
-    from sandboxer.backends import backend_for
-    from sandboxer.core import leases
 
     assignment = leases.admit_assignment(
         os.path.abspath(path),
         forbidden=(dirs.config, dirs.state),
-        images_admitted=backend_for(backend).admits_service_images(),
+        images_admitted=engine.admits_service_images(),
         repository=repository,
     )
     registry = Registry(dirs.state)
@@ -294,9 +285,6 @@ def _admit_manifest(dirs: Dirs, path: str | None, *, backend: str, repository: s
 def verify_pin(pin: RuntimePin, *, state_dir: str, others: Mapping[str, str], full: bool = False) -> TreeDigest:
     """Check the runtime against its pin: artifact rules, no overlap, the exact tree digest (read
     through the state dir's cache unless `full`)."""
-    from sandboxer.core.digest import RuntimeArtifactError
-    from sandboxer.core.runtime import check_digest, check_overlap
-    from sandboxer.host.digest_cache import digest_runtime
 
     try:
         check_overlap(pin.path, others)

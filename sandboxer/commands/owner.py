@@ -5,21 +5,26 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import io
 import os
 from collections.abc import Iterator
 from typing import Any
 
+from ruamel.yaml import YAML
+
 from sandboxer.api import results
-from sandboxer.commands.making import verify_pin
+from sandboxer.backends import Backends
+from sandboxer.commands.making import backend_name, verify_pin
 from sandboxer.core import approvals
 from sandboxer.core.approvals import Approval, Ledger, Status
 from sandboxer.core.config import parse_owner_file, validate_name
-from sandboxer.core.config_types import ExtensionConfig, OwnerFile, Profile, meaning
+from sandboxer.core.config_types import EXTENSIONS, GRANTS_NAME, ExtensionConfig, OwnerFile, Profile, meaning
 from sandboxer.core.configdir import load_owner_file, present_names, read_file, read_owner_file
 from sandboxer.dirs import Dirs
-from sandboxer.errors import SandboxerError
+from sandboxer.errors import SandboxerError, UsageError
 from sandboxer.host.digest_cache import digest_runtime
 from sandboxer.host.fsutil import atomic_write, locked
+from sandboxer.host.workspace import check_repository
 
 
 def describe(item: OwnerFile) -> dict[str, Any]:
@@ -37,7 +42,7 @@ def check(path: str) -> dict[str, Any]:
     return {"file": path, "sha256": item.file_sha256, "valid": True, **describe(item)}
 
 
-def approve(dirs: Dirs, name: str) -> results.Approval:
+def approve(dirs: Dirs, name: str, *, backends: Backends) -> results.Approval:
     """Approve the exact current bytes of an owner file, after checking it is valid.
 
     What a create would trip on is checked now, so that an owner learns it at approval, not at
@@ -49,13 +54,9 @@ def approve(dirs: Dirs, name: str) -> results.Approval:
     item = load_owner_file(raw)
     if isinstance(item, ExtensionConfig):
         verify_pin(item.runtime, state_dir=dirs.state, others={"config dir": dirs.config, "state dir": dirs.state})
-        from sandboxer.backends import backend_for
-        from sandboxer.commands.making import backend_name
 
-        backend_for(backend_name(item)).check_extension(item, raw.path)
+        backends.backend(backend_name(item)).check_extension(item, raw.path)
     elif isinstance(item, Profile):
-        from sandboxer.host.workspace import check_repository
-
         workspace = item.workspace
         check_repository(workspace.repository, (workspace.ref, *workspace.refs), raw.path)
     given = approvals.approval(name, item.file_sha256)
@@ -140,7 +141,6 @@ def status_of(dirs: Dirs, name: str) -> str:
 
 
 def _kind(name: str) -> str:
-    from sandboxer.core.config_types import GRANTS_NAME
 
     return "extension" if name.startswith("ext.") else GRANTS_NAME if name == GRANTS_NAME else "profile"
 
@@ -168,13 +168,6 @@ def runtime_pin(dirs: Dirs, path: str, extension: str) -> dict[str, Any]:
     config.runtime, keeping the rest of the file as the owner wrote it (comments included). The
     file's bytes change, so its approval no longer holds: the owner reviews the new file, then
     approves it (ext approve) — nothing is approved here."""
-    import io
-
-    from ruamel.yaml import YAML
-
-    from sandboxer.core.config_types import EXTENSIONS
-    from sandboxer.errors import UsageError
-    from sandboxer.host.fsutil import atomic_write
 
     if extension not in EXTENSIONS:
         raise UsageError(f"--extension: must be one of {', '.join(EXTENSIONS)}")

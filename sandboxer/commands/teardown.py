@@ -8,7 +8,12 @@ import os
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from sandboxer.backends import Backends
 from sandboxer.commands.destroy import destroy
+from sandboxer.commands.export_space import reclaim_abandoned
+from sandboxer.commands.services import Services
+from sandboxer.commands.warm import is_current
+from sandboxer.commands.work import unexported
 from sandboxer.core.record import expiry_text
 from sandboxer.errors import BackendError, NotFoundError, ResidueError, SandboxerError, UnexportedWorkError
 from sandboxer.host.registry import Registry, check_id
@@ -18,16 +23,14 @@ if TYPE_CHECKING:
     from sandboxer.dirs import Dirs
 
 
-def teardown(dirs: Dirs, sandbox_id: str, *, keep_work: bool = False) -> dict[str, Any]:
+def teardown(dirs: Dirs, sandbox_id: str, *, services: Services, keep_work: bool = False) -> dict[str, Any]:
     """Tear a sandbox down and return the receipt; ResidueError (6) carries it if anything is left.
     With `keep_work` (a caller's teardown without --discard), a sandbox whose work no export took
     out is refused instead (UnexportedWorkError, 2, saying what would be lost)."""
     registry = Registry(dirs.state)
     check_id(sandbox_id)
     if keep_work:
-        from sandboxer.commands.work import unexported
-
-        lost = unexported(dirs, sandbox_id)
+        lost = unexported(dirs, sandbox_id, backends=services.backends)
         if lost:
             raise UnexportedWorkError(
                 f"teardown: sandbox {sandbox_id} holds work no export took out: {' and '.join(lost)}; "
@@ -45,13 +48,11 @@ def teardown(dirs: Dirs, sandbox_id: str, *, keep_work: bool = False) -> dict[st
             record = replace(record, state="tearing-down", consumed=record.consumed or record.state == "ready")
             with contextlib.suppress(OSError, SandboxerError):
                 registry.write(record)
-        done = destroy(registry, sandbox_id, record)
+        done = destroy(registry, sandbox_id, record, backends=services.backends)
     finally:
         os.close(lock)
     if record is not None and record.warm_profile:
-        from sandboxer.commands.warm import spawn_fill
-
-        spawn_fill(dirs, record.profile)
+        services.fills.spawn(dirs, record.profile)
     return done.receipt(sandbox_id)
 
 
@@ -62,14 +63,13 @@ def receipt_or_raise(receipt: dict[str, Any]) -> dict[str, Any]:
     return receipt
 
 
-def is_running(record: SandboxRecord) -> bool | None:
+def is_running(record: SandboxRecord, backends: Backends) -> bool | None:
     """Whether the sandbox's processes run; None when that cannot be known (Engine silent)."""
-    from sandboxer.backends import backend_for
 
-    return backend_for(record.backend).is_running(record)
+    return backends.backend(record.backend).is_running(record)
 
 
-def list_sandboxes(dirs: Dirs) -> dict[str, Any]:
+def list_sandboxes(dirs: Dirs, *, backends: Backends) -> dict[str, Any]:
     """Every sandbox in the registry with its state."""
     registry = Registry(dirs.state)
     entries = []
@@ -91,7 +91,7 @@ def list_sandboxes(dirs: Dirs) -> dict[str, Any]:
             continue
         status = record.state
         if status == "ready":
-            running = is_running(record)
+            running = is_running(record, backends)
             status = "unknown" if running is None else "running" if running else "dead"
         entries.append(
             {
@@ -106,7 +106,7 @@ def list_sandboxes(dirs: Dirs) -> dict[str, Any]:
     return {"sandboxes": entries}
 
 
-def gc(dirs: Dirs) -> dict[str, Any]:
+def gc(dirs: Dirs, *, backends: Backends) -> dict[str, Any]:
     """Finish what crashed creates and teardowns left; never touch a healthy or busy sandbox.
 
     Each sandbox is collected on its own: whatever goes wrong with one (a tree it made hostile, a
@@ -114,11 +114,10 @@ def gc(dirs: Dirs) -> dict[str, Any]:
     The quarantine of an export whose exporter died (kill -9 mid-export) goes too, at once: its
     exporter's lock is gone (`exports`: their names; sandboxer.commands.export_space).
     """
-    from sandboxer.commands.export_space import reclaim_abandoned
 
     registry = Registry(dirs.state)
     collected, healthy, busy, warm = [], [], [], []
-    collected += _collect_orphans(registry)
+    collected += _collect_orphans(registry, backends)
     for sandbox_id in registry.ids():
         try:
             lock = registry.try_lock_for_gc(sandbox_id)
@@ -128,20 +127,18 @@ def gc(dirs: Dirs) -> dict[str, Any]:
             try:
                 record = registry.read_or_none(sandbox_id)
                 state = record.state if record is not None else None
-                running = is_running(record) if record is not None and state in ("ready", "warm") else False
+                running = is_running(record, backends) if record is not None and state in ("ready", "warm") else False
                 if running is None:  # the Engine does not answer: never destroy what may be healthy
                     busy.append(sandbox_id)
                     continue
                 if running and record is not None and state == "warm":
-                    from sandboxer.commands.warm import is_current
-
                     if is_current(dirs, record):
                         warm.append(sandbox_id)
                         continue
                 elif running:
                     healthy.append(sandbox_id)
                     continue
-                collected.append(destroy(registry, sandbox_id, record).receipt(sandbox_id))
+                collected.append(destroy(registry, sandbox_id, record, backends=backends).receipt(sandbox_id))
             finally:
                 os.close(lock)
         except Exception as exc:  # one sandbox's failure is its own residue, never gc's end
@@ -151,15 +148,14 @@ def gc(dirs: Dirs) -> dict[str, Any]:
     return {"collected": collected, "healthy": healthy, "busy": busy, "warm": warm, "exports": exports}
 
 
-def _collect_orphans(registry: Registry) -> list[dict[str, Any]]:
+def _collect_orphans(registry: Registry, backends: Backends) -> list[dict[str, Any]]:
     """What each engine still holds of sandboxes whose directory is gone (its own receipts)."""
-    from sandboxer.backends import NAMES, backend_for
 
     def present() -> set[str]:
         return set(registry.ids())
 
     receipts = []
-    for name in NAMES:
-        collected = backend_for(name).collect_orphans(state_dir=registry.state_dir, present=present)
+    for name in backends.names:
+        collected = backends.backend(name).collect_orphans(state_dir=registry.state_dir, present=present)
         receipts += [removal.receipt(sandbox_id) for sandbox_id, removal in collected.items()]
     return receipts

@@ -9,52 +9,70 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from sandboxer.backends import Backends
 from sandboxer.commands import warmpool
+from sandboxer.commands.making import CreateRequest, clone_workspace, deliver_requested, plan_for
 from sandboxer.commands.sites import site_of
+from sandboxer.core.approvals import Ledger, Status
+from sandboxer.core.config import PROFILE_NAME
+from sandboxer.core.configdir import load_extension, load_profile
 from sandboxer.errors import BackendError, SandboxerError, UsageError
+from sandboxer.host import workspace
+from sandboxer.host.parse_cache import ParseCache
 from sandboxer.host.registry import Registry, try_lock_file
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor
 
-    from sandboxer.commands.making import CreateRequest
     from sandboxer.core.plan import Plan
     from sandboxer.core.record import SandboxRecord
     from sandboxer.dirs import Dirs
 
 
 class Fills:
-    """Where this process's background fills run: the service's fill thread (an executor it
-    sets at its start and takes back at its stop), or, without one, detached processes. Read by
+    """How a process tops warm pools up in the background, on its engines (`backends`): on the
+    service's fill thread (an executor it sets at its start and takes back at its stop), or,
+    without one, in detached processes. One per process's `Services` (commands/services.py). Read by
     every create and teardown thread of the service while the service may be stopping: the
     executor is this object's, read and changed under its lock, and a fill that can no longer be
     handed to it (shut down meanwhile) is dropped, as a fill cut short is (gc or the next
     create's fill tops the pool up). Handing a fill over never fails the create or teardown
     that asked for it: the sandbox is made or gone by then."""
 
-    def __init__(self) -> None:
+    def __init__(self, backends: Backends) -> None:
+        self.backends = backends
         self._lock = threading.Lock()
         self._executor: Executor | None = None
 
     def run_on(self, executor: Executor | None) -> None:
+        """Run the fills on `executor` from now on (the service: it has every import and bwrap's
+        spawner already, where a `sandboxer warm` process would start from nothing and compete
+        with the next create for the CPU); None: back to detached processes."""
         with self._lock:
             self._executor = executor
 
-    def submit(self, dirs: Dirs, profile_name: str) -> bool:
-        """Hand the fill to the executor; False when there is none (fill in a detached process)."""
+    def spawn(self, dirs: Dirs, profile_name: str) -> None:
+        """Top the profile's warm sandboxes up in the background: on the fill thread when there
+        is one, else in `sandboxer warm PROFILE` started detached (its own session, no stream or
+        descriptor of ours, the root directory as its cwd, an environment of its own). Errors go
+        to warm.log in the state dir. The caller does not wait for it, not even for a detached
+        one's execve (a plain fork: about 1 ms here, against 8 for subprocess, which waits for
+        the exec); once this process exits, init reaps it. It never raises: a fill that cannot
+        be started (no descriptor, no process left) is no failure of the create or teardown
+        that asked for it, whose sandbox is made or gone by then; gc and the next fill catch up."""
         with self._lock:
             executor = self._executor
-            if executor is None:
-                return False
-            with contextlib.suppress(RuntimeError):  # shut down: the service is stopping
-                executor.submit(_fill_logged, dirs, profile_name)
-            return True
-
-
-_FILLS = Fills()  # this process's (fill_on, spawn_fill)
+            if executor is not None:
+                with contextlib.suppress(RuntimeError):  # shut down: the service is stopping
+                    executor.submit(_fill_logged, dirs, profile_name, self.backends)
+                return
+        with contextlib.suppress(OSError):
+            _fork_fill(dirs, profile_name)
 
 
 def wanted(request: CreateRequest) -> int:
@@ -76,13 +94,8 @@ def wanted(request: CreateRequest) -> int:
 
 def kind(request: CreateRequest, registry: Registry) -> warmpool.Kind:
     """The warm sandboxes a create of the request would take, and how to plan one."""
-    from dataclasses import replace
 
-    from sandboxer.backends import backend_for
-    from sandboxer.commands.making import clone_workspace, plan_for
-    from sandboxer.host import workspace
-
-    backend = backend_for(request.backend)
+    backend = request.engine
     repository = request.profile.workspace.repository
 
     def planner(sandbox_id: str, known_ids: tuple[int, int] | None) -> Plan:
@@ -109,6 +122,7 @@ def kind(request: CreateRequest, registry: Registry) -> warmpool.Kind:
         image=request.image,
         backend_name=request.backend,
         backend=backend,
+        backends=request.backends,
         planner=planner,
         workspace_refs=workspace_refs,
         clone=clone,
@@ -123,20 +137,16 @@ def claim(request: CreateRequest, registry: Registry) -> tuple[int, SandboxRecor
 def finish(request: CreateRequest, registry: Registry, record: SandboxRecord, plan: Plan) -> SandboxRecord:
     """The rest of a create that took a warm sandbox (its workspace cloned ahead): inspect it
     again, deliver."""
-    from sandboxer.backends import backend_for
-    from sandboxer.commands.making import deliver_requested
 
-    problems = backend_for(request.backend).taken_warm_problems(record, plan, site=site_of(registry, record.id))
+    problems = request.engine.taken_warm_problems(record, plan, site=site_of(registry, record.id))
     if problems:
         raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))
     return deliver_requested(request, plan, record)
 
 
-def fill(dirs: Dirs, profile_name: str) -> dict[str, Any]:
+def fill(dirs: Dirs, profile_name: str, *, backends: Backends) -> dict[str, Any]:
     """Bring the profile's warm sandboxes to the extension's `warm` count: remove the stale and
     the surplus, start the missing. One fill per profile runs at a time."""
-    from sandboxer.commands.making import CreateRequest
-    from sandboxer.core.config import PROFILE_NAME
 
     if not PROFILE_NAME.fullmatch(profile_name):
         raise UsageError(f"warm: {profile_name[:64]!r} is not a profile name")
@@ -149,9 +159,10 @@ def fill(dirs: Dirs, profile_name: str) -> dict[str, Any]:
         return result
     try:
         try:
-            request = CreateRequest(dirs, profile_name, None, None)
+            request = CreateRequest(dirs, profile_name, None, None, backends=backends)
         except SandboxerError:
-            result["removed"] = warmpool.drain(registry, profile_name)  # unapproved or invalid: none may stay warm
+            # unapproved or invalid: none may stay warm
+            result["removed"] = warmpool.drain(registry, profile_name, backends)
             raise
         kept, started, removed = warmpool.refill(registry, kind(request, registry), wanted(request))
         result.update(warm=len(kept), started=started, removed=removed)
@@ -160,31 +171,8 @@ def fill(dirs: Dirs, profile_name: str) -> dict[str, Any]:
         os.close(fill_lock)
 
 
-def fill_on(executor: Executor | None) -> None:
-    """Run this process's background fills on `executor` from now on (the service: it has every
-    import and bwrap's spawner already, where a `sandboxer warm` process would start from
-    nothing and compete with the next create for the CPU); None: back to detached processes."""
-    _FILLS.run_on(executor)
-
-
-def spawn_fill(dirs: Dirs, profile_name: str) -> None:
-    """Top the profile's warm sandboxes up in the background: on the service's fill thread when
-    this process is the service, else in `sandboxer warm PROFILE` started detached (its own
-    session, no stream or descriptor of ours, the root directory as its cwd, an environment of
-    its own). Errors go to warm.log in the state dir. The caller does not wait for it, not even
-    for a detached one's execve (a plain fork: about 1 ms here, against 8 for subprocess, which
-    waits for the exec); once this process exits, init reaps it. It never raises: a fill that
-    cannot be started (no descriptor, no process left) is no failure of the create or teardown
-    that asked for it, whose sandbox is made or gone by then; gc and the next fill catch up."""
-    if _FILLS.submit(dirs, profile_name):
-        return
-    with contextlib.suppress(OSError):
-        _fork_fill(dirs, profile_name)
-
-
 def _fork_fill(dirs: Dirs, profile_name: str) -> None:
-    """`sandboxer warm PROFILE`, detached (spawn_fill)."""
-    import sys
+    """`sandboxer warm PROFILE`, detached (Fills.spawn)."""
 
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
     log = os.open(os.path.join(dirs.state, "warm.log"), flags, 0o600)
@@ -214,9 +202,6 @@ def _fork_fill(dirs: Dirs, profile_name: str) -> None:
 def is_current(dirs: Dirs, record: SandboxRecord) -> bool:
     """gc's question: may this warm sandbox stay? Only while its profile and extension are
     approved with the bytes it was made from and the extension still keeps warm sandboxes."""
-    from sandboxer.core.approvals import Ledger, Status
-    from sandboxer.core.configdir import load_extension, load_profile
-    from sandboxer.host.parse_cache import ParseCache
 
     stamp = record.warm
     if stamp is None:
@@ -238,10 +223,10 @@ def is_current(dirs: Dirs, record: SandboxRecord) -> bool:
     )
 
 
-def _fill_logged(dirs: Dirs, profile_name: str) -> None:
+def _fill_logged(dirs: Dirs, profile_name: str, backends: Backends) -> None:
     """`fill` on the service's thread, its failure a line in warm.log as a detached one's."""
     try:
-        fill(dirs, profile_name)
+        fill(dirs, profile_name, backends=backends)
     except (SandboxerError, OSError) as exc:
         message = exc.message if isinstance(exc, SandboxerError) else str(exc)
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from sandboxer.backends import Backends
 from sandboxer.commands.destroy import destroy
 from sandboxer.commands.sites import site_of
 from sandboxer.core.record import HIDDEN_STATES, SandboxRecord, WarmStamp, now_text
@@ -61,6 +62,7 @@ class Kind:
     image: str
     backend_name: BackendName
     backend: Warming
+    backends: Backends  # every engine: what destroys a stale one
     planner: Planner
     # The repository's refs now (workspace.refs_digest), for the plan's sandbox directory.
     workspace_refs: Callable[[Plan], str]
@@ -102,7 +104,7 @@ def claim(registry: Registry, kind: Kind) -> tuple[int, SandboxRecord, Plan] | N
         plan = kind.planner(sandbox_id, _host_ids(record))
         if problems(registry, kind, record, plan):
             with contextlib.suppress(SandboxerError, OSError):
-                destroy(registry, sandbox_id, replace(record, state="failed"))
+                destroy(registry, sandbox_id, replace(record, state="failed"), backends=kind.backends)
             os.close(lock)
             continue
         return lock, record, plan
@@ -125,7 +127,7 @@ def refill(registry: Registry, kind: Kind, want: int) -> tuple[list[str], list[s
             plan = kind.planner(sandbox_id, _host_ids(record))
             stale = len(kept) >= want or bool(problems(registry, kind, record, plan))
             if stale:
-                destroy(registry, sandbox_id, replace(record, state="failed"))
+                destroy(registry, sandbox_id, replace(record, state="failed"), backends=kind.backends)
                 removed.append(sandbox_id)
             else:
                 kept.append(sandbox_id)
@@ -165,7 +167,7 @@ def start_one(registry: Registry, kind: Kind) -> str:
         record = replace(record, state="failed")
         with contextlib.suppress(OSError, SandboxerError):
             registry.write(record)
-        destroy(registry, sandbox_id, record)
+        destroy(registry, sandbox_id, record, backends=kind.backends)
         raise
     finally:
         os.close(lock)
@@ -184,7 +186,7 @@ def problems(registry: Registry, kind: Kind, record: SandboxRecord, plan: Plan) 
     return stale or kind.backend.warm_problems(record, plan, site=site_of(registry, record.id))
 
 
-def drain(registry: Registry, profile: str) -> list[str]:
+def drain(registry: Registry, profile: str, backends: Backends) -> list[str]:
     """Remove every warm sandbox of the profile; the ids removed."""
     removed = []
     for sandbox_id in candidates(registry, profile):
@@ -194,7 +196,7 @@ def drain(registry: Registry, profile: str) -> list[str]:
         try:
             record = registry.read_or_none(sandbox_id)
             if record is not None and record.state == WARM:
-                destroy(registry, sandbox_id, replace(record, state="failed"))
+                destroy(registry, sandbox_id, replace(record, state="failed"), backends=backends)
                 removed.append(sandbox_id)
         finally:
             os.close(lock)

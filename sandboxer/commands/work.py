@@ -21,6 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sandboxer.backends import Backends
+from sandboxer.commands.execute import execute
+from sandboxer.core.exec_request import ExecRequest
 from sandboxer.errors import (
     BackendError,
     EntryError,
@@ -30,6 +33,7 @@ from sandboxer.errors import (
     UnexportedWorkError,
     UsageError,
 )
+from sandboxer.execio.stdio import Program
 from sandboxer.host.fsutil import write_all
 from sandboxer.host.registry import Registry, check_id
 from sandboxer.host.workspace import is_commit_id
@@ -109,14 +113,17 @@ class WorkState:
         return lost
 
 
-def work_state(dirs: Dirs, sandbox_id: str, *, seconds: float = GIT_SECONDS) -> tuple[WorkState, WorkRecord]:
+def work_state(
+    dirs: Dirs, sandbox_id: str, *, backends: Backends, seconds: float = GIT_SECONDS
+) -> tuple[WorkState, WorkRecord]:
     """The sandbox's work as its git reports it now, with the record's account of it."""
     record, work = ready_work(dirs, sandbox_id)
-    out = git_inside(dirs, record, ["sh", "-c", STATE_SCRIPT, "sh", work.base], limit=MAX_REPORT, seconds=seconds)
+    script = ["sh", "-c", STATE_SCRIPT, "sh", work.base]
+    out = git_inside(dirs, record, script, backends=backends, limit=MAX_REPORT, seconds=seconds)
     return _parse_state(out.decode("utf-8", errors="replace")), work
 
 
-def unexported(dirs: Dirs, sandbox_id: str) -> list[str]:
+def unexported(dirs: Dirs, sandbox_id: str, *, backends: Backends) -> list[str]:
     """What teardown would lose of a ready sandbox's work (empty: nothing). Work that cannot be
     checked is refused as lost: UnexportedWorkError names why. A sandbox whose processes are
     gone has nothing to lose any more (nothing can be exported from it)."""
@@ -124,12 +131,11 @@ def unexported(dirs: Dirs, sandbox_id: str) -> list[str]:
     record = registry.read_or_none(check_id(sandbox_id))
     if record is None or record.state != "ready" or record.hidden or record.work is None:
         return []  # nothing a caller worked in: a create under way or failed, an older record
-    from sandboxer.backends import backend_for
 
-    if backend_for(record.backend).is_running(record) is False:
+    if backends.backend(record.backend).is_running(record) is False:
         return []  # its processes are gone: no export can take anything out of it any more
     try:
-        state, work = work_state(dirs, sandbox_id)
+        state, work = work_state(dirs, sandbox_id, backends=backends)
     except (BackendError, UsageError) as exc:
         reason = exc.message.removeprefix("export: ")
         raise UnexportedWorkError(
@@ -163,6 +169,7 @@ def git_inside(
     record: SandboxRecord,
     argv: list[str],
     *,
+    backends: Backends,
     limit: int | None = None,
     into: int | None = None,
     room: Callable[[int], None] | None = None,
@@ -173,9 +180,6 @@ def git_inside(
     command is killed). `room(n)` is asked before each n bytes are written to `into`: its
     PolicyError (the caller's export budget is full) kills the command and is raised. Any other
     failure is a BackendError saying why."""
-    from sandboxer.commands.execute import execute
-    from sandboxer.core.exec_request import ExecRequest
-    from sandboxer.execio.stdio import Program
 
     out: list[bytes] = []
     err: list[bytes] = []
@@ -210,7 +214,7 @@ def git_inside(
 
     try:
         request = ExecRequest(sandbox_id=record.id, argv=tuple(argv), timeout=float(seconds))  # in /workspace
-        status = execute(dirs, request, Program(b"", sink, lambda: bool(stopped)), for_broker=True)
+        status = execute(dirs, request, Program(b"", sink, lambda: bool(stopped)), backends=backends, for_broker=True)
     except ExecUsage as exc:  # not running, not ready: as exec would say it
         raise UsageError(f"export: {str(exc).removeprefix('exec: ')}") from None
     except EntryError as exc:

@@ -31,6 +31,7 @@ from sandboxer.core.config_types import (
     Security,
     Workspace,
 )
+from sandboxer.core.plan import PLAN_ENV_NAMES
 from sandboxer.core.yamlstrict import YMap, YNode, YScalar, parse_yaml
 from sandboxer.errors import UsageError
 
@@ -114,7 +115,6 @@ def _exec_section(doc: Doc, node: YNode | None) -> tuple[tuple[str, ...], tuple[
     """exec.caller_env: the names a caller may set with `exec --env`; exec.env: variables the
     owner sets in every exec (hints such as PIP_NO_INDEX). Neither may name a variable the
     sandbox's own environment sets (PATH, HOME, ..., SANDBOXER_*): that stays the broker's."""
-    from sandboxer.core.plan import PLAN_ENV_NAMES
 
     if node is None:
         return (), ()

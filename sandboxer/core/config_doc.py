@@ -6,6 +6,7 @@ value read from the file. The parsers of extension configs, profiles and grants 
 
 from __future__ import annotations
 
+import difflib
 import posixpath
 import re
 from collections.abc import Callable
@@ -20,7 +21,6 @@ T = TypeVar("T")
 
 def unknown_key(key: str, allowed: set[str]) -> str:
     """The rule for a key the schema does not know, with the known key it is closest to, if any."""
-    import difflib
 
     close = difflib.get_close_matches(key, sorted(allowed), n=1, cutoff=0.75)
     return f"unknown key (did you mean {close[0]}?)" if close else "unknown key"

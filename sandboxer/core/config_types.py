@@ -7,6 +7,7 @@ the parser.
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -55,7 +56,6 @@ class Workspace:
     def allows(self, ref: str) -> bool:
         """Whether `create --ref` may name `ref`: the profile's own, or one workspace.refs matches
         (`*` matches any run of characters, `/` included)."""
-        import fnmatch
 
         patterns = self.refs or (self.ref,)
         return any(fnmatch.fnmatchcase(ref, pattern) for pattern in patterns)

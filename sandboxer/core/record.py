@@ -19,8 +19,10 @@ Record format 1 (the `format` key); a record of any other format is refused.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
+from sandboxer.core.config_types import DEFAULT_WORKSPACE_MIB, Limits
 from sandboxer.core.plan import Backend, Mount, MountKind, Plan
 
 RECORD_FORMAT = 1
@@ -280,7 +282,6 @@ class SandboxRecord:
     def plan_for(self, workspace_source: str) -> Plan:
         """The plan the sandbox was made from, as its record keeps it (what verification
         compares); RecordShapeError when the record has no plan yet."""
-        from sandboxer.core.config_types import DEFAULT_WORKSPACE_MIB, Limits
 
         if self.plan is None or self.limits is None:
             raise RecordShapeError("plan")
@@ -314,14 +315,12 @@ HIDDEN_STATES = ("warming", "warm")  # started ahead, not yet any caller's sandb
 
 def expiry_text(moment: float) -> str:
     """A lifetime's end as list and create show it: UTC, to the second."""
-    from datetime import UTC, datetime
 
     return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def now_text() -> str:
     """A record's time stamp: UTC, to the second (`created_at`)."""
-    from datetime import UTC, datetime
 
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -64,7 +64,8 @@ def digest(*, allow_ptrace: bool) -> str:
 @functools.lru_cache(maxsize=2)  # bytes, never changed: threads share them (two may compile the same)
 def _compile(allow_ptrace: bool) -> bytes:
     try:
-        import pyseccomp  # type: ignore[import-untyped]
+        # Here, not at the top: a missing libseccomp becomes the policy's own error.
+        import pyseccomp  # type: ignore[import-untyped]  # noqa: PLC0415
     except (ImportError, RuntimeError) as exc:  # RuntimeError: libseccomp.so.2 is not installed
         raise BackendError(
             f"the syscall policy cannot be compiled: {exc}", hint="install libseccomp2 and the pyseccomp package"

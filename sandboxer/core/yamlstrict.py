@@ -13,10 +13,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ruamel.yaml import YAML
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
+
 from sandboxer.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ruamel.yaml.nodes import Node, ScalarNode
+    from ruamel.yaml.nodes import Node
 
 MAX_FILE_BYTES = 256 * 1024
 
@@ -96,7 +100,6 @@ def _scalar_value(node: ScalarNode, file: str, path: str) -> str | int | bool | 
 
 
 def _convert(node: Node, file: str, path: str) -> YNode:
-    from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
     mark = _mark(node)
     if getattr(node, "anchor", None):
@@ -144,8 +147,6 @@ def _tab_indented(text: str, last_line: int) -> tuple[int, int] | None:
 
 def parse_yaml(data: bytes, file: str) -> YNode:
     """Parse one YAML document from `data`; `file` is only used in error messages."""
-    from ruamel.yaml import YAML
-    from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
     if len(data) > MAX_FILE_BYTES:
         raise ConfigError(file, 1, 1, "", f"file is larger than {MAX_FILE_BYTES} bytes")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import signal
 import struct
 import termios
 from collections.abc import Callable, Iterator, Mapping
@@ -118,7 +119,6 @@ def caller_terminal(resize: Callable[[tuple[int, int]], None] | None, fds: tuple
     if resize is None:
         yield
         return
-    import signal
 
     def resized(_signum: int, _frame: object) -> None:
         size = caller_size(fds)

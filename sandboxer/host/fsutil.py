@@ -7,6 +7,7 @@ reads the owner's files with it); removing and copying whole trees is in `fstree
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import os
 import stat
@@ -124,7 +125,6 @@ def mount_points() -> list[str]:
 def unmount(point: str, *, detach: bool = False) -> None:
     """umount2(2) of `point` (detach: lazily, once nothing uses it any more); OSError says why not.
     A loop device that `mount -o loop` set up for it is freed with it (the kernel's autoclear)."""
-    import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.umount2(point.encode(), _MNT_DETACH if detach else 0) != 0:

@@ -7,15 +7,15 @@ finds and kills what a clone's git left running when its broker was killed mid-w
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
+import signal
+import subprocess
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from sandboxer.errors import BackendError
-
-if TYPE_CHECKING:
-    import subprocess
+from sandboxer.host import procs
 
 GIT_TIMEOUT = 300  # seconds
 PR_SET_PDEATHSIG = 1
@@ -25,8 +25,6 @@ def run_git(args: list[str], *, home: str, cwd: str | None = None) -> subprocess
     """Host-side git: no system or global config, no hooks, HOME `home` (a directory of the
     broker's own), in a process group of its own, killed with the broker. Never in a clone a
     sandbox used."""
-    import signal
-    import subprocess  # here, not at import: teardown uses this module without running git
 
     git = shutil.which("git", path="/usr/bin:/bin:/usr/local/bin")
     if git is None:
@@ -70,8 +68,6 @@ def _dies_with(broker: int) -> Callable[[], None]:
     The death signal is armed first and the parent checked after: a broker already gone before
     the signal was armed is noticed too.
     """
-    import ctypes
-    import signal
 
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     kill = int(signal.SIGKILL)
@@ -96,9 +92,6 @@ def stop_git(git_home: str) -> list[int]:
     """
     if not os.path.isdir(git_home):  # the clone finished, or never began
         return []
-    import signal
-
-    from sandboxer.host import procs
 
     marker = f"GIT_CONFIG_GLOBAL={os.path.join(git_home, 'gitconfig')}".encode()
     found: list[int] = []

@@ -13,12 +13,17 @@ its backend made for it.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import stat
+from dataclasses import replace as replaced
 from typing import TYPE_CHECKING, Any
 
 from sandboxer.core.plan import Mount, MountKind, Plan
+from sandboxer.core.reading import open_beneath
 from sandboxer.errors import BackendError, PolicyError
+from sandboxer.host.fsutil import mount_points, unmount
+from sandboxer.host.observe import parse_mountinfo
 
 if TYPE_CHECKING:
     from sandboxer.host.observe import MountSeen
@@ -32,13 +37,11 @@ _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND, _MS_PRIVAT
 
 
 def _libc() -> Any:
-    import ctypes
 
     return ctypes.CDLL(None, use_errno=True)
 
 
 def _mount_call(source: str | None, target: str, flags: int) -> None:
-    import ctypes
 
     result = _libc().mount(None if source is None else source.encode(), target.encode(), None, flags, None)
     if result != 0:
@@ -52,7 +55,6 @@ def stage(plan: Plan, sandbox_dir: str, *, owner: int) -> Plan:
     The staging directory is root's and 0710 with the sandbox's own host group, so that only
     bwrap (run as the sandbox's uid and gid) passes it, and it is a private mount of its own, so
     nothing bound below it propagates to other mount namespaces."""
-    from dataclasses import replace as replaced
 
     staging = os.path.join(sandbox_dir, "leases")
     mounts = []
@@ -97,7 +99,6 @@ def staged_mismatches(staged: Plan, inside: list[MountSeen]) -> list[str]:
     The staged mounts exist in the broker's mount namespace. A Docker daemon in another one would
     bind the empty point beneath them instead, and the sandbox would see an empty lease: the
     mount at each lease target inside must show the filesystem and root the staged mount has."""
-    from sandboxer.host.observe import parse_mountinfo
 
     with open("/proc/self/mountinfo") as stream:
         host = {m.target: m for m in parse_mountinfo(stream.read())}  # the last at a point is on top
@@ -125,7 +126,6 @@ def check_lease_fd(fd: int, mount: Mount) -> None:
 def open_beneath_checked(mount: Mount) -> int:
     """A lease source or spool opened below its directory without following symlinks on the
     whole path from /, and still of a kind the check allowed."""
-    from sandboxer.core.reading import open_beneath
 
     fd = open_beneath(str(mount.beneath), str(mount.source), strict_root=True)
     try:
@@ -144,7 +144,6 @@ def unstage(sandbox_dir: str) -> list[str]:
 
 def unmount_below(directory: str) -> list[str]:
     """Unmount (lazily) every mount at or below `directory`, deepest first; what could not be."""
-    from sandboxer.host.fsutil import mount_points, unmount
 
     left = []
     points = {p for p in mount_points() if p == directory or p.startswith(directory + "/")}
@@ -158,7 +157,6 @@ def unmount_below(directory: str) -> list[str]:
 
 def mount_spool_tmpfs(root: str) -> None:
     """A private tmpfs of SPOOL_FS_OPTIONS at the spool's directory: no exec, setuid or devices."""
-    import ctypes
 
     flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
     if _libc().mount(b"tmpfs", root.encode(), b"tmpfs", flags, SPOOL_FS_OPTIONS.encode()) != 0:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sandboxer.core.config_types import Limits
-    from sandboxer.core.record import LimitsRecord
+from sandboxer.core.reading import open_dir_nofollow
+from sandboxer.core.record import LimitsRecord
 from sandboxer.errors import BackendError, PolicyError
 
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -33,7 +34,6 @@ class LimitSetup:
 
     def recorded(self, limits: Limits) -> LimitsRecord:
         """What the record keeps of these limits."""
-        from sandboxer.core.record import LimitsRecord
 
         return LimitsRecord(
             mechanism=self.mechanism,
@@ -179,7 +179,6 @@ def of_sandbox(group: str, sandbox_id: str) -> bool:
         return False
     if parts[-2:] != ["sandboxer", sandbox_id] or any(part in ("", ".", "..") for part in parts[1:]):
         return False
-    from sandboxer.core.reading import open_dir_nofollow
 
     try:
         os.close(open_dir_nofollow(group))

@@ -28,6 +28,7 @@ import re
 from collections.abc import Iterator
 
 from sandboxer.core.record import RecordShapeError, SandboxRecord
+from sandboxer.core.record_reading import read_record
 from sandboxer.errors import BackendError, NotFoundError, UsageError
 from sandboxer.host.fsutil import atomic_write, ensure_private_dir
 
@@ -124,7 +125,6 @@ class Registry:
 
     def read(self, sandbox_id: str) -> SandboxRecord:
         """The record of a sandbox; NotFoundError if there is none."""
-        from sandboxer.core.record_reading import read_record
 
         try:
             with open(self.path(sandbox_id, "record.json"), "rb") as stream:

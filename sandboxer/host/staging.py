@@ -31,10 +31,12 @@ import tempfile
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from sandboxer.core.digest import RuntimeArtifactError, tree_digest
 from sandboxer.core.plan import RUNTIME_TARGET, Plan
 from sandboxer.core.removal import Removal
 from sandboxer.errors import BackendError, PolicyError
 from sandboxer.host import fsutil
+from sandboxer.host.observe import parse_mountinfo
 
 if TYPE_CHECKING:
     from sandboxer.host.observe import MountSeen
@@ -82,7 +84,6 @@ def _remove_leftovers(directory: str) -> None:
 
 
 def _make_image(directory: str, image: str, runtime_path: str, sha256: str) -> None:
-    from sandboxer.core.digest import RuntimeArtifactError, tree_digest
 
     tool = shutil.which("mkfs.erofs", path=_TOOLS)
     if tool is None:
@@ -229,7 +230,6 @@ def runtime_mismatches(sandbox_dir: str, inside: list[MountSeen]) -> list[str]:
     """Whether the sandbox's runtime is its staged image: the mount at the runtime's target
     inside must show the filesystem and root of the mount at `<sandbox dir>/runtime` here (an
     engine in another mount namespace would bind the empty point beneath it instead)."""
-    from sandboxer.host.observe import parse_mountinfo
 
     with open("/proc/self/mountinfo") as stream:
         host = {m.target: m for m in parse_mountinfo(stream.read())}  # the last at a point is on top

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from sandboxer.core.plan import WORKSPACE_TARGET
 from sandboxer.errors import BackendError, SandboxerError, UsageError
-from sandboxer.host.fstree import remove_tree
+from sandboxer.host import procs
+from sandboxer.host.fstree import copy_tree, remove_tree
 from sandboxer.host.hostgit import run_git
 
 __all__ = [
@@ -102,7 +106,6 @@ def check_repository(repository: str, refs: tuple[str, ...], profile_file: str) 
     repository (a work tree's top or a bare one) that has each of `refs` (the first is
     workspace.ref; patterns with * are not checked). UsageError (2) naming the key otherwise.
     Host-side git as for a clone: no config, no hooks, a HOME of its own."""
-    import tempfile
 
     parent = tempfile.mkdtemp(prefix="sandboxer-check-")  # 0700, this account's
     try:
@@ -124,7 +127,6 @@ def refs_digest(repository: str, git_home: str) -> str:
     """The sha256 of every ref of `repository` (name and object id): what a clone of it copies
     and checks out follows from them alone, so while they are the same a clone made earlier is
     the clone a create would make now (a warm sandbox's). Host-side git as for a clone."""
-    import hashlib
 
     with _home(git_home, repository) as home:
         listed = run_git(["for-each-ref", "--format=%(objectname) %(refname)"], home=home, cwd=repository)
@@ -146,9 +148,6 @@ def seed(source: str, *, holder_pid: int, holder_start: int | None, profile_file
     Host-side git cannot write there itself (it resolves /proc/PID/root away), so the finished
     clone is copied by descriptors, through the holder's root, before any sandbox code has run.
     """
-    from sandboxer.core.plan import WORKSPACE_TARGET
-    from sandboxer.host import procs
-    from sandboxer.host.fstree import copy_tree
 
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:

@@ -9,7 +9,11 @@ the CLI's exit status and an HTTP status for it. Exec answers with a stream of f
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import os
+import secrets
 import socket
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -17,10 +21,14 @@ from typing import Any
 
 from aiohttp import web
 
+from sandboxer import __version__
 from sandboxer.api.results import ExportNoted, JsonResult, KeptExports, Receipt, SandboxList, Version
+from sandboxer.commands.export import check_format, discard_quarantine, note_exported
+from sandboxer.commands.export_delivery import CHUNK, stream_of
+from sandboxer.commands.services import Services
 from sandboxer.core.reading import CallerFile
 from sandboxer.dirs import Dirs
-from sandboxer.errors import PolicyError, SandboxerError, UsageError
+from sandboxer.errors import NotFoundError, PolicyError, ResidueError, SandboxerError, UsageError
 from sandboxer.host.registry import ID_PATTERN
 from sandboxer.service.admission import CALLS_PER_CALLER, CallerSlots, Refused, admit, owner_by_uid
 from sandboxer.service.audit import AuditLog
@@ -30,6 +38,7 @@ from sandboxer.service.http import (
     DIRS,
     EXECS,
     PENDING_EXPORTS,
+    SERVICES,
     WORKERS,
     PendingExports,
     broker_of,
@@ -52,8 +61,9 @@ DIGEST_FIELDS = body_fields("runtime-digest")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def make_app(dirs: Dirs, *, workers: Executor, slots: CallerSlots) -> web.Application:
-    """The application for one config dir and state dir. `workers` runs execs (for as long as
+def make_app(dirs: Dirs, *, services: Services, workers: Executor, slots: CallerSlots) -> web.Application:
+    """The application for one config dir and state dir, on `services` (its engines and warm
+    fills). `workers` runs execs (for as long as
     their commands run); `slots` is each account's share of the requests under way, shared with
     the CLI clients."""
 
@@ -103,6 +113,7 @@ def make_app(dirs: Dirs, *, workers: Executor, slots: CallerSlots) -> web.Applic
     audit = AuditLog(dirs.state, exempt=(0, os.geteuid()))  # refusals rate-limited per account but the owners'
     app = web.Application(middlewares=[callers], client_max_size=MAX_BODY)
     app[DIRS] = dirs
+    app[SERVICES] = services
     app[AUDIT] = audit
     app[EXECS] = set()  # each running exec's `gone`: set when the service stops (serve.py)
     app[SIGNALLING] = {}
@@ -136,7 +147,6 @@ async def _answer(request: web.Request, handler: Handler) -> tuple[web.StreamRes
 def _http_refusal(request: web.Request, exc: web.HTTPException) -> SandboxerError:
     """aiohttp's refusal as the API's: an unknown route is not found, a method the route does not
     answer and a body too large are usage errors. (The path is the caller's own, cut short.)"""
-    from sandboxer.errors import NotFoundError
 
     path = request.path[:200]
     if isinstance(exc, web.HTTPNotFound):
@@ -156,7 +166,6 @@ def _add_routes(app: web.Application) -> None:
 
 
 async def version(request: web.Request) -> web.Response:
-    from sandboxer import __version__
 
     return _json(Version(version=__version__, api="v1"))
 
@@ -218,8 +227,6 @@ async def create(request: web.Request) -> web.Response:
 def _sent_file(value: object, field: str) -> CallerFile:
     """A file its caller read and sent: {"path": the absolute path it read (for messages),
     "content": its bytes in base64}."""
-    import base64
-    import binascii
 
     if not isinstance(value, dict) or set(value) != {"path", "content"}:
         raise UsageError(f"{field}: must be an object of exactly path and content")
@@ -241,7 +248,6 @@ async def inspect(request: web.Request) -> web.Response:
 
 async def teardown(request: web.Request) -> web.Response:
     """teardown; `?discard=true` removes work no export took out (else refused: 2)."""
-    from sandboxer.errors import ResidueError
 
     discard = request.query.get("discard", "false")
     if discard not in ("true", "false"):
@@ -259,11 +265,6 @@ async def export(request: web.Request) -> web.StreamResponse:
     or a tar's bytes, a patch series as a tar of its files; the summary (export --json, with a
     `token`) in the `Sandboxer-Export` header. Only the client knows whether it wrote all of it:
     the record notes the export when the client confirms it with that token (export_confirm)."""
-    import json
-    import secrets
-
-    from sandboxer.commands.export import check_format, discard_quarantine
-    from sandboxer.commands.export_delivery import stream_of
 
     body = await json_body(request, {"format"}, {"format"})
     _strings(body, "format")
@@ -297,7 +298,6 @@ async def export(request: web.Request) -> web.StreamResponse:
 async def export_confirm(request: web.Request) -> web.Response:
     """The client wrote the whole export it was sent: the record notes what it took out (teardown
     then loses nothing of it). A token is good once, for the account it was sent to."""
-    from sandboxer.commands.export import note_exported
 
     body = await json_body(request, {"token"}, {"token"})
     _strings(body, "token")
@@ -317,7 +317,6 @@ async def kept_exports(request: web.Request) -> web.Response:
 
 async def kept_export_file(request: web.Request) -> web.StreamResponse:
     """exports get: a kept export's bundle (`bundle`) or tree's tar (`tar`), as the body."""
-    from sandboxer.commands.export_delivery import CHUNK
 
     broker, export_id, fmt = broker_of(request), request.match_info["id"], request.match_info["format"]
     path = await in_worker(request, broker.kept_export_file, export_id, fmt)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from sandboxer.api.caller import Caller
+from sandboxer.commands.services import Services
 from sandboxer.core.reading import CallerFile
 from sandboxer.dirs import Dirs
 from sandboxer.errors import UsageError
@@ -63,6 +64,7 @@ class Serving:
     """What the service runs a client's command with."""
 
     dirs: Dirs
+    services: Services
     audit: AuditLog
     commands: CommandTable
 
@@ -223,6 +225,7 @@ def _run(conn: socket.socket, serving: Serving, caller: Caller, request: dict[st
                 control=conn.fileno(),
                 caller=caller,
                 dirs=serving.dirs,
+                services=serving.services,
                 files=_files(request, fds),
                 window=None if request["window"] is None else (request["window"][0], request["window"][1]),
             )

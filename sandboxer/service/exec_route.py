@@ -23,15 +23,18 @@ import aiohttp
 from aiohttp import web
 
 from sandboxer.api.results import Signalled
+from sandboxer.backends import Backends
+from sandboxer.commands import execute
 from sandboxer.core.exec_request import ExecRequest
 from sandboxer.dirs import Dirs
-from sandboxer.errors import BackendError, ExecError, ExecUsage, NotFoundError, SandboxerError, UsageError
-from sandboxer.execio.stdio import CANCEL_POLL, FORWARDED
+from sandboxer.errors import BackendError, EntryError, ExecError, ExecUsage, NotFoundError, SandboxerError, UsageError
+from sandboxer.execio.stdio import CANCEL_POLL, FORWARDED, Program
 from sandboxer.service import frames
 from sandboxer.service.http import (
     BODY_SECONDS,
     DIRS,
     EXECS,
+    SERVICES,
     WORKERS,
     checked,
     error_document,
@@ -95,7 +98,13 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
         stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
         feeding = asyncio.create_task(_feed(request, rest, stdin_w))  # it closes stdin_w
         run = functools.partial(
-            _run, request.app[DIRS], exec_request, stdin=stdin_r, signals=signals.read_end, output=output
+            _run,
+            request.app[DIRS],
+            request.app[SERVICES].backends,
+            exec_request,
+            stdin=stdin_r,
+            signals=signals.read_end,
+            output=output,
         )
         done = output.loop.run_in_executor(request.app[WORKERS], run)  # as long as the command runs
         signals.taken, stdin_r = True, None  # the exec's thread closes its ends now
@@ -121,12 +130,16 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
                 feeding.cancel()
 
 
-def _run(dirs: Dirs, exec_request: ExecRequest, *, stdin: int, signals: int, output: _Output) -> None:
+def _run(
+    dirs: Dirs, backends: Backends, exec_request: ExecRequest, *, stdin: int, signals: int, output: _Output
+) -> None:
     """The exec, in a worker thread: its result (the end frame's document) goes to `output` last;
     it closes the command's `stdin` and `signals` read ends when it is done with them."""
     result = _NOT_RUN  # should _execute raise what no SandboxerError is
     try:
-        status = _execute(dirs, exec_request, stdin, output.sink, cancelled=output.gone.is_set, signals=signals)
+        status = _execute(
+            dirs, backends, exec_request, stdin, output.sink, cancelled=output.gone.is_set, signals=signals
+        )
         result = {"status": status}
     except SandboxerError as exc:
         result = {"error": error_document(exc)}
@@ -309,6 +322,7 @@ async def _room(fd: int) -> None:
 
 def _execute(
     dirs: Dirs,
+    backends: Backends,
     exec_request: ExecRequest,
     stdin: int,
     sink: Any,
@@ -318,14 +332,11 @@ def _execute(
 ) -> int:
     """The core's exec with the program's stdio (as the embedded API runs it), killed once
     `cancelled` says the client went away; `signals` carries the client's for the command."""
-    from sandboxer.commands import execute
-    from sandboxer.errors import EntryError
-    from sandboxer.execio.stdio import Program
 
     try:
         # An HTTP client sends no environment: a provider launch inherits nothing through it.
         program = Program(stdin, sink, cancelled, signals)
-        return execute.execute(dirs, exec_request, program, caller_env={})
+        return execute.execute(dirs, exec_request, program, backends=backends, caller_env={})
     except ExecUsage as exc:
         raise ExecError(str(exc)) from None
     except EntryError as exc:

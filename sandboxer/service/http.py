@@ -9,6 +9,7 @@ import functools
 import json
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
@@ -18,6 +19,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from sandboxer.api.broker import Broker, Sandbox
+from sandboxer.commands.services import Services
 from sandboxer.dirs import Dirs
 from sandboxer.errors import BackendError, SandboxerError, UsageError
 from sandboxer.service.audit import AuditLog
@@ -34,6 +36,7 @@ BODY_SECONDS = 10.0
 
 # What the application holds for its routes.
 DIRS = web.AppKey("dirs", Dirs)  # the config and state directories it answers for
+SERVICES = web.AppKey("services", Services)  # its engines and warm fills
 AUDIT = web.AppKey("audit", AuditLog)
 EXECS = web.AppKey("execs", set[threading.Event])  # each running exec's `gone`: set when the service stops
 WORKERS = web.AppKey("workers", Executor)  # the pool commands, execs and route work run in
@@ -50,13 +53,11 @@ class PendingExports(dict[str, tuple[int, str, tuple[str, str]]]):
         self._sent: dict[str, float] = {}
 
     def __setitem__(self, token: str, entry: tuple[int, str, tuple[str, str]]) -> None:
-        import time
 
         super().__setitem__(token, entry)
         self._sent[token] = time.monotonic()
 
     def expire(self) -> None:
-        import time
 
         now = time.monotonic()
         for token, sent in list(self._sent.items()):
@@ -102,7 +103,7 @@ async def in_worker(request: web.Request, function: Callable[..., Any], *args: A
 
 def broker_of(request: web.Request) -> Broker:
     """The core API for the request's caller (as the kernel reported it when it connected)."""
-    return Broker.serving(request.app[DIRS], request["caller"])
+    return Broker.serving(request.app[DIRS], request["caller"], request.app[SERVICES])
 
 
 async def sandbox_of(request: web.Request, unknown: Exception | None = None) -> Sandbox:

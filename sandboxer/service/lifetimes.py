@@ -23,12 +23,17 @@ import os
 import time
 from typing import Any
 
+from sandboxer.backends import Backends
 from sandboxer.commands.export import Export, Format, discard_quarantine, prepare
 from sandboxer.commands.export_space import EXPORTS, SUMMARY, default_budget, ledger, reclaim_abandoned
 from sandboxer.commands.kept import fetch_hint
+from sandboxer.commands.services import Services
+from sandboxer.commands.teardown import teardown
 from sandboxer.commands.work import work_state
 from sandboxer.dirs import Dirs
 from sandboxer.errors import SandboxerError
+from sandboxer.grants import budget_of_account
+from sandboxer.host import activity
 from sandboxer.host.fstree import remove_tree
 from sandboxer.host.registry import Registry, check_id
 from sandboxer.service.audit import AuditLog
@@ -43,8 +48,6 @@ REAPER_GIT_SECONDS = 30  # each git command of the reaper's export: a sandbox ca
 
 def expired(dirs: Dirs, now: float) -> list[tuple[str, str]]:
     """The ready sandboxes whose lifetime ended by `now`, each with why (`expire` or `idle`)."""
-    from sandboxer.host import activity
-    from sandboxer.host.registry import Registry
 
     registry = Registry(dirs.state)
     found = []
@@ -64,8 +67,9 @@ def expired(dirs: Dirs, now: float) -> list[tuple[str, str]]:
 class Reaper:
     """The service's reaper: `reap()` once a REAP_EVERY."""
 
-    def __init__(self, dirs: Dirs, audit: AuditLog, *, keep_exports: float = KEEP_EXPORTS) -> None:
+    def __init__(self, dirs: Dirs, services: Services, audit: AuditLog, *, keep_exports: float = KEEP_EXPORTS) -> None:
         self.dirs = dirs
+        self.services = services
         self.audit = audit
         self.keep_exports = keep_exports
         self.failed: dict[str, float] = {}  # sandbox id: when the export of its work first failed
@@ -109,33 +113,31 @@ class Reaper:
         was kept). Work whose export fails is tried once more RETRY_EXPORT later; then the sandbox
         goes without it — its lifetime is the owner's limit, which no sandbox can stretch by making
         its work unexportable."""
-        from sandboxer.commands.teardown import teardown
 
         kept = None
         try:
-            kept = keep_for_reaper(self.dirs, sandbox_id, self.keep_exports)
+            kept = keep_for_reaper(self.dirs, sandbox_id, self.keep_exports, self.services.backends)
         except (SandboxerError, OSError) as exc:
             if keep_work:
                 self.failed[sandbox_id] = time.time()
                 return f"export failed ({type(exc).__name__}); tried again later", 5, None
-        receipt = teardown(self.dirs, sandbox_id)
+        receipt = teardown(self.dirs, sandbox_id, services=self.services)
         self.failed.pop(sandbox_id, None)
         return ("ResidueError", 6, kept) if receipt["residue"] else ("ok", 0, kept)
 
 
-def keep_for_reaper(dirs: Dirs, sandbox_id: str, keep_seconds: float) -> str | None:
+def keep_for_reaper(dirs: Dirs, sandbox_id: str, keep_seconds: float, backends: Backends) -> str | None:
     """Before the service tears an expired sandbox down: take out whatever work it holds into
     `<state>/exports/<id>/` (a bundle of its new commits, a tar of a changed tree, and
     summary.json with when it may go); that directory, or None when there was nothing to keep.
     Each git command inside has REAPER_GIT_SECONDS. It is the caller's (summary.json keeps its uid
     and the bytes kept) and is made within the caller's export budget (PolicyError past it)."""
-    from sandboxer.grants import budget_of_account
 
     registry = Registry(dirs.state)
     record = registry.read_or_none(check_id(sandbox_id))
     if record is None or record.work is None or record.state != "ready":
         return None
-    state, work = work_state(dirs, sandbox_id, seconds=REAPER_GIT_SECONDS)
+    state, work = work_state(dirs, sandbox_id, backends=backends, seconds=REAPER_GIT_SECONDS)
     if not state.unexported(work):
         return None
     budget = default_budget() if record.caller_uid is None else budget_of_account(dirs, record.caller_uid)
@@ -149,7 +151,9 @@ def keep_for_reaper(dirs: Dirs, sandbox_id: str, keep_seconds: float) -> str | N
         for fmt in formats:
             if (fmt == "bundle" and state.ahead == 0) or (fmt == "tar" and not state.dirty):
                 continue
-            export = prepare(dirs, sandbox_id, fmt, budget=budget, state=state, seconds=REAPER_GIT_SECONDS)
+            export = prepare(
+                dirs, sandbox_id, fmt, backends=backends, budget=budget, state=state, seconds=REAPER_GIT_SECONDS
+            )
             exports.append(export)
             for name, source in export.files:
                 target = "work.bundle" if fmt == "bundle" else name

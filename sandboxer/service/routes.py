@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from collections.abc import Mapping
 from types import MappingProxyType
 
@@ -379,7 +380,6 @@ def document_bytes() -> bytes:
 
 def main() -> None:
     """Print the document (what `GET /v1/openapi.json` answers)."""
-    import sys
 
     sys.stdout.buffer.write(document_bytes() + b"\n")
 

@@ -23,21 +23,22 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from aiohttp import web
+
+from sandboxer.commands.services import Services
 from sandboxer.dirs import Dirs, default_socket, require_state_dir
 from sandboxer.errors import PolicyError, UsageError
 from sandboxer.host.registry import Registry, try_lock_file
 from sandboxer.invocation import install_thread_streams
+from sandboxer.service.admission import CallerSlots
+from sandboxer.service.app import Handler, make_app
 from sandboxer.service.cliserver import CommandTable, Serving
-from sandboxer.service.http import AUDIT, EXECS
-from sandboxer.service.lifetimes import KEEP_EXPORTS
+from sandboxer.service.connections import Activity, Connections
+from sandboxer.service.http import AUDIT, EXECS, HEAD_SECONDS, Protocol
+from sandboxer.service.lifetimes import KEEP_EXPORTS, REAP_EVERY, Reaper
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-    from aiohttp import web
-
-    from sandboxer.service.connections import Activity
-    from sandboxer.service.http import Protocol
 
 LOCK_FILE = "service.lock"
 SHUTDOWN_GRACE = 5.0  # seconds open requests get to finish after SIGTERM; then they are cancelled
@@ -139,9 +140,6 @@ def _answers(path: str) -> bool:
 
 def _idle_clock(activity: Activity) -> Any:
     """The middleware that tells `activity` when requests begin and end (the idle exit)."""
-    from aiohttp import web
-
-    from sandboxer.service.app import Handler
 
     @web.middleware
     async def idle_clock(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -154,33 +152,26 @@ def _idle_clock(activity: Activity) -> Any:
     return idle_clock
 
 
-def _start_helpers() -> ThreadPoolExecutor:
+def _start_helpers(services: Services) -> ThreadPoolExecutor:
     """What the service keeps running beside its requests: bwrap's execs are forked by a small
     process of their own, and warm pools are topped up on a thread of ours, one fill at a time."""
-    from sandboxer.backends import service_helpers
-    from sandboxer.commands import warm
 
-    service_helpers(True)
+    services.backends.serve(True)
     fills = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandboxer-warm")
-    warm.fill_on(fills)
+    services.fills.run_on(fills)
     return fills
 
 
-def _stop_helpers(fills: ThreadPoolExecutor) -> None:
-    from sandboxer.backends import service_helpers
-    from sandboxer.commands import warm
+def _stop_helpers(services: Services, fills: ThreadPoolExecutor) -> None:
 
-    warm.fill_on(None)
+    services.fills.run_on(None)
     fills.shutdown(wait=False, cancel_futures=True)  # a fill cut short leaves what gc removes
-    service_helpers(False)
+    services.backends.serve(False)
 
 
 async def _http_server(app: web.Application) -> tuple[web.AppRunner, Callable[[], Protocol]]:
     """aiohttp's server for the application, and what makes its handler of one connection:
     aiohttp's own, but answering what does not parse as HTTP as every other refusal (Protocol)."""
-    from aiohttp import web
-
-    from sandboxer.service.http import HEAD_SECONDS, Protocol
 
     loop = asyncio.get_running_loop()
     options: dict[str, Any] = {"access_log": None, "keepalive_timeout": HEAD_SECONDS}
@@ -205,31 +196,28 @@ async def _run(
     commands: CommandTable,
     keep_exports: float,
 ) -> None:
-    from sandboxer.service.admission import CallerSlots
-    from sandboxer.service.app import make_app
-    from sandboxer.service.connections import Activity, Connections
-    from sandboxer.service.lifetimes import REAP_EVERY, Reaper
 
     # Commands run as long as they take (an exec as long as its command): they have a pool of
     # their own, so that however many run, admission, the other requests and the reaper go on.
     workers = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="sandboxer-command")
     reaper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandboxer-reaper")
     slots = CallerSlots()
-    app = make_app(dirs, workers=workers, slots=slots)
-    lifetimes = Reaper(dirs, app[AUDIT], keep_exports=keep_exports)
+    services = Services.of()  # the engines and fills every request of this service shares
+    app = make_app(dirs, services=services, workers=workers, slots=slots)
+    lifetimes = Reaper(dirs, services, app[AUDIT], keep_exports=keep_exports)
     activity = Activity()
     app.middlewares.insert(0, _idle_clock(activity))
     install_thread_streams()  # a CLI client's command prints on the client's own descriptors
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=SHORT_WORKERS, thread_name_prefix="sandboxer"))
     runner, protocol = await _http_server(app)
-    serving = Serving(dirs=dirs, audit=app[AUDIT], commands=commands)
+    serving = Serving(dirs=dirs, services=services, audit=app[AUDIT], commands=commands)
     connections = Connections(listener, protocol, serving, activity=activity, slots=slots, workers=workers)
     acceptor = asyncio.create_task(connections.accept())
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    helpers = _start_helpers()
+    helpers = _start_helpers(services)
     sys.stderr.write(f"sandboxer: serving {dirs.state} on {listener.getsockname()}\n")
     sys.stderr.flush()
     try:
@@ -252,6 +240,6 @@ async def _run(
         await runner.cleanup()
         workers.shutdown(wait=False)
         reaper.shutdown(wait=False)
-        _stop_helpers(helpers)
+        _stop_helpers(services, helpers)
         app[AUDIT].flush(everything=True)
     sys.stderr.write("sandboxer: stopped; live sandboxes keep running\n")

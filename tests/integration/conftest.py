@@ -16,15 +16,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import docker
 import pytest
 
 from sandboxer.api.broker import Broker, Owner
 from sandboxer.errors import SandboxerError
 from tests.conftest import REPO, Result, make_repository
-from tests.integration.services import Service
+from tests.integration.services import UNPRIVILEGED_UID, Service
 from tests.samples import profile_yaml
 
-UNPRIVILEGED_UID = 65534
 PROFILE = "bwrap-local"
 
 
@@ -290,8 +290,6 @@ def docker_skip_reason() -> str | None:
     if os.geteuid() != 0:
         return "the Docker backend needs a root broker"
     try:
-        import docker
-
         client = docker.from_env(timeout=30)
         try:
             client.ping()

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from tests.integration.conftest import SandboxBroker
 
+UNPRIVILEGED_UID = 65534
+
 
 class Service:
     """One `sandboxer serve` process for a broker's directories."""
@@ -75,7 +77,6 @@ def as_service_account(broker: SandboxBroker) -> Iterator[None]:
     if not broker.as_user:
         yield
         return
-    from tests.integration.conftest import UNPRIVILEGED_UID
 
     os.setegid(UNPRIVILEGED_UID)
     os.seteuid(UNPRIVILEGED_UID)

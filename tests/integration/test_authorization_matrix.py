@@ -28,6 +28,7 @@ import pytest
 from sandboxer.api.broker import Broker
 from sandboxer.api.caller import Caller
 from sandboxer.clients.service import Client
+from sandboxer.commands.services import Services
 from sandboxer.dirs import Dirs
 from sandboxer.errors import ExecError, SandboxerError
 from sandboxer.grants import rights_of
@@ -208,7 +209,7 @@ def _cli(account: pwd.struct_passwd | None, service: Service, sandbox: str, ops:
 
 def _embedded(caller: Caller, service: Service, sandbox: str, ops: list[str]) -> dict[str, object]:
     broker_dirs = Dirs(config=str(service.broker.config), state=str(service.broker.state))
-    broker = Broker.serving(broker_dirs, caller)
+    broker = Broker.serving(broker_dirs, caller, Services.of())
     scratch = service.broker.root / "scratch"
     calls: dict[str, Callable[[], object]] = {
         "list": broker.list,
@@ -308,7 +309,9 @@ def test_a_granted_caller_lists_its_own_sandboxes_and_no_one_elses(
         account = accounts[kind]
         rights = rights_of(account.pw_uid, {account.pw_gid}, dirs)
         assert rights is not None
-        listed = [info.id for info in Broker.serving(dirs, Caller(uid=account.pw_uid, rights=rights)).list()]
+        listed = [
+            info.id for info in Broker.serving(dirs, Caller(uid=account.pw_uid, rights=rights), Services.of()).list()
+        ]
         assert own in listed
         assert other not in listed
         cli = _as(account, [sys.executable, "-m", "sandboxer", "list", "--json"], _env(served))

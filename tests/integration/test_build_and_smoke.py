@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.conftest import _cleanup, make_broker
+
 REPO = Path(__file__).resolve().parents[2]
 BUILD = [sys.executable, str(REPO / "scripts" / "build-runtime.py")]
 SMOKE = [sys.executable, str(REPO / "scripts" / "smoke-bwrap-runtime.py")]
@@ -249,7 +251,6 @@ def test_smoke_fails_naming_the_check_on_a_broken_entry_point(
 
 
 def test_example_harness_runs_in_a_sandbox_on_the_built_runtime(built: tuple[Path, dict[str, str], str]) -> None:
-    from tests.integration.conftest import _cleanup, make_broker
 
     output, _, _ = built
     broker = make_broker(output, as_user=False)

@@ -13,7 +13,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from sandboxer.backends.bwrap.live import Live, confinement_problems
 from sandboxer.core import seccomp
+from sandboxer.host.limits import LimitSetup
 from tests.conftest import make_repository
 from tests.integration.conftest import SandboxBroker, profile_text, services_of
 from tests.integration.test_manifest_sandboxes import INHERITED, create, make_run, run_env
@@ -214,8 +216,6 @@ def test_the_callers_stdout_file_cannot_be_reopened_for_reading(sb: SandboxBroke
 def test_create_refuses_sandbox_processes_that_escape_their_confinement(tmp_path: Path) -> None:
     """What `create` and `inspect` check of bwrap, its init and the holder, against processes that
     escape every rule: outside the sandbox's cgroups, dumpable, unfiltered, a host file open."""
-    from sandboxer.backends.bwrap.live import Live, confinement_problems
-    from sandboxer.host.limits import LimitSetup
 
     log = tmp_path / "bwrap.log"
     with open(log, "wb") as stream:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import grp
 import json
 import os
+import pwd
 import socket
 import subprocess
 import threading
@@ -20,6 +22,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import docker
 import psutil
 import pytest
 
@@ -612,8 +615,6 @@ def test_concurrent_execs_in_one_sandbox_all_succeed(sbx: SandboxBroker) -> None
 
 
 def test_files_the_sandbox_creates_belong_to_its_own_unprivileged_host_uid(sb_root: SandboxBroker) -> None:
-    import grp
-    import pwd
 
     sandbox_id = sb_root.create()
     other = sb_root.create()
@@ -691,8 +692,6 @@ def test_exec_env_sets_only_the_names_the_profile_lets_a_caller_set(sbx: Sandbox
     )
     assert (ran.status, ran.stdout) == (0, "t-42/a b=c\n"), ran.stderr
     if sbx.backend == "docker":  # a caller's values travel in the exec's environment, never its command line
-        import docker
-
         running = subprocess.Popen(
             sbx.argv("exec", sandbox_id, "--env", "TASK_ID=canary-5b1d", "--", "sleep", "30"), env=sbx.env()
         )

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import docker
 import psutil
 import pytest
 
@@ -84,7 +85,6 @@ def containers(sb: SandboxBroker) -> dict[str, str]:
     always empty for a bwrap broker."""
     if sb.backend != "docker":
         return {}
-    import docker
 
     client = docker.from_env(timeout=30)
     try:

@@ -12,8 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 
+from sandboxer.backends.docker.render import verify
+from sandboxer.core.record_reading import read_record
 from tests.conftest import settled
 from tests.integration.conftest import SandboxBroker, _cleanup, make_broker, profile_text
 from tests.samples import CONTRACT_ENV_NAMES
@@ -23,10 +26,6 @@ PROFILE = "docker-local"
 
 
 def _engine() -> Any:
-    try:
-        import docker
-    except ImportError:
-        pytest.skip("the docker SDK is not installed (make check installs it with the dev extra)")
     try:
         client = docker.from_env(timeout=30)
         client.ping()
@@ -153,8 +152,6 @@ def test_engine_inspect_shows_the_policy(db: SandboxBroker) -> None:
 
 
 def test_a_container_altered_outside_the_broker_fails_verification(db: SandboxBroker, tmp_path: Path) -> None:
-    from sandboxer.backends.docker.render import verify
-    from sandboxer.core.record_reading import read_record
 
     sandbox_id = db.create(PROFILE)
     record = json.loads((db.sandbox_dir(sandbox_id) / "record.json").read_text())

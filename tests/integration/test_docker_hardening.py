@@ -4,6 +4,7 @@ bounded tmpfs, and every exec runs under the project's own syscall policy."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -12,6 +13,10 @@ from typing import Any
 
 import pytest
 
+from sandboxer.backends.docker import execs
+from sandboxer.backends.docker.render import verify
+from sandboxer.core import seccomp
+from sandboxer.core.record_reading import read_record
 from tests.integration.conftest import SandboxBroker, backend_profile_text
 from tests.integration.test_manifest_sandboxes import SPOOL, create, make_run, record_of
 
@@ -222,7 +227,6 @@ def _probe(broker: SandboxBroker, sandbox_id: str) -> dict[str, int]:
 
 def _expected(*, allow_ptrace: bool) -> dict[str, int]:
     """What the policy's own definition says each probe call gets (0: allowed)."""
-    from sandboxer.core import seccomp
 
     def errno_of(number: int, *args: int) -> int:
         return seccomp.refusal(number, [*args, 0, 0, 0, 0, 0, 0][:6], allow_ptrace=allow_ptrace) or 0
@@ -240,7 +244,6 @@ def _expected(*, allow_ptrace: bool) -> dict[str, int]:
 
 
 def test_a_docker_exec_runs_under_the_projects_syscall_policy(dk: SandboxBroker) -> None:
-    import errno
 
     expected = _expected(allow_ptrace=False)
     # The policy refuses each of these (the test would pass on nothing that allows them).
@@ -265,9 +268,6 @@ def test_allow_ptrace_lifts_only_the_ptrace_rules_on_docker(dk: SandboxBroker) -
 
 
 def test_the_engine_holds_exactly_the_projects_profile_and_inspect_reports_it(dk: SandboxBroker) -> None:
-    from sandboxer.backends.docker.render import verify
-    from sandboxer.core import seccomp
-    from sandboxer.core.record_reading import read_record
 
     sandbox_id = dk.create()
     record = record_of(dk, sandbox_id)
@@ -313,7 +313,6 @@ def test_no_variable_of_the_container_reaches_the_perl_that_makes_the_domain(bas
     container's environment (a plan's, say through a project-env lease) would run code in it
     before the domain exists — outside it, able to ptrace every other exec. They never reach that
     Perl, yet the command still has them; and the command is in a domain of its own."""
-    from sandboxer.backends.docker import execs
 
     started = subprocess.run(
         [

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 
 from sandboxer.core.record_reading import read_record
@@ -339,7 +340,6 @@ def test_roots_gc_removes_no_container_a_record_names_but_it_did_not_make(sb_roo
     reason = docker_skip_reason()
     if reason is not None:
         pytest.skip(reason)
-    import docker
 
     client = docker.from_env()
     images = [tag for image in client.images.list() for tag in image.tags if tag.startswith("sandboxer-base")]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from sandboxer import Broker
 from tests.integration.conftest import SandboxBroker
 from tests.integration.services import Service
 from tests.integration.test_service import _as_account, callers  # noqa: F401 - a fixture
@@ -371,8 +372,6 @@ def test_kept_work_is_its_callers_to_list_fetch_and_remove(
             refused.stderr,
         ), refused.stderr
         assert not (home / "second.tar").exists()
-        from sandboxer import Broker
-
         owner = Broker(config_dir=str(broker.config), state_dir=str(broker.state))
         assert [(e.id, e.uid) for e in owner.exports()] == [(sandbox_id, a.pw_uid)]
         removed = _cli_as(a, started.socket, "exports", "rm", sandbox_id, "--json")

@@ -12,9 +12,13 @@ import signal
 import subprocess
 from pathlib import Path
 
+import docker
 import psutil
 import pytest
 
+from sandboxer.core.digest import tree_digest
+from sandboxer.errors import PolicyError
+from sandboxer.host import staging
 from tests.conftest import settled
 from tests.integration.conftest import SandboxBroker
 
@@ -77,8 +81,6 @@ def test_gc_unmounts_what_a_crashed_sandbox_left(sbx_root: SandboxBroker) -> Non
     sandbox_dir = sbx_root.sandbox_dir(sandbox_id)
     assert str(sandbox_dir / "runtime") in _mounts_below(sandbox_dir)  # its image, staged for it
     if sbx_root.backend == "docker":
-        import docker
-
         client = docker.from_env(timeout=30)
         try:
             for container in client.containers.list(filters={"label": f"io.sandboxer.sandbox={sandbox_id}"}):
@@ -105,9 +107,6 @@ def test_an_image_of_another_tree_is_refused_and_leaves_nothing(tmp_path: Path, 
     it made one left (a partial image, a mounted check point) goes before the next is made."""
     if os.geteuid() != 0 or shutil.which("mkfs.erofs", path="/usr/sbin:/usr/bin:/sbin:/bin") is None:
         pytest.skip("runtime images are made by a root broker with mkfs.erofs (scripts/install-system-deps)")
-    from sandboxer.core.digest import tree_digest
-    from sandboxer.errors import PolicyError
-    from sandboxer.host import staging
 
     state = tmp_path / "state"
     state.mkdir(mode=0o700)

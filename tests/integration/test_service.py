@@ -17,8 +17,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +28,11 @@ import pytest
 
 from sandboxer import Broker, Client, ClientSandbox
 from sandboxer.errors import ExecError, NotFoundError, SandboxerError, UsageError
+from sandboxer.service.http import BODY_SECONDS, HEAD_SECONDS
+from sandboxer.service.routes import document_bytes
 from tests.integration.conftest import UNPRIVILEGED_UID, SandboxBroker, backend_profile_text
 from tests.integration.services import Service, answers, as_service_account
+from tests.integration.test_python_api import ORCHESTRATOR, assert_orchestrated
 
 # Test accounts, one set per pytest-xdist worker (`make check` runs two: the modules that use
 # them may run at once).
@@ -55,7 +60,6 @@ def service(sbx: SandboxBroker) -> Iterator[Service]:
 
 
 def test_the_client_drives_a_whole_sandbox_life(service: Service) -> None:
-    from sandboxer.service.routes import document_bytes
 
     with as_service_account(service.broker):
         client = Client(str(service.socket))
@@ -87,7 +91,6 @@ def test_the_client_drives_a_whole_sandbox_life(service: Service) -> None:
 
 def test_the_orchestrator_drives_a_whole_sandbox_life_through_the_service(service: Service) -> None:
     """The documented orchestrator, switched to the client by its --socket: the same summary."""
-    from tests.integration.test_python_api import ORCHESTRATOR, assert_orchestrated
 
     broker = service.broker
     argv = broker.python(str(ORCHESTRATOR), "--profile", broker.profile, "--socket", str(service.socket))
@@ -368,9 +371,6 @@ def _descriptors_settle(pid: int, before: int) -> int:
 def test_slow_clients_are_dropped_and_hold_nothing(sb_root: SandboxBroker) -> None:
     """A request head, a JSON body and an exec's options line each have 10 s to arrive (slow-loris);
     the service answers others meanwhile, and afterwards holds no more descriptors than before."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from sandboxer.service.http import BODY_SECONDS, HEAD_SECONDS
 
     with _served_sandbox(sb_root) as (started, sandbox, before):
         assert started.process is not None
@@ -682,7 +682,6 @@ def test_a_sandbox_unused_for_its_profiles_idle_timeout_is_torn_down(sbx_root: S
 
 def test_many_waiting_execs_do_not_starve_another(sb_root: SandboxBroker) -> None:
     """Twelve execs wait for a file only a thirteenth creates: it must get to run."""
-    from concurrent.futures import ThreadPoolExecutor
 
     started = Service(sb_root, _socket_dir(sb_root) / "broker.sock").start()
     try:
@@ -749,7 +748,6 @@ def test_two_hundred_open_execs_do_not_starve_another(sb_root: SandboxBroker) ->
 
 
 def test_a_service_killed_mid_create_leaves_nothing_gc_cannot_finish(sb_root: SandboxBroker) -> None:
-    import threading
 
     path = _socket_dir(sb_root) / "broker.sock"
     first = Service(sb_root, path).start()

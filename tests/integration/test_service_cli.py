@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from sandboxer.clients.cli import IDLE_EXIT
+from sandboxer.clients.cli import FILE_CHECKS, IDLE_EXIT, OWN_PROCESS
 from tests.integration.conftest import UNPRIVILEGED_UID, SandboxBroker, _bwrap_broker, _cleanup, services_of
 from tests.integration.services import Service
+from tests.integration.test_cli_table import _command_paths, _root
 from tests.integration.test_service import _running_marker, callers  # noqa: F401 - a fixture
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +43,6 @@ def served(sbx_root: SandboxBroker) -> Iterator[SandboxBroker]:
 def test_every_commands_help_is_the_same_through_the_service(sb_root: SandboxBroker) -> None:
     """`sandboxer --help` and each command's and subcommand's `--help` (exec's too): through the
     service exactly as in-process."""
-    from tests.integration.test_cli_table import _command_paths, _root
 
     started = Service(sb_root, sb_root.state / "broker.sock").start()
     try:
@@ -63,7 +63,6 @@ def test_every_commands_help_is_the_same_through_the_service(sb_root: SandboxBro
 
 
 def _in_own_process(words: tuple[str, ...]) -> bool:
-    from sandboxer.clients.cli import FILE_CHECKS, OWN_PROCESS
 
     return words[:1] == ("serve",) or words[:1] in {(name,) for name in OWN_PROCESS} or words[:2] in FILE_CHECKS
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from sandboxer.core.reading import CallerFile, UnfitFile, read_caller_file
 from sandboxer.errors import UsageError
 from sandboxer.service.cliserver import _files, _receive
 
@@ -111,7 +112,6 @@ def test_a_request_without_the_nul_is_refused(pair: tuple[socket.socket, socket.
 def test_a_passed_descriptor_is_read_only_as_a_file_it_may_read(tmp_path: Path) -> None:
     """What the service reads of a client's descriptor: a regular, owner-only file open for
     reading; anything else is the one-line reason, never a crash."""
-    from sandboxer.core.reading import CallerFile, UnfitFile, read_caller_file
 
     path = tmp_path / "b.json"
     path.write_bytes(b"{}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -452,7 +454,6 @@ def test_bad_warm_counts_are_refused(text: str, message: str) -> None:
 
 @pytest.mark.parametrize("path", ["extensions/ext.bwrap.yaml", "extensions/ext.docker.yaml"])
 def test_the_shipped_extension_templates_parse(path: str) -> None:
-    from pathlib import Path
 
     name = Path(path).stem
     item = parse((Path(__file__).resolve().parents[2] / path).read_text(), name)

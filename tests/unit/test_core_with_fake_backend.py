@@ -11,18 +11,24 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from sandboxer import Broker
-from sandboxer.backends import NAMES
+from sandboxer.backends import Backends
+from sandboxer.backends.bwrap.backend import BwrapBackend
+from sandboxer.backends.docker.backend import DockerBackend
 from sandboxer.commands.dispatch import dispatch
 from sandboxer.core import leases
 from sandboxer.core import manifest as mf
 from sandboxer.core.plan import MountKind
 from sandboxer.core.removal import Removal
 from sandboxer.errors import BackendError, PolicyError, UnexportedWorkError, UsageError
+from sandboxer.host.registry import Registry
+from sandboxer.service.audit import AuditLog
+from sandboxer.service.lifetimes import RETRY_EXPORT, Reaper
 from tests.conftest import make_repository, make_runtime
 from tests.manifest_samples import IMAGE_APP, REQUEST, RUN_ID, Run, build_run, fake_document, render
 from tests.samples import profile_yaml
@@ -30,10 +36,8 @@ from tests.unit.fake_backend import FakeBackend
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeBackend:
-    backend = FakeBackend()
-    monkeypatch.setattr("sandboxer.backends.backend_for", lambda name: backend)
-    return backend
+def fake() -> FakeBackend:
+    return FakeBackend()
 
 
 @pytest.fixture
@@ -45,7 +49,8 @@ def broker(tmp_path: Path, fake: FakeBackend) -> Broker:
     (config / "extensions").mkdir(parents=True)
     (config / "profiles").mkdir()
     config.chmod(0o700)
-    made = Broker(config_dir=str(config), state_dir=str(tmp_path / "state"))
+    engines = Backends({"bwrap": fake, "docker": fake})  # given to the core, not patched in
+    made = Broker(config_dir=str(config), state_dir=str(tmp_path / "state"), backends=engines)
     digest = made.owner.runtime_digest(str(runtime)).sha256
     (config / "extensions" / "ext.bwrap.yaml").write_text(
         f"extension: ext.bwrap\nconfig:\n  runtime:\n    path: {runtime}\n    sha256: {digest}\n"
@@ -186,8 +191,6 @@ def test_grants_take_each_spools_place_from_the_function_given() -> None:
 
 
 def test_the_engines_place_spools_as_they_always_have() -> None:
-    from sandboxer.backends.bwrap.backend import BwrapBackend
-    from sandboxer.backends.docker.backend import DockerBackend
 
     bwrap, docker = BwrapBackend(), DockerBackend()
     assert bwrap.spool_place("s", sandbox_dir="/st/x") == ("/st/x/spools/s", "/st/x/spools")
@@ -235,7 +238,9 @@ def test_spools_are_placed_made_found_and_removed_by_the_backend(
     # dispatch-tool picks a request up in the directory the backend names.
     (root / "requests" / "r1.json").write_bytes(b"{}")  # root's, not the consumer's: refused once found
     with pytest.raises(PolicyError, match="request r1: the request file is refused: it does not belong"):
-        dispatch(broker.state_dir, sandbox.id, lease_id=lease_id, request_id="r1", wait_seconds=0)
+        dispatch(
+            broker.state_dir, sandbox.id, lease_id=lease_id, request_id="r1", wait_seconds=0, backends=broker.backends
+        )
     assert ("spool_directory", name) in fake.calls
     assert not (root / "requests" / "r1.json").exists()
     # teardown removes it through the backend.
@@ -252,7 +257,7 @@ def test_gc_collects_the_orphans_each_backend_reports(broker: Broker, fake: Fake
     assert [(receipt.id, receipt.removed, receipt.residue) for receipt in report.collected] == [
         (orphan, ("fake container",), ())
     ]
-    assert [verb for verb, _ in fake.calls].count("collect_orphans") == len(NAMES)
+    assert [verb for verb, _ in fake.calls].count("collect_orphans") == len(broker.backends.names)
 
 
 @pytest.mark.parametrize("ttl", [True, "60", [60]])
@@ -266,21 +271,16 @@ def test_a_ttl_that_is_not_a_number_is_refused_and_nothing_is_made(broker: Broke
 
 
 def test_the_reaper_cannot_be_held_by_work_that_will_not_export(broker: Broker, fake: FakeBackend) -> None:
-    """An expired sandbox whose work cannot be exported (the fake runs no git) is audited so and
+    """An expired sandbox whose work cannot be exported (the fake's exec runs no git) is audited so and
     kept for one more try; the next try past RETRY_EXPORT tears it down without its work: no
     sandbox outlives its lifetime by making its work unexportable, and none stops the reaper."""
-    from dataclasses import replace
-
-    from sandboxer.host.registry import Registry
-    from sandboxer.service.audit import AuditLog
-    from sandboxer.service.lifetimes import RETRY_EXPORT, Reaper
 
     sandbox = broker.create("p", ttl=60)
     registry = Registry(broker.state_dir)
     record = registry.read_or_none(sandbox.id)
     assert record is not None
     registry.write(replace(record, expires_at=1.0))  # long past
-    reaper = Reaper(broker.dirs, AuditLog(broker.state_dir))
+    reaper = Reaper(broker.dirs, broker.services, AuditLog(broker.state_dir))
     assert reaper.reap() == [sandbox.id]
     assert _left(broker) == [sandbox.id]
     assert reaper.reap() == []  # not again before RETRY_EXPORT
@@ -289,6 +289,6 @@ def test_the_reaper_cannot_be_held_by_work_that_will_not_export(broker: Broker, 
     assert _left(broker) == []
     lines = [json.loads(line) for line in (Path(broker.state_dir) / "audit.log").read_text().splitlines()]
     assert [(line["verb"], line["outcome"], line["status"]) for line in lines] == [
-        ("expire", "export failed (UsageError); tried again later", 5),
+        ("expire", "export failed (BackendError); tried again later", 5),
         ("expire", "ok", 0),
     ]

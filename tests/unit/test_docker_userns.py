@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from sandboxer.backends.docker import container as docker
 from sandboxer.errors import BackendError
+from tests.unit.test_plan_and_argv import make_plan
 
 INFO = {"SecurityOptions": ["name=seccomp,profile=default", "name=userns"], "DockerRootDir": "/d/100000.100000"}
 
@@ -64,9 +66,6 @@ def test_accounts_and_low_ids_never_run_a_sandbox() -> None:
 
 
 def test_a_pid_1_of_the_hosts_own_root_fails_the_host_check() -> None:
-    from dataclasses import replace
-
-    from tests.unit.test_plan_and_argv import make_plan
 
     plan = replace(make_plan(), backend="docker", host_uid=101000, host_gid=101000)
     problems = docker.host_problems({"State": {"Pid": os.getpid()}}, plan)

@@ -1,6 +1,6 @@
 """exec stays light: every exec pays for what its path imports, so the core's exec
 (sandboxer/commands/execute.py), the request it runs (sandboxer/core/exec_request.py) and each
-engine's exec part (sandboxer.backends.execution_for: backends/*/enter.py) load neither the
+engine's exec part (sandboxer.backends.Backends.execution: backends/*/enter.py) load neither the
 command table, YAML, netlink nor HTTP, nor the engines' create-time code (the plan, the registry,
 the namespace code, the full backends)."""
 
@@ -43,7 +43,7 @@ def _loaded_by(code: str) -> set[str]:
 def test_the_exec_path_loads_no_create_time_code(backend: str) -> None:
     loaded = _loaded_by(
         "import sandboxer.commands.execute, sandboxer.core.exec_request\n"
-        f"from sandboxer.backends import execution_for\nexecution_for({backend!r})"
+        f"from sandboxer.backends import Backends\nBackends().execution({backend!r})"
     )
     assert f"sandboxer.backends.{backend}.enter" in loaded
     assert {name.split(".")[0] for name in loaded} & THIRD_PARTY == set()

@@ -16,6 +16,7 @@ import pytest
 
 from sandboxer import Broker
 from sandboxer.api.results import ExecResult
+from sandboxer.backends import Backends
 from sandboxer.commands.execute import execute
 from sandboxer.core.exec_request import ExecRequest
 from sandboxer.errors import ExecError, ExecUsage
@@ -26,11 +27,8 @@ from tests.unit.fake_backend import FakeBackend
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeBackend:
-    backend = FakeBackend()
-    monkeypatch.setattr("sandboxer.backends.backend_for", lambda name: backend)
-    monkeypatch.setattr("sandboxer.backends.execution_for", lambda name: backend)
-    return backend
+def fake() -> FakeBackend:
+    return FakeBackend()
 
 
 @pytest.fixture
@@ -42,7 +40,8 @@ def broker(tmp_path: Path, fake: FakeBackend) -> Broker:
     (config / "extensions").mkdir(parents=True)
     (config / "profiles").mkdir()
     config.chmod(0o700)
-    made = Broker(config_dir=str(config), state_dir=str(tmp_path / "state"))
+    engines = Backends({"bwrap": fake, "docker": fake})  # given to the core, not patched in
+    made = Broker(config_dir=str(config), state_dir=str(tmp_path / "state"), backends=engines)
     digest = made.owner.runtime_digest(str(runtime)).sha256
     (config / "extensions" / "ext.bwrap.yaml").write_text(
         f"extension: ext.bwrap\nconfig:\n  runtime:\n    path: {runtime}\n    sha256: {digest}\n"
@@ -125,7 +124,7 @@ def test_a_programs_stdio_is_refused_a_terminal(broker: Broker) -> None:
     sandbox = broker.create("p")
     request = ExecRequest.of(sandbox.id, ["echo"], tty=True)
     with pytest.raises(ExecUsage, match="a terminal is for a caller's own stdio"):
-        execute(broker.dirs, request, Program(b"", lambda stream, chunk: None))
+        execute(broker.dirs, request, Program(b"", lambda stream, chunk: None), backends=broker.backends)
 
 
 def test_exec_on_this_processs_own_descriptors(broker: Broker, capfd: pytest.CaptureFixture[str]) -> None:
@@ -134,11 +133,11 @@ def test_exec_on_this_processs_own_descriptors(broker: Broker, capfd: pytest.Cap
     cli = ExecRequest.from_cli(
         sandbox.id, ["echo", "own"], cwd=None, consumer=None, executable=None, timeout=None, tty=False, env=[]
     )
-    assert execute(broker.dirs, cli, OwnStdio()) == 0
+    assert execute(broker.dirs, cli, OwnStdio(), backends=broker.backends) == 0
     timed = ExecRequest.from_cli(
         sandbox.id, ["sleep", "9"], cwd=None, consumer=None, executable=None, timeout="0.05", tty=False, env=[]
     )
-    assert execute(broker.dirs, timed, OwnStdio()) == TIMED_OUT
+    assert execute(broker.dirs, timed, OwnStdio(), backends=broker.backends) == TIMED_OUT
     assert capfd.readouterr() == ("own\n", "sandboxer: exec: timed out after 0.05 s\n")
 
 
@@ -150,8 +149,10 @@ def test_exec_on_a_clients_descriptors(broker: Broker) -> None:
         os.write(pipes[0][1], b"typed\n")
         os.close(pipes[0][1])
         stdio = ClientStdio((pipes[0][0], pipes[1][1], pipes[2][1]), None)
-        assert execute(broker.dirs, ExecRequest.of(sandbox.id, ["cat"]), stdio) == 0
-        assert execute(broker.dirs, ExecRequest.of(sandbox.id, ["say", "1", "no"]), stdio) == 1
+        assert execute(broker.dirs, ExecRequest.of(sandbox.id, ["cat"]), stdio, backends=broker.backends) == 0
+        assert (
+            execute(broker.dirs, ExecRequest.of(sandbox.id, ["say", "1", "no"]), stdio, backends=broker.backends) == 1
+        )
         assert os.read(pipes[1][0], 100) == b"typed\n"
         assert os.read(pipes[2][0], 100) == b"no\n"
     finally:

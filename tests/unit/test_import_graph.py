@@ -93,7 +93,7 @@ def test_the_cycle_finder_finds_one() -> None:
 
 
 def test_no_code_outside_the_backends_names_a_backend() -> None:
-    """A backend's name becomes code only in sandboxer/backends/ (`backend_for`, `execution_for`): no
+    """A backend's name becomes code only in sandboxer/backends/ (`Backends`): no
     comparison, `match` or table elsewhere names "bwrap" or "docker" — except core/plan.py, which
     defines the names and which extension runs on which."""
     allowed = {"sandboxer.core.plan"}

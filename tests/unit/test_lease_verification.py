@@ -5,13 +5,15 @@ them as the manifest says (fds for bwrap, a named volume for a spool on Docker).
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from sandboxer.backends.bwrap.argv import needs_fd, render_lines
 from sandboxer.backends.docker.render import binds, create_body, verify, volumes
 from sandboxer.core.plan import Grants, Mount, MountKind, Plan, build_plan
-from sandboxer.host.observe import MountSeen, differences
+from sandboxer.host.lease_mounts import staged_mismatches
+from sandboxer.host.observe import MountSeen, differences, parse_mountinfo
 from tests.unit.test_plan_and_argv import (
     SANDBOX_ID,
     WORKSPACE_SOURCE,
@@ -181,11 +183,6 @@ def test_docker_lease_mount_deviations_are_differences(case: str) -> None:
 
 
 def test_a_staged_lease_must_be_the_staged_mount_inside() -> None:
-    from types import SimpleNamespace
-
-    from sandboxer.core.plan import Mount, MountKind
-    from sandboxer.host.lease_mounts import staged_mismatches
-    from sandboxer.host.observe import parse_mountinfo
 
     # /proc stands in for a staged point: a mount the broker's namespace really has.
     host = {m.target: m for m in parse_mountinfo(Path("/proc/self/mountinfo").read_text())}["/proc"]

@@ -14,6 +14,7 @@ from jsonschema import Draft202012Validator
 from referencing.exceptions import Unresolvable
 
 from sandboxer.api.results import Created, Evidence, JsonResult
+from sandboxer.commands.services import Services
 from sandboxer.dirs import Dirs
 from sandboxer.service.admission import CallerSlots
 from sandboxer.service.app import CREATE_FIELDS, HANDLERS, make_app
@@ -27,7 +28,8 @@ DOCUMENT: dict[str, Any] = json.loads(document_bytes())
 
 def test_every_route_the_service_answers_is_in_the_document(tmp_path: Path) -> None:
     with ThreadPoolExecutor(max_workers=1) as workers:
-        app = make_app(Dirs(config=str(tmp_path), state=str(tmp_path)), workers=workers, slots=CallerSlots())
+        dirs = Dirs(config=str(tmp_path), state=str(tmp_path))
+        app = make_app(dirs, services=Services.of(), workers=workers, slots=CallerSlots())
         answered = {
             (route.method.lower(), route.resource.canonical, route.name)
             for route in app.router.routes()

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 
 from sandboxer.backends.bwrap.joiner import _keep_only
+from sandboxer.host.fdpass import receive_fds
 
 
 def _open_after_keep_only(kept: set[int], candidates: list[int]) -> set[int]:
@@ -47,9 +49,6 @@ def test_keep_only_closes_everything_else_however_high() -> None:
 def test_descriptors_received_are_close_on_exec_from_the_start() -> None:
     """receive_fds asks the kernel for MSG_CMSG_CLOEXEC (Python 3.11's socket.recv_fds drops its
     flags): a descriptor a client passes is never inherited by what the service starts."""
-    import socket
-
-    from sandboxer.host.fdpass import receive_fds
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     read_end, write_end = os.pipe()

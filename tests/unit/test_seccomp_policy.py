@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+import pyseccomp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -248,7 +249,6 @@ def test_the_definition_covers_the_issue_and_dockers_default() -> None:
 
 
 def test_rule_numbers_are_x86_64s() -> None:
-    import pyseccomp  # type: ignore[import-untyped]
 
     for rule in seccomp_rules.RULES:
         assert 0 <= rule.number <= seccomp_rules.REVIEWED_THROUGH

@@ -14,7 +14,7 @@ import ast
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from sandboxer.commands import warm
+from sandboxer.commands.services import Services
 from sandboxer.dirs import Dirs
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sandboxer"
@@ -96,9 +96,7 @@ def test_a_fill_asked_for_while_the_service_stops_fails_nothing(tmp_path: Path) 
     whose sandbox then runs on unknown to its caller) nor start a fill anywhere else."""
     fills = ThreadPoolExecutor(max_workers=1)
     fills.shutdown()
-    warm.fill_on(fills)
-    try:
-        warm.spawn_fill(Dirs(config=str(tmp_path / "config"), state=str(tmp_path / "state")), "p")
-    finally:
-        warm.fill_on(None)
+    services = Services.of()
+    services.fills.run_on(fills)
+    services.fills.spawn(Dirs(config=str(tmp_path / "config"), state=str(tmp_path / "state")), "p")
     assert not (tmp_path / "state").exists()  # no detached fill either (it would log there)

@@ -4,13 +4,26 @@ plan inside its limits, verified against it, observed and stopped (BwrapBackend)
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from typing import TYPE_CHECKING, Any
 
+from sandboxer.backends.bwrap import live as bwrap_live
+from sandboxer.backends.bwrap import namespace as bwrap
+from sandboxer.backends.bwrap import warm
+from sandboxer.backends.bwrap.argv import HOLDER_TARGET
 from sandboxer.backends.bwrap.enter import BwrapExecution
-from sandboxer.backends.protocol import Check
+from sandboxer.backends.bwrap.namespace import BWRAP_PATH
+from sandboxer.backends.bwrap.netview import observe_network
+from sandboxer.backends.bwrap.starting import start_verified
+from sandboxer.backends.bwrap.stop import stop
+from sandboxer.backends.protocol import Check, Observed
 from sandboxer.core.removal import Removal
 from sandboxer.errors import BackendError
-from sandboxer.host import procs
+from sandboxer.host import limits, procs, staging, workspace
+from sandboxer.host.fstree import remove_tree
+from sandboxer.host.lease_mounts import unmount_below
+from sandboxer.host.observe import differences, read_mountinfo
 
 SPOOLS = "spools"  # the sandbox directory's subdirectory of request spools
 
@@ -19,7 +32,7 @@ SPOOLS = "spools"  # the sandbox directory's subdirectory of request spools
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from sandboxer.backends.protocol import Note, Observed, Site
+    from sandboxer.backends.protocol import Note, Site
     from sandboxer.core.config_types import ExtensionConfig
     from sandboxer.core.plan import Plan
     from sandboxer.core.record import SandboxRecord
@@ -30,10 +43,6 @@ class BwrapBackend(BwrapExecution):
 
     def health(self) -> list[Check]:
         """bwrap is installed where the broker looks for it (never on PATH) and makes namespaces."""
-        import shutil
-        import subprocess
-
-        from sandboxer.backends.bwrap.namespace import BWRAP_PATH
 
         path = shutil.which("bwrap", path=BWRAP_PATH)
         if path is None:
@@ -56,14 +65,12 @@ class BwrapBackend(BwrapExecution):
         """Nothing beyond the runtime pin, which approval checks for every backend."""
 
     def preflight(self, extension: ExtensionConfig) -> None:
-        from sandboxer.backends.bwrap import namespace as bwrap
 
         bwrap.find_bwrap()
 
     def admit(self, extension: ExtensionConfig, *, state_dir: str) -> None:
         """As root, the sandbox's host uid is no account's: "others" permission bits are what it
         gets of the runtime and the state dir's parent."""
-        from sandboxer.backends.bwrap import namespace as bwrap
 
         if os.geteuid() == 0:
             anyone = bwrap.HOST_ID_RANGE[0] - 1
@@ -71,7 +78,6 @@ class BwrapBackend(BwrapExecution):
             bwrap.check_reachable(os.path.dirname(state_dir), uid=anyone, gid=anyone, what="state dir")
 
     def host_ids(self, inside: tuple[int, int], *, known: tuple[int, int] | None = None) -> tuple[int, int]:
-        from sandboxer.backends.bwrap import namespace as bwrap
 
         return known or bwrap.allocate_host_ids()
 
@@ -83,7 +89,6 @@ class BwrapBackend(BwrapExecution):
     def start(
         self, plan: Plan, record: SandboxRecord, *, site: Site, image: str, profile_file: str, note: Note
     ) -> SandboxRecord:
-        from sandboxer.backends.bwrap.starting import start_verified
 
         record, _, _, _ = start_verified(plan, record, site=site, note=note)
         self.fill_workspace(plan, record, profile_file=profile_file)
@@ -94,10 +99,8 @@ class BwrapBackend(BwrapExecution):
         none); a root broker's is already in the sized filesystem bound at /workspace."""
         if not plan.workspace_in_memory:
             return
-        from sandboxer.backends.bwrap import live as bwrap
-        from sandboxer.host import workspace
 
-        live = bwrap.Live.of(record.processes)
+        live = bwrap_live.Live.of(record.processes)
         workspace.seed(
             str(plan.workspace_source),
             holder_pid=live.holder_pid,
@@ -107,27 +110,23 @@ class BwrapBackend(BwrapExecution):
         )
 
     def deliver(self, plan: Plan, record: SandboxRecord, data: bytes, target: str) -> None:
-        from sandboxer.backends.bwrap import live as bwrap
 
-        live = bwrap.Live.of(record.processes)
-        program = bwrap.load_seccomp(os.path.dirname(plan.workspace_source))  # the sandbox's directory
+        live = bwrap_live.Live.of(record.processes)
+        program = bwrap_live.load_seccomp(os.path.dirname(plan.workspace_source))  # the sandbox's directory
         procs_files = record.limits.procs_files if record.limits else ()
-        bwrap.deliver(live, plan, data, target, procs_files=procs_files, seccomp=program)
+        bwrap_live.deliver(live, plan, data, target, procs_files=procs_files, seccomp=program)
 
     def stop(self, record: SandboxRecord, *, site: Site) -> Removal:
-        from sandboxer.backends.bwrap.stop import stop
 
         stopped = stop(record)
         if not stopped.clean:
             return stopped
         # Nothing of the sandbox runs: its runtime image's mount goes.
-        from sandboxer.host import staging
 
         return stopped + staging.unstage(site.directory)
 
     def release(self, record: SandboxRecord) -> Removal:
         """The sandbox's cgroups (those recorded, or left by a create that died first)."""
-        from sandboxer.host import limits
 
         groups = record.limits.groups if record.limits else ()
         if not groups:
@@ -152,29 +151,23 @@ class BwrapBackend(BwrapExecution):
         )
 
     def observe(self, record: SandboxRecord, *, site: Site) -> Observed:
-        from sandboxer.backends.bwrap import live as bwrap
-        from sandboxer.backends.bwrap.argv import HOLDER_TARGET
-        from sandboxer.backends.bwrap.netview import observe_network
-        from sandboxer.backends.protocol import Observed
-        from sandboxer.host import limits, staging
-        from sandboxer.host.observe import differences, read_mountinfo
 
-        live = bwrap.Live.of(record.processes)
+        live = bwrap_live.Live.of(record.processes)
         if record.limits is None:
             raise BackendError("the sandbox's record has no limits")
         mounts = read_mountinfo(live.holder_pid)
         network = observe_network(live.holder_pid)
         plan = record.plan_for(site.path("workspace"))
         limit_setup = limits.LimitSetup.of(record.limits)
-        probe = bwrap.probe(
+        probe = bwrap_live.probe(
             live,
             plan,
             procs_files=limit_setup.procs_files,
             rlimits=limit_setup.rlimits,
-            seccomp=bwrap.load_seccomp(site.directory),
+            seccomp=bwrap_live.load_seccomp(site.directory),
         )
         problems = differences(plan, mounts, network["interfaces"], probe, backend_files=(HOLDER_TARGET,))
-        problems += bwrap.confinement_problems(live, limit_setup)
+        problems += bwrap_live.confinement_problems(live, limit_setup)
         if os.path.isdir(site.path(staging.RUNTIME_POINT)):  # a root broker's: its image
             problems += staging.runtime_mismatches(site.directory, mounts)
         return Observed(
@@ -186,19 +179,16 @@ class BwrapBackend(BwrapExecution):
         )
 
     def warm_fingerprint(self, plan: Plan, *, site: Site, image: str) -> str:
-        from sandboxer.backends.bwrap import warm
 
         return warm.fingerprint(plan, state_dir=site.state_dir)
 
     def start_warm(
         self, plan: Plan, record: SandboxRecord, *, site: Site, image: str, note: Note
     ) -> tuple[SandboxRecord, dict[str, Any]]:
-        from sandboxer.backends.bwrap import warm
 
         return warm.start(plan, record, site=site, note=note)
 
     def warm_problems(self, record: SandboxRecord, plan: Plan, *, site: Site) -> list[str]:
-        from sandboxer.backends.bwrap import warm
 
         return warm.problems(record, plan)
 
@@ -229,8 +219,6 @@ class BwrapBackend(BwrapExecution):
         return os.path.join(sandbox_dir, SPOOLS, name)
 
     def remove_spool(self, source: str, *, sandbox_id: str) -> Removal:
-        from sandboxer.host.fstree import remove_tree
-        from sandboxer.host.lease_mounts import unmount_below
 
         if not unmount_below(source) and remove_tree(source):
             return Removal(removed=(f"spool {source}",))

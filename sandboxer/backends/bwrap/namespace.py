@@ -9,9 +9,12 @@ broker does with a running sandbox (probes, deliveries, confinement checks) is i
 from __future__ import annotations
 
 import contextlib
+import grp
 import json
 import os
+import pwd
 import resource
+import secrets
 import shutil
 import subprocess
 import time
@@ -23,6 +26,7 @@ from sandboxer.backends.bwrap.live import SECCOMP_FILE, Live, host_ids
 from sandboxer.core.plan import Mount, MountKind, Plan
 from sandboxer.errors import BackendError, PolicyError, UsageError
 from sandboxer.host import procs
+from sandboxer.host.lease_mounts import open_beneath_checked
 from sandboxer.host.limits import LimitSetup
 from sandboxer.host.ready import wait_ready
 
@@ -36,9 +40,6 @@ HOST_ID_RANGE = (1_700_000_000, 1_900_000_000)
 
 def allocate_host_ids() -> tuple[int, int]:
     """A fresh unprivileged host uid/gid for one sandbox (as root); the broker's own otherwise."""
-    import grp
-    import pwd
-    import secrets
 
     if os.geteuid() != 0:
         return os.getuid(), os.getgid()
@@ -127,7 +128,6 @@ def _opened_fds(plan: Plan) -> Iterator[dict[str, int]]:
 def _open_lease(mount: Mount) -> int:
     """A lease source or spool, opened below its run or sandbox directory without following any
     symlink, and refused unless it still is what the manifest check saw."""
-    from sandboxer.host.lease_mounts import open_beneath_checked
 
     try:
         return open_beneath_checked(mount)

@@ -12,12 +12,13 @@ import os
 import socket
 from typing import Any
 
+from pyroute2 import IPRoute
+
 from sandboxer.backends.bwrap import privileges
 from sandboxer.errors import BackendError
 
 
 def _collect() -> dict[str, Any]:
-    from pyroute2 import IPRoute
 
     with IPRoute() as ipr:
         interfaces = sorted(str(link.get_attr("IFLA_IFNAME")) for link in ipr.get_links())

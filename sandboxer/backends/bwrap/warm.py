@@ -18,9 +18,15 @@ import dataclasses
 import hashlib
 import json
 import os
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from sandboxer.backends.bwrap import live as bwrap
+from sandboxer.backends.bwrap.argv import HOLDER_TARGET
+from sandboxer.backends.bwrap.starting import start_verified
 from sandboxer.errors import BackendError
+from sandboxer.host import limits, procs, seccomp_cache, workspace_volume
+from sandboxer.host.observe import ProbeSeen, differences, interfaces_from_proc, read_mountinfo
 
 _OWN_PROCESSES = ("bwrap's init", "the holder")  # all that runs in a warm namespace
 
@@ -33,7 +39,6 @@ if TYPE_CHECKING:
 def fingerprint(plan: Plan, *, state_dir: str) -> str:
     """The sha256 of the plan and of the syscall policy a namespace of it starts with: a warm
     sandbox is taken only by a create that would start exactly the same one."""
-    from sandboxer.host import seccomp_cache
 
     program = seccomp_cache.cached_bpf(os.path.join(state_dir, "parsed"), allow_ptrace=plan.allow_ptrace)
     document = json.dumps(dataclasses.asdict(plan), sort_keys=True, default=str)
@@ -45,10 +50,6 @@ def start(plan: Plan, record: SandboxRecord, *, site: Site, note: Note) -> tuple
     own sized filesystem, root's until a create's clone gives it to the sandbox user; an
     unprivileged broker's: the namespace's own tmpfs): its record, and what its probe and holder
     showed, for `problems` to compare when a create takes it."""
-    from dataclasses import replace
-
-    from sandboxer.backends.bwrap.starting import start_verified
-    from sandboxer.host import workspace_volume
 
     record = replace(record, workspace_fs=workspace_volume.prepare(plan, site.directory))
     record, live, probe, interfaces = start_verified(plan, record, site=site, note=note)
@@ -64,10 +65,6 @@ def start(plan: Plan, record: SandboxRecord, *, site: Site, note: Note) -> tuple
 def problems(record: SandboxRecord, plan: Plan) -> list[str]:
     """Every reason the warm namespace may not become the sandbox of `plan`: the same holder,
     alone in it, and its mounts, network and confinement as the plan has them now."""
-    from sandboxer.backends.bwrap import live as bwrap
-    from sandboxer.backends.bwrap.argv import HOLDER_TARGET
-    from sandboxer.host import limits, procs
-    from sandboxer.host.observe import ProbeSeen, differences, interfaces_from_proc, read_mountinfo
 
     stamp = record.warm
     if stamp is None:

@@ -3,20 +3,42 @@ removed through the Engine (DockerBackend), and its warm containers (warm.py).""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
+from sandboxer.backends.docker import container, engine, execs, warm
+from sandboxer.backends.docker import container as docker_backend
+from sandboxer.backends.docker.engine import SOCKET, remove_labelled
 from sandboxer.backends.docker.enter import DockerExecution
-from sandboxer.backends.protocol import Check
+from sandboxer.backends.docker.render import LABEL, PROBE_FILES, STATE_LABEL, short_option
+from sandboxer.backends.docker.volumes import (
+    create_volume,
+    orphan_volumes,
+    remove_volume,
+    spool_mismatches,
+    volume_mountpoint,
+)
+from sandboxer.backends.protocol import Check, Observed
+from sandboxer.core import seccomp
+from sandboxer.core.plan import MountKind
+from sandboxer.core.record import LimitsRecord, PlanShare, SeccompRecord
 from sandboxer.core.removal import Removal
 from sandboxer.errors import BackendError, UsageError
+from sandboxer.host import lease_mounts, procs, staging
+from sandboxer.host.lease_mounts import staged_mismatches
+from sandboxer.host.observe import parse_mountinfo, parse_probe, process_differences
+from sandboxer.host.staging import runtime_mismatches
 
 # teardown, list and gc ask only is_running, stop and release: the plan and the config (YAML)
 # are imported by the methods that need them.
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from sandboxer.backends.protocol import Note, Observed, Site
+    from sandboxer.backends.protocol import Note, Site
     from sandboxer.core.config_types import ExtensionConfig
     from sandboxer.core.plan import Plan
     from sandboxer.core.record import SandboxRecord
@@ -30,11 +52,6 @@ def start_docker(
     again once it has an id (a crash in between leaves it findable by its labels), and refuse it
     unless Docker and the container itself show exactly the plan; returns the record and what its
     pid 1 saw (the probe and the interfaces)."""
-    from dataclasses import replace
-
-    from sandboxer.backends.docker import container as docker_backend
-    from sandboxer.core.record import LimitsRecord, PlanShare, SeccompRecord
-    from sandboxer.host.observe import process_differences
 
     etc_dir = site.path("etc")
     staged = _staged(plan, site, record)
@@ -54,9 +71,6 @@ def start_docker(
     problems = docker_backend.check(container_id, staged, etc_dir=etc_dir)
     probe, interfaces, mounts, _ = _parse_docker_probe(output)
     problems += process_differences(plan, interfaces, probe)
-    from sandboxer.backends.docker.volumes import spool_mismatches
-    from sandboxer.host.lease_mounts import staged_mismatches
-    from sandboxer.host.staging import runtime_mismatches
 
     if staged is not plan:
         problems += staged_mismatches(staged, mounts)
@@ -71,11 +85,9 @@ def _staged(plan: Plan, site: Site, record: SandboxRecord) -> Plan:
     """As root, lease binds come from read-only mounts the broker makes of each source it opened
     and checked (as for bwrap): Docker resolves a bind source by path, so it is never given one
     in the run directory, which its owner could swap for a symlink after the check."""
-    from sandboxer.core.plan import MountKind
 
     if not any(m.lease is not None and m.kind is MountKind.RO_BIND for m in plan.mounts):
         return plan
-    from sandboxer.host import lease_mounts
 
     owner = record.manifest.owner_uid if record.manifest else -1
     return lease_mounts.stage(plan, site.directory, owner=owner)
@@ -84,8 +96,6 @@ def _staged(plan: Plan, site: Site, record: SandboxRecord) -> Plan:
 def docker_probe(container_id: str, plan: Plan) -> tuple[ProbeSeen, list[str], list[MountSeen], list[dict[str, str]]]:
     """The probe run as an exec is (inspect's view): one `cat` of what a process reads about
     itself — environment, status, cgroups, mounts, interfaces."""
-    from sandboxer.backends.docker import engine, execs
-    from sandboxer.backends.docker.render import PROBE_FILES
 
     try:
         data = execs.capture(container_id, ["cat", *PROBE_FILES], env=dict(plan.env), user=f"{plan.uid}:{plan.gid}")
@@ -96,7 +106,6 @@ def docker_probe(container_id: str, plan: Plan) -> tuple[ProbeSeen, list[str], l
 
 def _parse_docker_probe(data: bytes) -> tuple[ProbeSeen, list[str], list[MountSeen], list[dict[str, str]]]:
     """The probe's output, its parts told apart by their fixed shapes."""
-    from sandboxer.host.observe import parse_mountinfo, parse_probe
 
     split = data.find(b"\0Name:\t")
     if split < 0:
@@ -129,7 +138,6 @@ class DockerBackend(DockerExecution):
 
     def health(self) -> list[Check]:
         """Whether the Engine answers: only ext.docker profiles need it, so it is a warning."""
-        from sandboxer.backends.docker import engine
 
         if not engine.ping():
             why = "no Docker Engine answers (only ext.docker profiles need one)"
@@ -138,9 +146,6 @@ class DockerBackend(DockerExecution):
 
     def check_extension(self, extension: ExtensionConfig, file: str) -> None:
         """config.image is present in the Engine (images are never pulled)."""
-        from urllib.parse import quote
-
-        from sandboxer.backends.docker import engine
 
         image = str(extension.image)
         try:
@@ -158,7 +163,6 @@ class DockerBackend(DockerExecution):
             raise BackendError(f"{file}: config.image: the Engine answered HTTP {status}")
 
     def preflight(self, extension: ExtensionConfig) -> None:
-        import os
 
         if os.geteuid() != 0:
             raise BackendError(
@@ -171,7 +175,6 @@ class DockerBackend(DockerExecution):
     def host_ids(self, inside: tuple[int, int], *, known: tuple[int, int] | None = None) -> tuple[int, int]:
         """A subordinate id of the daemon's remapping, no account's (checked again on the running
         container's pid 1)."""
-        from sandboxer.backends.docker import container
 
         ids = known or container.remap().host_ids(*inside)
         refused = container.account_problems(*ids)
@@ -192,25 +195,18 @@ class DockerBackend(DockerExecution):
         """Nothing: the clone is in the sized filesystem bound at /workspace."""
 
     def deliver(self, plan: Plan, record: SandboxRecord, data: bytes, target: str) -> None:
-        from sandboxer.backends.docker import container
 
         container.deliver(str(record.container_id), plan, data, target)
 
     def stop(self, record: SandboxRecord, *, site: Site) -> Removal:
         """Its processes, then the container (found by its label when a create died before
         recording it)."""
-        from sandboxer.host import procs
 
         stopped = procs.stop_sandbox(record.id, record.processes)
         container_id = record.container_id
         if not container_id:
-            from sandboxer.backends.docker import container
-
             container_id = container.labelled(site.state_dir).get(record.id)
         if container_id:
-            from sandboxer.backends.docker.engine import remove_labelled  # no SDK, no plan code: teardown stays lean
-            from sandboxer.backends.docker.render import LABEL, STATE_LABEL
-
             # The record's container id is not trusted: only a container labelled as this
             # sandbox of this state dir is removed.
             problem = remove_labelled(str(container_id), {LABEL: record.id, STATE_LABEL: site.state_dir})
@@ -221,7 +217,6 @@ class DockerBackend(DockerExecution):
         if not stopped.clean:
             return stopped
         # No container holds them now: its runtime image and /etc tmpfs go.
-        from sandboxer.host import staging
 
         return stopped + staging.unstage(site.directory)
 
@@ -230,9 +225,6 @@ class DockerBackend(DockerExecution):
         return Removal()
 
     def is_running(self, record: SandboxRecord) -> bool | None:
-        import json
-
-        from sandboxer.backends.docker import engine
 
         try:
             status, content = engine.request("GET", f"/containers/{record.container_id}/json")
@@ -246,17 +238,6 @@ class DockerBackend(DockerExecution):
 
     def observe(self, record: SandboxRecord, *, site: Site) -> Observed:
         """What the Engine shows and what the container itself shows."""
-        import os
-        from dataclasses import replace
-
-        from sandboxer.backends.docker import container
-        from sandboxer.backends.docker.render import short_option
-        from sandboxer.backends.docker.volumes import spool_mismatches
-        from sandboxer.backends.protocol import Observed
-        from sandboxer.core import seccomp
-        from sandboxer.host.lease_mounts import staged_mismatches
-        from sandboxer.host.observe import process_differences
-        from sandboxer.host.staging import runtime_mismatches
 
         container_id = str(record.container_id)
         allow_ptrace = bool(record.seccomp and record.seccomp.allow_ptrace)
@@ -303,24 +284,20 @@ class DockerBackend(DockerExecution):
         )
 
     def warm_fingerprint(self, plan: Plan, *, site: Site, image: str) -> str:
-        from sandboxer.backends.docker import warm
 
         return warm.fingerprint(plan, site=site, image=image)
 
     def start_warm(
         self, plan: Plan, record: SandboxRecord, *, site: Site, image: str, note: Note
     ) -> tuple[SandboxRecord, dict[str, Any]]:
-        from sandboxer.backends.docker import warm
 
         return warm.start(plan, record, site=site, image=image, note=note, start_docker=start_docker)
 
     def warm_problems(self, record: SandboxRecord, plan: Plan, *, site: Site) -> list[str]:
-        from sandboxer.backends.docker import warm
 
         return warm.problems(record, plan, site=site)
 
     def taken_warm_problems(self, record: SandboxRecord, plan: Plan, *, site: Site) -> list[str]:
-        from sandboxer.backends.docker import warm
 
         return warm.container_problems(record, plan, site=site)
 
@@ -333,18 +310,15 @@ class DockerBackend(DockerExecution):
 
     def make_spool_root(self, source: str, *, sandbox_id: str, state_dir: str, group: int) -> str:
         """The volume, created; its own directory gets the spool's tmpfs."""
-        from sandboxer.backends.docker.volumes import create_volume
 
         return create_volume(source, sandbox_id=sandbox_id, state_dir=state_dir)
 
     def spool_directory(self, name: str, *, sandbox_dir: str) -> str:
-        from sandboxer.backends.docker.volumes import volume_mountpoint
 
         return volume_mountpoint(name)
 
     def remove_spool(self, source: str, *, sandbox_id: str) -> Removal:
         """The volume, if it is still this sandbox's."""
-        from sandboxer.backends.docker.volumes import remove_volume
 
         problem = remove_volume(source, sandbox_id=sandbox_id)
         if problem == "gone":
@@ -357,14 +331,9 @@ class DockerBackend(DockerExecution):
         """Containers and spool volumes labelled with this state dir whose sandbox directory is
         gone. One that cannot be removed is residue of its sandbox id; when the Engine cannot
         even list them, nothing is collected this time (as when no Engine answers at all)."""
-        import os
-
-        from sandboxer.backends.docker.engine import SOCKET
 
         if not os.path.exists(SOCKET):
             return {}
-        from sandboxer.backends.docker import container
-        from sandboxer.backends.docker.volumes import orphan_volumes
 
         collected: dict[str, Removal] = {}
         # Containers first, then directories: a create (or a warm fill) makes its directory before

@@ -10,17 +10,23 @@ broker prepares for a container is owned by the remapped ids (docs/docker.md).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pwd
 import re
 import threading
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from sandboxer.backends.docker import engine, execs
+from sandboxer.backends.docker.engine import remove_container
 from sandboxer.backends.docker.render import LABEL, PROBE_END, STATE_LABEL, create_body, verify
 from sandboxer.core.plan import MountKind, Plan
 from sandboxer.errors import BackendError
+from sandboxer.execio.stdio import to_fds
+from sandboxer.host import staging
 
 # The user `--userns-remap=default` makes: its /etc/subuid and /etc/subgid ranges are the host
 # ids a container's ids become.
@@ -110,12 +116,8 @@ def _learn_remap() -> Remap:
     # dockerd keeps a remapping daemon's storage in <root>/<uid>.<gid> of the container's root.
     root = re.fullmatch(r"(\d+)\.(\d+)", os.path.basename(str(info.get("DockerRootDir") or "")))
     names: tuple[str, ...] = (REMAP_USER,)
-    try:
-        import pwd
-
+    with contextlib.suppress(KeyError):
         names += (str(pwd.getpwnam(REMAP_USER).pw_uid),)
-    except KeyError:
-        pass
     try:
         with open("/etc/subuid") as uids, open("/etc/subgid") as gids:
             found = Remap(uids=id_map(uids.read(), names=names), gids=id_map(gids.read(), names=names))
@@ -217,7 +219,6 @@ def write_etc(plan: Plan, etc_dir: str, *, owner: tuple[int, int]) -> None:
 
 def _engine(method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
     """One Engine API call over the fixed socket: (status, decoded JSON body or None)."""
-    from sandboxer.backends.docker import engine
 
     try:
         status, content = engine.request(method, path, body)
@@ -246,7 +247,6 @@ def start(plan: Plan, *, image: str, etc_dir: str, state_dir: str) -> tuple[str,
         raise BackendError(f"image {image}: not present locally (images are never pulled)")
     if status != 200:
         raise BackendError(f"image {image}: the Engine answered HTTP {status} ({_message(document)})")
-    from sandboxer.host import staging
 
     # The runtime from its image, the /etc files on a tmpfs: no host path in the container's
     # mount table (host/staging.py); teardown unmounts them (DockerBackend.stop).
@@ -258,7 +258,6 @@ def start(plan: Plan, *, image: str, etc_dir: str, state_dir: str) -> tuple[str,
     if status != 201 or not isinstance(document, dict) or not isinstance(document.get("Id"), str):
         raise BackendError(f"docker: the container could not be created ({_message(document)})")
     container_id = str(document["Id"])
-    from sandboxer.backends.docker import engine
 
     try:
         attached = engine.attach(container_id)
@@ -279,8 +278,6 @@ def start(plan: Plan, *, image: str, etc_dir: str, state_dir: str) -> tuple[str,
 def deliver(container_id: str, plan: Plan, data: bytes, target: str) -> None:
     """Write `data` to `target` inside the container as the sandbox user (mode 0600, a new file),
     through the stdin of an exec: never its command line, environment or the host's disk."""
-    from sandboxer.backends.docker import engine, execs
-    from sandboxer.execio.stdio import to_fds
 
     source = os.memfd_create("sandboxer-delivery", os.MFD_CLOEXEC)
     devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
@@ -326,7 +323,6 @@ def check(container_id: str, plan: Plan, *, etc_dir: str) -> list[str]:
 
 def remove(container_id: str) -> list[str]:
     """Remove the container and its anonymous volumes; returns residue."""
-    from sandboxer.backends.docker.engine import remove_container
 
     problem = remove_container(container_id)
     return [] if problem is None or problem == "gone" else [f"container {container_id[:12]}: {problem}"]
@@ -335,7 +331,6 @@ def remove(container_id: str) -> list[str]:
 def labelled(state_dir: str) -> dict[str, str]:
     """Every container this broker (this state dir) made on the Engine: sandbox id -> container id
     (none when the Engine does not answer)."""
-    from sandboxer.backends.docker import engine
 
     try:
         listed = engine.containers(f"{STATE_LABEL}={state_dir}")

@@ -9,11 +9,13 @@ syscall policy is the project's own (sandboxer.core.seccomp), rendered as a Dock
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
 from typing import Any
 
+from sandboxer.core import seccomp
 from sandboxer.core.plan import RUNTIME_TARGET, STATE_ROOT, MountKind, Plan
 from sandboxer.host.staging import RUNTIME_POINT
 
@@ -84,14 +86,12 @@ def tmpfs(plan: Plan) -> dict[str, str]:
 def security_options(plan: Plan) -> list[str]:
     """`no-new-privileges` and the project's syscall policy as a seccomp profile: exactly these,
     never `unconfined` and never Docker's default profile."""
-    from sandboxer.core import seccomp
 
     return ["no-new-privileges:true", f"seccomp={seccomp.docker_profile_json(allow_ptrace=plan.allow_ptrace)}"]
 
 
 def short_option(option: object) -> object:
     """A security option as `inspect` shows it: a seccomp profile by the sha256 of its JSON text."""
-    import hashlib
 
     if isinstance(option, str) and option.startswith(("seccomp=", "seccomp:")):
         return f"seccomp=sha256:{hashlib.sha256(option[len('seccomp=') :].encode()).hexdigest()}"

@@ -8,8 +8,15 @@ import json
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
+from sandboxer.backends.docker import engine
+from sandboxer.backends.docker.render import LABEL, STATE_LABEL
+from sandboxer.core.leases import SPOOL_VOLUME_PREFIX
+from sandboxer.core.plan import MountKind
 from sandboxer.errors import BackendError, PolicyError
+from sandboxer.host.lease_mounts import unmount_below
+from sandboxer.host.observe import parse_mountinfo
 
 if TYPE_CHECKING:
     from sandboxer.core.plan import Plan
@@ -18,8 +25,6 @@ if TYPE_CHECKING:
 
 def create_volume(name: str, *, sandbox_id: str, state_dir: str) -> str:
     """Create the named volume of a spool; returns its host mount point (the broker is root)."""
-    from sandboxer.backends.docker import engine
-    from sandboxer.backends.docker.render import LABEL, STATE_LABEL
 
     body: dict[str, object] = {"Name": name, "Driver": "local", "Labels": {LABEL: sandbox_id, STATE_LABEL: state_dir}}
     try:
@@ -39,7 +44,6 @@ def create_volume(name: str, *, sandbox_id: str, state_dir: str) -> str:
 
 def volume_mountpoint(name: str) -> str:
     """The host directory of a live sandbox's spool volume (dispatch reads and writes there)."""
-    from sandboxer.backends.docker import engine
 
     try:
         status, content = engine.request("GET", f"/volumes/{name}")
@@ -57,11 +61,6 @@ def orphan_volumes(state_dir: str, present: Callable[[], set[str]]) -> list[tupl
     `present` lists the sandbox directories; it is asked only after the volumes are listed: a
     create makes its directory before its volumes, so one in progress is never taken for gone.
     """
-    from urllib.parse import quote
-
-    from sandboxer.backends.docker import engine
-    from sandboxer.backends.docker.render import LABEL, STATE_LABEL
-    from sandboxer.core.leases import SPOOL_VOLUME_PREFIX
 
     filters = quote(json.dumps({"label": [f"{STATE_LABEL}={state_dir}"]}))
     try:
@@ -85,9 +84,6 @@ def orphan_volumes(state_dir: str, present: Callable[[], set[str]]) -> list[tupl
 def remove_volume(name: str, *, sandbox_id: str) -> str | None:
     """Remove this sandbox's spool volume: None when removed, "gone" when it was not there (or is
     another sandbox's, which is never touched), else what went wrong."""
-    from sandboxer.backends.docker import engine
-    from sandboxer.backends.docker.render import LABEL
-    from sandboxer.host.lease_mounts import unmount_below
 
     try:
         status, content = engine.request("GET", f"/volumes/{name}")
@@ -109,13 +105,10 @@ def remove_volume(name: str, *, sandbox_id: str) -> str | None:
 def spool_mismatches(plan: Plan, inside: list[MountSeen]) -> list[str]:
     """Spools the sandbox does not see as the broker's tmpfs on their volume: the mount at each
     spool target inside must be that tmpfs (same filesystem and root)."""
-    from sandboxer.core.plan import MountKind
 
     spools = [m for m in plan.mounts if m.kind is MountKind.SPOOL]
     if not spools:
         return []
-    from sandboxer.backends.docker import engine
-    from sandboxer.host.observe import parse_mountinfo
 
     with open("/proc/self/mountinfo") as stream:
         host = {m.target: m for m in parse_mountinfo(stream.read())}  # the last at a point is on top

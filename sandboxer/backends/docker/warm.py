@@ -11,15 +11,20 @@ import hashlib
 import json
 import os
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+from sandboxer.backends.docker import container, engine
+from sandboxer.backends.docker.render import create_body, verify
+from sandboxer.core.record import WorkspaceFs
 from sandboxer.errors import BackendError
+from sandboxer.host import workspace_volume
+from sandboxer.host.observe import ProbeSeen, process_differences
 
 if TYPE_CHECKING:
     from sandboxer.backends.protocol import Note, Site
     from sandboxer.core.plan import Plan
     from sandboxer.core.record import SandboxRecord
-    from sandboxer.host.observe import ProbeSeen
 
     class Starter(Protocol):
         """backend.start_docker: start, note and verify the container of a plan."""
@@ -32,7 +37,6 @@ if TYPE_CHECKING:
 def fingerprint(plan: Plan, *, site: Site, image: str) -> str:
     """The sha256 of the container settings the plan renders to: a warm container is taken only
     by a create that would ask the Engine for exactly the same container."""
-    from sandboxer.backends.docker.render import create_body
 
     body = create_body(plan, image=image, etc_dir=site.path("etc"), state_dir=site.state_dir)
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
@@ -44,11 +48,6 @@ def start(
     """Start (with `start_docker`, as every create) and verify a warm container for `plan` (its
     workspace an empty, sized filesystem, the container root's): its record, and what its pid 1
     and the Engine showed, to be checked again when a create takes it."""
-    from dataclasses import replace
-
-    from sandboxer.backends.docker import container
-    from sandboxer.core.record import WorkspaceFs
-    from sandboxer.host import workspace_volume
 
     since = int(time.time()) - 1  # whole seconds: the Engine's event history is asked from here on
     # Its own sized filesystem (as every create's), empty until a create clones into it, and the
@@ -71,7 +70,6 @@ def start(
 def problems(record: SandboxRecord, plan: Plan, *, site: Site) -> list[str]:
     """Every reason the warm container may not become the sandbox of `plan`: what its pid 1 saw
     when it started, and the container as the Engine shows it now."""
-    from sandboxer.host.observe import ProbeSeen, process_differences
 
     if record.warm is None:
         return ["it has no warm record"]
@@ -86,8 +84,6 @@ def problems(record: SandboxRecord, plan: Plan, *, site: Site) -> list[str]:
 def container_problems(record: SandboxRecord, plan: Plan, *, site: Site) -> list[str]:
     """The final inspection of a warm container: the Engine's view against the plan, and the
     same pid 1 that was probed when it started, with no exec ever run in it."""
-    from sandboxer.backends.docker import container
-    from sandboxer.backends.docker.render import verify
 
     try:
         attrs = container.inspect(str(record.container_id))
@@ -110,7 +106,6 @@ def _execs_since(container_id: str, since: object) -> bool:
     """Whether the Engine's event history shows an exec created in the container since it was
     warmed (or cannot say: then it is taken as yes). The history is bounded (the Engine keeps
     its last 256 events), so this catches what a running-exec check alone would miss, not all."""
-    from sandboxer.backends.docker import engine
 
     if not isinstance(since, int):
         return True
