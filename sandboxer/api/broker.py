@@ -100,16 +100,21 @@ class Broker:
         )
         require_state_dir(self.dirs.state)
         self.services = Services.of(backends)
+        self.environ: Mapping[str, str] = os.environ  # the caller's: a provider launch inherits from it
         self.authority = Authority(self.dirs, caller or Caller.this_process())
         self.owner = Owner(self)
 
     @classmethod
-    def serving(cls, dirs: Dirs, caller: Caller, services: Services) -> Broker:
+    def serving(
+        cls, dirs: Dirs, caller: Caller, services: Services, *, environ: Mapping[str, str] | None = None
+    ) -> Broker:
         """The broker of a service (whose state dir was checked when it started) for one caller,
-        on the service's engines and fills."""
+        on the service's engines and fills; `environ`: the caller's environment when it sent one
+        (a CLI client does, an HTTP client does not)."""
         broker = cls.__new__(cls)
         broker.dirs = dirs
         broker.services = services
+        broker.environ = {} if environ is None else environ
         broker.authority = Authority(dirs, caller)
         broker.owner = Owner(broker)
         return broker
@@ -333,7 +338,9 @@ class Sandbox(SandboxBase):
         with fed(stdin) as source:
             try:
                 stdio = Program(source, sink, cancelled, signals)
-                return execute.execute(self.broker.dirs, request, stdio, backends=self.broker.backends)
+                return execute.execute(
+                    self.broker.dirs, request, stdio, backends=self.broker.backends, caller_env=self.broker.environ
+                )
             except ExecUsage as exc:
                 raise ExecError(str(exc)) from None
             except EntryError as exc:

@@ -39,38 +39,22 @@ class Backends:
 
     def backend(self, name: object) -> Backend:
         """The backend a sandbox (its plan or record) names; BackendError for any other name."""
-        if self._engines is not None:
-            if name in self._engines:
-                return self._engines[name]
-        else:
-            match name:
-                case "bwrap":
-                    from sandboxer.backends.bwrap.backend import BwrapBackend
-
-                    return BwrapBackend()
-                case "docker":
-                    from sandboxer.backends.docker.backend import DockerBackend
-
-                    return DockerBackend()
-        raise BackendError(f"no such backend: {str(name)[:32]!r}")
+        engine = self._given(name) if self._engines is not None else _built_in_backend(name)
+        if engine is None:
+            raise BackendError(f"no such backend: {str(name)[:32]!r}")
+        return engine
 
     def execution(self, name: object) -> Execution:
         """How `exec` runs a command in a sandbox of this backend: the engine's exec part alone
         (protocol.Execution), which loads none of its create-time code."""
-        if self._engines is not None:
-            if name in self._engines:
-                return self._engines[name]
-        else:
-            match name:
-                case "bwrap":
-                    from sandboxer.backends.bwrap.enter import BwrapExecution
+        engine = self._given(name) if self._engines is not None else _built_in_execution(name)
+        if engine is None:
+            raise ExecUsage(f"exec: the sandbox's record names no known backend ({str(name)[:32]!r})")
+        return engine
 
-                    return BwrapExecution()
-                case "docker":
-                    from sandboxer.backends.docker.enter import DockerExecution
-
-                    return DockerExecution()
-        raise ExecUsage(f"exec: the sandbox's record names no known backend ({str(name)[:32]!r})")
+    def _given(self, name: object) -> Backend | None:
+        engines = self._engines or {}
+        return engines.get(name) if isinstance(name, str) else None  # type: ignore[call-overload]
 
     def serve(self, started: bool) -> None:
         """A service starts (True) or stops (False): the helpers an engine keeps for one (bwrap's
@@ -83,3 +67,29 @@ class Backends:
             spawner.activate()
         else:
             spawner.deactivate()
+
+
+def _built_in_backend(name: object) -> Backend | None:
+    match name:
+        case "bwrap":
+            from sandboxer.backends.bwrap.backend import BwrapBackend
+
+            return BwrapBackend()
+        case "docker":
+            from sandboxer.backends.docker.backend import DockerBackend
+
+            return DockerBackend()
+    return None
+
+
+def _built_in_execution(name: object) -> Execution | None:
+    match name:
+        case "bwrap":
+            from sandboxer.backends.bwrap.enter import BwrapExecution
+
+            return BwrapExecution()
+        case "docker":
+            from sandboxer.backends.docker.enter import DockerExecution
+
+            return DockerExecution()
+    return None

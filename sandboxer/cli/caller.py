@@ -177,7 +177,7 @@ def exec_(
         )
         broker = broker_of(ctx)
         broker.sandbox(named(sandbox_id), unknown=ExecUsage(f"exec: no such sandbox: {sandbox_id}"))
-        status = execute(dirs_of(ctx), request, stdio, backends=broker.backends)
+        status = execute(dirs_of(ctx), request, stdio, backends=broker.backends, caller_env=broker.environ)
     except Exception as exc:
         status = _exec_failure(exc, debug=debug_of(ctx))
     raise typer.Exit(status)

@@ -75,7 +75,7 @@ def broker_of(ctx: typer.Context) -> Broker:
         served = caller()
         if served is None:
             served = Caller.this_process()
-        broker = Broker.serving(dirs, served, services())
+        broker = Broker.serving(dirs, served, services(), environ=current().environ)
         ctx.meta[_BROKER] = broker
     return broker
 

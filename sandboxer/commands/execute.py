@@ -26,7 +26,6 @@ from sandboxer.errors import ExecUsage
 from sandboxer.execio.stdio import TIMED_OUT
 from sandboxer.host import activity
 from sandboxer.host.limit_events import LimitWatch, full_filesystems
-from sandboxer.invocation import current
 
 if TYPE_CHECKING:
     from sandboxer.core.exec_request import ExecRequest
@@ -59,13 +58,13 @@ def execute(
     stdio: Stdio,
     *,
     backends: Backends,
-    caller_env: Mapping[str, str] | None = None,
+    caller_env: Mapping[str, str],
     for_broker: bool = False,
 ) -> int:
-    """Run `request` in its sandbox on `stdio`. `caller_env` is where a provider launch's
-    inherited names come from (default: the invocation's environment — this process's, or a CLI
-    client's in the service). `for_broker`: the broker's own command (export's git), which an
-    expired lease does not stop."""
+    """Run `request` in its sandbox on `stdio`, on `backends`. `caller_env` is the caller's
+    environment, where a provider launch's inherited names and exec -t's terminal type come from
+    (the CLI's: this process's, or a CLI client's in the service; an HTTP client sends none).
+    `for_broker`: the broker's own command (export's git), which an expired lease does not stop."""
     sandbox_id = request.sandbox_id
     record = _load(dirs.state, sandbox_id)
     env = record.env
@@ -77,16 +76,15 @@ def execute(
         if moment <= time.time() and not for_broker:  # the broker's own git (export) is no lease's use
             raise ExecUsage(f"exec: lease {lease_id} has expired")
     if request.consumer is not None and request.executable is not None:
-        inherited = current().environ if caller_env is None else caller_env
         env = _provider_environment(
-            dirs, sandbox_id, record, request.consumer, request.executable, caller_env=inherited
+            dirs, sandbox_id, record, request.consumer, request.executable, caller_env=caller_env
         )
     elif request.consumer is not None:
         env["SANDBOXER_CONSUMER"] = request.consumer
     if request.tty:  # exec -t: the terminal type the caller's is, among known ones
         from sandboxer.execio.terminal import term_of
 
-        env["TERM"] = term_of(current().environ if caller_env is None else caller_env)
+        env["TERM"] = term_of(caller_env)
     execution = backends.execution(record.backend)
     limits = LimitWatch(record, execution.limit_groups(record))
     started = time.monotonic()

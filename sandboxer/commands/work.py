@@ -214,7 +214,9 @@ def git_inside(
 
     try:
         request = ExecRequest(sandbox_id=record.id, argv=tuple(argv), timeout=float(seconds))  # in /workspace
-        status = execute(dirs, request, Program(b"", sink, lambda: bool(stopped)), backends=backends, for_broker=True)
+        status = execute(
+            dirs, request, Program(b"", sink, lambda: bool(stopped)), backends=backends, caller_env={}, for_broker=True
+        )
     except ExecUsage as exc:  # not running, not ready: as exec would say it
         raise UsageError(f"export: {str(exc).removeprefix('exec: ')}") from None
     except EntryError as exc:

@@ -124,7 +124,7 @@ def test_a_programs_stdio_is_refused_a_terminal(broker: Broker) -> None:
     sandbox = broker.create("p")
     request = ExecRequest.of(sandbox.id, ["echo"], tty=True)
     with pytest.raises(ExecUsage, match="a terminal is for a caller's own stdio"):
-        execute(broker.dirs, request, Program(b"", lambda stream, chunk: None), backends=broker.backends)
+        execute(broker.dirs, request, Program(b"", lambda stream, chunk: None), backends=broker.backends, caller_env={})
 
 
 def test_exec_on_this_processs_own_descriptors(broker: Broker, capfd: pytest.CaptureFixture[str]) -> None:
@@ -133,11 +133,11 @@ def test_exec_on_this_processs_own_descriptors(broker: Broker, capfd: pytest.Cap
     cli = ExecRequest.from_cli(
         sandbox.id, ["echo", "own"], cwd=None, consumer=None, executable=None, timeout=None, tty=False, env=[]
     )
-    assert execute(broker.dirs, cli, OwnStdio(), backends=broker.backends) == 0
+    assert execute(broker.dirs, cli, OwnStdio(), backends=broker.backends, caller_env={}) == 0
     timed = ExecRequest.from_cli(
         sandbox.id, ["sleep", "9"], cwd=None, consumer=None, executable=None, timeout="0.05", tty=False, env=[]
     )
-    assert execute(broker.dirs, timed, OwnStdio(), backends=broker.backends) == TIMED_OUT
+    assert execute(broker.dirs, timed, OwnStdio(), backends=broker.backends, caller_env={}) == TIMED_OUT
     assert capfd.readouterr() == ("own\n", "sandboxer: exec: timed out after 0.05 s\n")
 
 
@@ -149,9 +149,19 @@ def test_exec_on_a_clients_descriptors(broker: Broker) -> None:
         os.write(pipes[0][1], b"typed\n")
         os.close(pipes[0][1])
         stdio = ClientStdio((pipes[0][0], pipes[1][1], pipes[2][1]), None)
-        assert execute(broker.dirs, ExecRequest.of(sandbox.id, ["cat"]), stdio, backends=broker.backends) == 0
         assert (
-            execute(broker.dirs, ExecRequest.of(sandbox.id, ["say", "1", "no"]), stdio, backends=broker.backends) == 1
+            execute(broker.dirs, ExecRequest.of(sandbox.id, ["cat"]), stdio, backends=broker.backends, caller_env={})
+            == 0
+        )
+        assert (
+            execute(
+                broker.dirs,
+                ExecRequest.of(sandbox.id, ["say", "1", "no"]),
+                stdio,
+                backends=broker.backends,
+                caller_env={},
+            )
+            == 1
         )
         assert os.read(pipes[1][0], 100) == b"typed\n"
         assert os.read(pipes[2][0], 100) == b"no\n"
