@@ -50,12 +50,12 @@ from sandboxer.commands.inspect import inspect as inspect_sandbox
 from sandboxer.commands.kept import kept_file, list_kept, remove_kept
 from sandboxer.commands.owner import status_of
 from sandboxer.commands.teardown import gc as collect
-from sandboxer.commands.teardown import list_sandboxes
+from sandboxer.commands.teardown import list_sandboxes, residue_error
 from sandboxer.commands.teardown import teardown as remove_sandbox
 from sandboxer.commands.warm import fill
 from sandboxer.core.reading import CallerFile
 from sandboxer.dirs import Dirs, require_state_dir, resolve_dirs
-from sandboxer.errors import EntryError, ExecError, Interrupted, NotFoundError, ResidueError
+from sandboxer.errors import EntryError, ExecError, Interrupted, NotFoundError
 from sandboxer.host.registry import Registry, check_id
 
 __all__ = ["Broker", "ExecStream", "Owner", "Sandbox"]
@@ -162,14 +162,14 @@ class Broker:
 
     def list(self) -> list[SandboxInfo]:
         """Every sandbox of this state directory this caller may see, with its status."""
-        entries = [SandboxInfo.from_json(entry) for entry in list_sandboxes(self.dirs)["sandboxes"]]
+        entries = list(list_sandboxes(self.dirs).sandboxes)
         own = self.authority.visible([entry.id for entry in entries])
         return entries if own is None else [entry for entry in entries if entry.id in own]
 
     def gc(self) -> GcReport:
         """Finish what crashed creates and teardowns left; healthy and busy sandboxes stay (owners)."""
         self.authority.require_owner("gc")
-        return GcReport.from_json(collect(self.dirs))
+        return collect(self.dirs)
 
     def warm(self, profile: str) -> WarmFill:
         """Start the warm sandboxes `profile` keeps; remove stale ones (owners)."""
@@ -377,11 +377,9 @@ class Sandbox(SandboxBase):
         raises UnexportedWorkError (2) unless `discard`."""
         if self._receipt is not None:
             return self._receipt
-        receipt = Receipt.from_json(remove_sandbox(self.broker.dirs, self.id, keep_work=not discard))
+        receipt = remove_sandbox(self.broker.dirs, self.id, keep_work=not discard)
         if receipt.residue:
-            error = ResidueError(f"teardown of {receipt.id} left residue: {'; '.join(receipt.residue)}")
-            error.receipt = receipt
-            raise error
+            raise residue_error(receipt)
         self._receipt = receipt
         return receipt
 

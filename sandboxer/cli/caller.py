@@ -32,6 +32,7 @@ from sandboxer.cli.options import (
     interrupted,
     named,
 )
+from sandboxer.commands.teardown import residue_error
 from sandboxer.errors import EntryError, ExecUsage, ResidueError, UsageError
 from sandboxer.invocation import current
 from sandboxer.output import flatten, print_result
@@ -364,7 +365,7 @@ def gc(ctx: typer.Context, json: JsonOption = False) -> None:
     print_result(report.to_json(), "\n".join(lines) or "nothing to collect", json)
     for receipt in report.collected:
         if receipt.residue:
-            raise ResidueError(f"teardown of {receipt.id} left residue: {'; '.join(receipt.residue)}")
+            raise residue_error(receipt)
 
 
 @app.command("dispatch-tool")

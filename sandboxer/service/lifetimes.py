@@ -26,6 +26,7 @@ from typing import Any
 from sandboxer.commands.export import Export, Format, discard_quarantine, prepare
 from sandboxer.commands.export_space import EXPORTS, SUMMARY, default_budget, ledger, reclaim_abandoned
 from sandboxer.commands.kept import fetch_hint
+from sandboxer.commands.teardown import residue_error
 from sandboxer.commands.work import work_state
 from sandboxer.dirs import Dirs
 from sandboxer.errors import SandboxerError
@@ -120,7 +121,10 @@ class Reaper:
                 return f"export failed ({type(exc).__name__}); tried again later", 5, None
         receipt = teardown(self.dirs, sandbox_id)
         self.failed.pop(sandbox_id, None)
-        return ("ResidueError", 6, kept) if receipt["residue"] else ("ok", 0, kept)
+        if receipt.residue:
+            error = residue_error(receipt)
+            return type(error).__name__, error.exit_status, kept
+        return "ok", 0, kept
 
 
 def keep_for_reaper(dirs: Dirs, sandbox_id: str, keep_seconds: float) -> str | None:
