@@ -174,7 +174,7 @@ class Broker:
     def warm(self, profile: str) -> WarmFill:
         """Start the warm sandboxes `profile` keeps; remove stale ones (owners)."""
         self.authority.require_owner("warm")
-        return WarmFill.from_json(fill(self.dirs, profile))
+        return fill(self.dirs, profile)
 
     def whoami(self) -> CallerView:
         """What this caller may do: an owner everything; a granted caller its profiles, with their
@@ -353,7 +353,7 @@ class Sandbox(SandboxBase):
             discard_quarantine(made)
             raise
         self.finish_export(made)
-        return Exported.from_json(made.summary(destination))
+        return made.summary(destination)
 
     def inspect(self) -> Evidence:
         """The live sandbox observed against its plan (inspect --json)."""
@@ -366,10 +366,9 @@ class Sandbox(SandboxBase):
         from sandboxer.commands.dispatch import dispatch
 
         check_dispatch(lease, request_id, wait_seconds)
-        document = dispatch(
+        return dispatch(
             self.broker.dirs.state, self.id, lease_id=lease, request_id=request_id, wait_seconds=wait_seconds
         )
-        return Dispatched.from_json(document)
 
     def teardown(self, *, discard: bool = False) -> Receipt:
         """Remove the sandbox. Once it is gone, later calls return the same receipt; residue

@@ -280,8 +280,8 @@ def export(
         raise
     sandbox.finish_export(made)
     summary = made.summary(destination)
-    what = f"{summary['ahead']} commit(s)" if fmt != "tar" else "the working tree"
-    print_result(summary, f"exported {what} of {sandbox_id} to {destination}", json)
+    what = f"{summary.ahead} commit(s)" if fmt != "tar" else "the working tree"
+    print_result(summary.to_json(), f"exported {what} of {sandbox_id} to {destination}", json)
 
 
 @exports_app.callback()

@@ -160,7 +160,7 @@ def keep_for_reaper(dirs: Dirs, sandbox_id: str, keep_seconds: float) -> str | N
                 os.replace(source, os.path.join(kept, target))
                 summary["files"].append(target)
             leaving = ("files", "destination", "format")
-            summary.update({k: v for k, v in export.summary().items() if k not in leaving})
+            summary.update({k: v for k, v in export.summary().to_json().items() if k not in leaving})
         summary["uid"] = budget.uid
         summary["bytes"] = sum(os.lstat(os.path.join(kept, name)).st_size for name in summary["files"])
         # The kept bytes count from the moment summary.json says so; the quarantines' reservations
