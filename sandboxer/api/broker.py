@@ -33,10 +33,12 @@ from sandboxer.api.results import (
     GrantedProfile,
     KeptExport,
     KeptExportRemoved,
+    OwnerCheck,
     OwnerEntry,
     OwnerListing,
     Receipt,
     RuntimeDigest,
+    RuntimePin,
     SandboxInfo,
     Stream,
     WarmFill,
@@ -394,7 +396,7 @@ class Owner:
     def _require(self, what: str) -> None:
         self._broker.authority.require_owner(what)
 
-    def check(self, path: str) -> dict[str, object]:
+    def check(self, path: str) -> OwnerCheck:
         """Validate one owner file; its normalized meaning (ConfigError, 2, when invalid)."""
         return owner_commands.check(path)
 
@@ -424,7 +426,7 @@ class Owner:
         self._broker.authority.require_own_files("runtime digest")
         return owner_commands.runtime_digest(self.dirs, path, full=full)
 
-    def runtime_pin(self, path: str, extension: str) -> dict[str, object]:
+    def runtime_pin(self, path: str, extension: str) -> RuntimePin:
         """Write a runtime directory and its digest into an extension config, for the owner to
         review and approve."""
         self._require("runtime pin")
