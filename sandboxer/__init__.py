@@ -31,9 +31,11 @@ __all__ = [
     "KeptExport",
     "MountEvidence",
     "Owner",
+    "OwnerCheck",
     "OwnerEntry",
     "Receipt",
     "RuntimeDigest",
+    "RuntimePin",
     "Sandbox",
     "SandboxInfo",
 ]

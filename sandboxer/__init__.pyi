@@ -12,9 +12,11 @@ from sandboxer.api.results import Exported as Exported
 from sandboxer.api.results import GcReport as GcReport
 from sandboxer.api.results import KeptExport as KeptExport
 from sandboxer.api.results import MountEvidence as MountEvidence
+from sandboxer.api.results import OwnerCheck as OwnerCheck
 from sandboxer.api.results import OwnerEntry as OwnerEntry
 from sandboxer.api.results import Receipt as Receipt
 from sandboxer.api.results import RuntimeDigest as RuntimeDigest
+from sandboxer.api.results import RuntimePin as RuntimePin
 from sandboxer.api.results import SandboxInfo as SandboxInfo
 from sandboxer.clients.service import Client as Client
 from sandboxer.clients.service import ClientOwner as ClientOwner
@@ -37,9 +39,11 @@ __all__ = [
     "KeptExport",
     "MountEvidence",
     "Owner",
+    "OwnerCheck",
     "OwnerEntry",
     "Receipt",
     "RuntimeDigest",
+    "RuntimePin",
     "Sandbox",
     "SandboxInfo",
 ]

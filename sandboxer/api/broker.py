@@ -33,10 +33,12 @@ from sandboxer.api.results import (
     GrantedProfile,
     KeptExport,
     KeptExportRemoved,
+    OwnerCheck,
     OwnerEntry,
     OwnerListing,
     Receipt,
     RuntimeDigest,
+    RuntimePin,
     SandboxInfo,
     Stream,
     WarmFill,
@@ -54,13 +56,13 @@ from sandboxer.commands.kept import kept_file, list_kept, remove_kept
 from sandboxer.commands.owner import status_of
 from sandboxer.commands.services import Services
 from sandboxer.commands.teardown import gc as collect
-from sandboxer.commands.teardown import list_sandboxes
+from sandboxer.commands.teardown import list_sandboxes, residue_error
 from sandboxer.commands.teardown import teardown as remove_sandbox
 from sandboxer.commands.warm import fill
 from sandboxer.core.exec_request import ExecRequest
 from sandboxer.core.reading import CallerFile
 from sandboxer.dirs import Dirs, require_state_dir, resolve_dirs
-from sandboxer.errors import EntryError, ExecError, ExecUsage, Interrupted, NotFoundError, ResidueError
+from sandboxer.errors import EntryError, ExecError, ExecUsage, Interrupted, NotFoundError
 from sandboxer.execio.stdio import Program
 from sandboxer.host.registry import Registry, check_id
 
@@ -187,21 +189,19 @@ class Broker:
 
     def list(self) -> list[SandboxInfo]:
         """Every sandbox of this state directory this caller may see, with its status."""
-        entries = [
-            SandboxInfo.from_json(entry) for entry in list_sandboxes(self.dirs, backends=self.backends)["sandboxes"]
-        ]
+        entries = list(list_sandboxes(self.dirs, backends=self.backends).sandboxes)
         own = self.authority.visible([entry.id for entry in entries])
         return entries if own is None else [entry for entry in entries if entry.id in own]
 
     def gc(self) -> GcReport:
         """Finish what crashed creates and teardowns left; healthy and busy sandboxes stay (owners)."""
         self.authority.require_owner("gc")
-        return GcReport.from_json(collect(self.dirs, backends=self.backends))
+        return collect(self.dirs, backends=self.backends)
 
     def warm(self, profile: str) -> WarmFill:
         """Start the warm sandboxes `profile` keeps; remove stale ones (owners)."""
         self.authority.require_owner("warm")
-        return WarmFill.from_json(fill(self.dirs, profile, backends=self.backends))
+        return fill(self.dirs, profile, backends=self.backends)
 
     def whoami(self) -> CallerView:
         """What this caller may do: an owner everything; a granted caller its profiles, with their
@@ -380,7 +380,7 @@ class Sandbox(SandboxBase):
             discard_quarantine(made)
             raise
         self.finish_export(made)
-        return Exported.from_json(made.summary(destination))
+        return made.summary(destination)
 
     def inspect(self) -> Evidence:
         """The live sandbox observed against its plan (inspect --json)."""
@@ -392,7 +392,7 @@ class Sandbox(SandboxBase):
         (docs/tool-requests.md); NotPendingError (75, retryable) when it is not there yet."""
 
         check_dispatch(lease, request_id, wait_seconds)
-        document = dispatch(
+        return dispatch(
             self.broker.dirs.state,
             self.id,
             lease_id=lease,
@@ -400,7 +400,6 @@ class Sandbox(SandboxBase):
             wait_seconds=wait_seconds,
             backends=self.broker.backends,
         )
-        return Dispatched.from_json(document)
 
     def teardown(self, *, discard: bool = False) -> Receipt:
         """Remove the sandbox. Once it is gone, later calls return the same receipt; residue
@@ -408,13 +407,9 @@ class Sandbox(SandboxBase):
         raises UnexportedWorkError (2) unless `discard`."""
         if self._receipt is not None:
             return self._receipt
-        receipt = Receipt.from_json(
-            remove_sandbox(self.broker.dirs, self.id, services=self.broker.services, keep_work=not discard)
-        )
+        receipt = remove_sandbox(self.broker.dirs, self.id, services=self.broker.services, keep_work=not discard)
         if receipt.residue:
-            error = ResidueError(f"teardown of {receipt.id} left residue: {'; '.join(receipt.residue)}")
-            error.receipt = receipt
-            raise error
+            raise residue_error(receipt)
         self._receipt = receipt
         return receipt
 
@@ -430,7 +425,7 @@ class Owner:
     def _require(self, what: str) -> None:
         self._broker.authority.require_owner(what)
 
-    def check(self, path: str) -> dict[str, object]:
+    def check(self, path: str) -> OwnerCheck:
         """Validate one owner file; its normalized meaning (ConfigError, 2, when invalid)."""
         return owner_commands.check(path)
 
@@ -460,7 +455,7 @@ class Owner:
         self._broker.authority.require_own_files("runtime digest")
         return owner_commands.runtime_digest(self.dirs, path, full=full)
 
-    def runtime_pin(self, path: str, extension: str) -> dict[str, object]:
+    def runtime_pin(self, path: str, extension: str) -> RuntimePin:
         """Write a runtime directory and its digest into an extension config, for the owner to
         review and approve."""
         self._require("runtime pin")

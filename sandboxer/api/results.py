@@ -4,8 +4,8 @@ One type is one JSON shape: `to_json()` renders it (the CLI's `--json`, the serv
 body), `from_json()` parses it back (the HTTP client), and `json_schema()` describes it (the
 service's OpenAPI document, sandboxer.service.openapi). All three come from the type's fields
 through pydantic's TypeAdapter, so they cannot drift apart. Parts that differ by backend or are
-open-ended (inspect's backend sections, a manifest's leases) are read-only mappings; `thawed`
-turns one back into plain dicts and lists.
+open-ended (inspect's backend sections, a manifest's leases) are read-only mappings (`frozen`
+makes one); `thawed` turns one back into plain dicts and lists.
 """
 
 from __future__ import annotations
@@ -31,12 +31,13 @@ class OutputStream(Protocol):
     def signal(self, signum: int) -> bool: ...
 
 
-def _frozen(value: Any) -> Any:
-    """A read-only view of a JSON value: mappings become mappingproxies, lists tuples."""
+def frozen(value: Any) -> Any:
+    """A read-only view of a JSON value (a result's open-ended part, as parsing makes it):
+    mappings become mappingproxies, lists tuples."""
     if isinstance(value, Mapping):
-        return MappingProxyType({key: _frozen(item) for key, item in value.items()})
+        return MappingProxyType({key: frozen(item) for key, item in value.items()})
     if isinstance(value, list | tuple):
-        return tuple(_frozen(item) for item in value)
+        return tuple(frozen(item) for item in value)
     return value
 
 
@@ -51,7 +52,7 @@ def thawed(value: Any) -> Any:
 
 # An open-ended JSON object inside a result: read-only once parsed, plain JSON when rendered (its
 # schema is then an object: `return_type` says so, where a bare serializer's would allow anything).
-JsonObject = Annotated[Mapping[str, Any], AfterValidator(_frozen), PlainSerializer(thawed, return_type=dict[str, Any])]
+JsonObject = Annotated[Mapping[str, Any], AfterValidator(frozen), PlainSerializer(thawed, return_type=dict[str, Any])]
 
 
 _ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
@@ -280,12 +281,29 @@ class GcReport(JsonResult):
     exports: tuple[str, ...] = ()
 
 
+OwnerKind = Literal["extension", "profile", "grants"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OwnerCheck(JsonResult):
+    """`ext check --json`: a valid owner file, its digest and what it means (`meaning`: shaped like
+    the file, defaults filled in; in the document, top-level keys after `kind`)."""
+
+    _sections_field: ClassVar[str | None] = "meaning"
+
+    file: str
+    sha256: str
+    valid: bool = True
+    kind: OwnerKind
+    meaning: JsonObject = field(default_factory=lambda: MappingProxyType({}))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OwnerEntry(JsonResult):
     """One owner file (or an approval whose file is gone), as `ext list` shows it."""
 
     name: str
-    kind: Literal["extension", "profile", "grants"]
+    kind: OwnerKind
     file: str | None
     valid: bool
     problem: str | None
@@ -327,6 +345,18 @@ class RuntimeDigest(JsonResult):
     bytes: int
     bytes_read: int
     reused: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimePin(JsonResult):
+    """`runtime pin`: the extension config whose config.runtime now pins `path` at `sha256`, and
+    where its approval stands (`status`: approved only when the file did not change)."""
+
+    extension: str
+    file: str
+    path: str
+    sha256: str
+    status: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -396,8 +426,3 @@ class Version(JsonResult):
 
     version: str
     api: str
-
-
-def owner_entries(document: Mapping[str, Any]) -> list[OwnerEntry]:
-    """The entries of `ext list --json`'s document, in its order."""
-    return list(OwnerListing.from_json(document).entries)

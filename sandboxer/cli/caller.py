@@ -35,6 +35,7 @@ from sandboxer.cli.options import (
 )
 from sandboxer.commands.execute import BROKER_FAILED, execute
 from sandboxer.commands.kept import fetch_hint
+from sandboxer.commands.teardown import residue_error
 from sandboxer.core.exec_request import ExecRequest
 from sandboxer.errors import EntryError, ExecUsage, ResidueError, UsageError
 from sandboxer.execio.stdio import ClientStdio, Control, OwnStdio, Stdio
@@ -279,8 +280,8 @@ def export(
         raise
     sandbox.finish_export(made)
     summary = made.summary(destination)
-    what = f"{summary['ahead']} commit(s)" if fmt != "tar" else "the working tree"
-    print_result(summary, f"exported {what} of {sandbox_id} to {destination}", json)
+    what = f"{summary.ahead} commit(s)" if fmt != "tar" else "the working tree"
+    print_result(summary.to_json(), f"exported {what} of {sandbox_id} to {destination}", json)
 
 
 @exports_app.callback()
@@ -363,7 +364,7 @@ def gc(ctx: typer.Context, json: JsonOption = False) -> None:
     print_result(report.to_json(), "\n".join(lines) or "nothing to collect", json)
     for receipt in report.collected:
         if receipt.residue:
-            raise ResidueError(f"teardown of {receipt.id} left residue: {'; '.join(receipt.residue)}")
+            raise residue_error(receipt)
 
 
 @app.command("dispatch-tool")

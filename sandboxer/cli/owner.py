@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from sandboxer.api.results import thawed
 from sandboxer.cli.options import JsonOption, broker_of, caller_path, client_path, dirs_of, services
 from sandboxer.commands import owner
 from sandboxer.commands.doctor import doctor as check_host
@@ -35,10 +36,9 @@ def ext_check(
     """Validate an extension config or profile and print what it means."""
 
     result = owner.check(caller_path(file, "ext check"))
-    lines = [f"{file}: valid {result['kind']} (sha256 {result['sha256']})"]
-    shown = {key: value for key, value in result.items() if key not in ("file", "sha256", "valid", "kind")}
-    lines += [f"  {key}: {value}" for key, value in flatten(shown)]
-    _print(result, "\n".join(lines), json)
+    lines = [f"{file}: valid {result.kind} (sha256 {result.sha256})"]
+    lines += [f"  {key}: {value}" for key, value in flatten(thawed(result.meaning))]
+    _print(result.to_json(), "\n".join(lines), json)
 
 
 @manifest_app.command("check")
@@ -125,12 +125,12 @@ def runtime_pin(
     and approve."""
     result = broker_of(ctx).owner.runtime_pin(client_path(path), extension)
     human = (
-        f"{result['file']}: config.runtime is now {result['path']} at {result['sha256']}\n"
-        f"review it, then: sandboxer ext approve {result['extension']}"
+        f"{result.file}: config.runtime is now {result.path} at {result.sha256}\n"
+        f"review it, then: sandboxer ext approve {result.extension}"
     )
-    if result["status"] == "approved":
-        human = f"{result['file']}: already pins {result['path']} at {result['sha256']} (approved)"
-    _print(result, human, json)
+    if result.status == "approved":
+        human = f"{result.file}: already pins {result.path} at {result.sha256} (approved)"
+    _print(result.to_json(), human, json)
 
 
 @runtime_app.command("digest")

@@ -36,13 +36,14 @@ from sandboxer.api.results import (
     KeptExport,
     KeptExportRemoved,
     KeptExports,
+    OwnerCheck,
     OwnerEntry,
+    OwnerListing,
     Receipt,
     RuntimeDigest,
     SandboxInfo,
     SandboxList,
     Version,
-    owner_entries,
 )
 from sandboxer.api.verbs import Input, SandboxBase, check_dispatch, checked_create, checked_exec, checked_export
 from sandboxer.clients.transport import ClientExecStream, ServiceHttp, raise_for
@@ -279,7 +280,7 @@ class ClientOwner:
     def __init__(self, client: Client) -> None:
         self.client = client
 
-    def check(self, path: str) -> dict[str, object]:
+    def check(self, path: str) -> OwnerCheck:
         """Validate one owner file; its normalized meaning (ConfigError, 2, when invalid). Read in
         this process, with its own rights, as `sandboxer ext check` does: it needs nothing of the
         service's."""
@@ -296,7 +297,7 @@ class ClientOwner:
 
     def list(self) -> list[OwnerEntry]:
         """Every owner file with its approval status, and every approval whose file is gone."""
-        return owner_entries(self.client.service.request("GET", "/v1/owner/entries"))
+        return list(OwnerListing.from_json(self.client.service.request("GET", "/v1/owner/entries")).entries)
 
     def runtime_digest(self, path: str, *, full: bool = False) -> RuntimeDigest:
         """The tree digest v1 of the runtime directory at the absolute `path`, read by the service

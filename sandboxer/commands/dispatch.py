@@ -30,6 +30,7 @@ import stat
 import time
 from typing import Any, NoReturn
 
+from sandboxer.api.results import Dispatched
 from sandboxer.backends import Backends
 from sandboxer.commands.dispatch_endpoint import Refused, canonical, relay, strict_json
 from sandboxer.core import manifest as mf
@@ -92,8 +93,8 @@ def _is_request_id(value: str) -> bool:
 
 def dispatch(
     state_dir: str, sandbox_id: str, *, lease_id: str, request_id: str, wait_seconds: int, backends: Backends
-) -> dict[str, Any]:
-    """Relay one request; the result document, or an error carrying the exit status."""
+) -> Dispatched:
+    """Relay one request; what was dispatched, or an error carrying the exit status."""
     if not 0 <= wait_seconds <= MAX_WAIT:
         raise UsageError(f"--wait-seconds: must be between 0 and {MAX_WAIT}")
     deadline = time.monotonic() + wait_seconds
@@ -128,7 +129,7 @@ def _write_ledger(target: _Target, entry: dict[str, Any]) -> None:
     atomic_write(_ledger_path(target), json.dumps(entry, sort_keys=True).encode(), mode=0o600, durable=True)
 
 
-def _dispatch_locked(target: _Target, deadline: float) -> dict[str, Any]:
+def _dispatch_locked(target: _Target, deadline: float) -> Dispatched:
     mf.check_live(target.manifest)
     entry = _read_ledger(target)
     if entry is not None and entry.get("state") in ("blocked", "rejected"):
@@ -294,7 +295,7 @@ def _capability(target: _Target) -> bytes:
         os.close(fd)
 
 
-def _relay_until(target: _Target, entry: dict[str, Any], deadline: float) -> dict[str, Any]:
+def _relay_until(target: _Target, entry: dict[str, Any], deadline: float) -> Dispatched:
     """Relay the persisted request; with the replay policy, transport failures are retried
     until `deadline`."""
     while True:
@@ -354,14 +355,13 @@ def _write_response(target: _Target, response: dict[str, Any]) -> None:
         raise
 
 
-def _result(target: _Target, entry: dict[str, Any], *, cached: bool) -> dict[str, Any]:
-    return {
-        "status": "dispatched",
-        "sandbox": target.record.id,
-        "lease_id": target.lease.lease_id,
-        "request_id": target.request_id,
-        "fingerprint": entry["fingerprint"],
-        "cached": cached,
-        "attempts": entry.get("attempts", 0),
-        "response": f"{target.lease.request_spool_target}/responses/{target.request_id}.json",
-    }
+def _result(target: _Target, entry: dict[str, Any], *, cached: bool) -> Dispatched:
+    return Dispatched(
+        sandbox=target.record.id,
+        lease_id=target.lease.lease_id,
+        request_id=target.request_id,
+        fingerprint=entry["fingerprint"],
+        cached=cached,
+        attempts=entry.get("attempts", 0),
+        response=f"{target.lease.request_spool_target}/responses/{target.request_id}.json",
+    )

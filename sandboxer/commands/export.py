@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from sandboxer.api.results import Exported
 from sandboxer.backends import Backends
 from sandboxer.commands.export_space import RESERVE_STEP, Budget, Quarantine
 from sandboxer.commands.making import before
@@ -67,20 +68,20 @@ class Export:
         """What it takes out, as the record notes it: the commits up to its head, or its tree."""
         return ("tree", self.state.tree) if self.format == "tar" else ("commits", self.state.head)
 
-    def summary(self, destination: str | None = None) -> dict[str, Any]:
-        """export --json."""
-        return {
-            "id": self.sandbox_id,
-            "format": self.format,
-            "destination": destination,
-            "files": [name for name, _ in self.files],
-            "head": self.state.head,
-            "branch": self.state.branch,
-            "base": self.work.base,
-            "ref": self.work.ref,
-            "ahead": self.state.ahead,
-            "dirty": self.state.dirty,
-        }
+    def summary(self, destination: str | None = None) -> Exported:
+        """What it took out (export --json), delivered to `destination`."""
+        return Exported(
+            id=self.sandbox_id,
+            format=self.format,
+            destination=destination,
+            files=tuple(name for name, _ in self.files),
+            head=self.state.head,
+            branch=self.state.branch,
+            base=self.work.base,
+            ref=self.work.ref,
+            ahead=self.state.ahead,
+            dirty=self.state.dirty,
+        )
 
 
 def check_format(name: str) -> Format:

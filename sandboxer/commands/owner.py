@@ -32,14 +32,16 @@ def describe(item: OwnerFile) -> dict[str, Any]:
     return meaning(item)
 
 
-def check(path: str) -> dict[str, Any]:
-    """Validate one owner file given by path."""
+def check(path: str) -> results.OwnerCheck:
+    """Validate one owner file given by path: its digest and what it means."""
     data = read_file(path, path)
     parent = os.path.basename(os.path.dirname(os.path.abspath(path)))
     stem = os.path.basename(path).removesuffix(".yaml")
     expected = stem if parent in ("extensions", "profiles") and path.endswith(".yaml") else None
     item = parse_owner_file(data, path, expected_name=expected)
-    return {"file": path, "sha256": item.file_sha256, "valid": True, **describe(item)}
+    described = describe(item)
+    kind = described.pop("kind")
+    return results.OwnerCheck(file=path, sha256=item.file_sha256, kind=kind, meaning=results.frozen(described))
 
 
 def approve(dirs: Dirs, name: str, *, backends: Backends) -> results.Approval:
@@ -90,43 +92,49 @@ def list_entries(dirs: Dirs) -> results.OwnerListing:
     """Every extension config and profile present, and every approval whose file is gone."""
     ledger = Ledger(dirs.config)
     approvals = ledger.read()
-    entries: list[dict[str, Any]] = []
+    entries: list[results.OwnerEntry] = []
     names = present_names(dirs.config)
     for name in names:
         raw = None
-        entry: dict[str, Any] = {"name": name, "kind": _kind(name)}
+        file: str | None = None
+        problem: str | None = None
         try:
             raw = read_owner_file(dirs.config, name)
-            entry["file"] = raw.path
+            file = raw.path
             load_owner_file(raw)
-            entry["valid"] = True
-            entry["problem"] = None
         except SandboxerError as exc:
-            entry.setdefault("file", os.path.join(dirs.config, validate_name(name)))
-            entry["valid"] = False
-            entry["problem"] = exc.message
+            file = file or os.path.join(dirs.config, validate_name(name))
+            problem = exc.message
         sha = None if raw is None else _sha256(raw.data)
         approval = approvals.get(name)
-        entry["present"] = True
-        entry["sha256"] = sha
-        entry["approved_sha256"] = approval.sha256 if approval else None
-        entry["status"] = _status(approval is not None, approval.sha256 == sha if approval else False).value
-        entries.append(entry)
+        entries.append(
+            results.OwnerEntry(
+                name=name,
+                kind=_kind(name),
+                file=file,
+                valid=problem is None,
+                problem=problem,
+                present=True,
+                sha256=sha,
+                approved_sha256=approval.sha256 if approval else None,
+                status=_status(approval is not None, approval.sha256 == sha if approval else False).value,
+            )
+        )
     for name in sorted(set(approvals) - set(names)):
         entries.append(
-            {
-                "name": name,
-                "kind": _kind(name),
-                "file": None,
-                "valid": False,
-                "problem": "file is missing",
-                "present": False,
-                "sha256": None,
-                "approved_sha256": approvals[name].sha256,
-                "status": Status.CHANGED.value,
-            }
+            results.OwnerEntry(
+                name=name,
+                kind=_kind(name),
+                file=None,
+                valid=False,
+                problem="file is missing",
+                present=False,
+                sha256=None,
+                approved_sha256=approvals[name].sha256,
+                status=Status.CHANGED.value,
+            )
         )
-    return results.OwnerListing.from_json({"config_dir": dirs.config, "entries": entries})
+    return results.OwnerListing(config_dir=dirs.config, entries=tuple(entries))
 
 
 def status_of(dirs: Dirs, name: str) -> str:
@@ -140,9 +148,9 @@ def status_of(dirs: Dirs, name: str) -> str:
     return _status(approval is not None, approval is not None and approval.sha256 == _sha256(raw.data)).value
 
 
-def _kind(name: str) -> str:
+def _kind(name: str) -> results.OwnerKind:
 
-    return "extension" if name.startswith("ext.") else GRANTS_NAME if name == GRANTS_NAME else "profile"
+    return "extension" if name.startswith("ext.") else "grants" if name == GRANTS_NAME else "profile"
 
 
 def _sha256(data: bytes) -> str:
@@ -158,12 +166,10 @@ def _status(approved: bool, same: bool) -> Status:
 def runtime_digest(dirs: Dirs, path: str, *, full: bool) -> results.RuntimeDigest:
     """Tree digest v1 of a runtime directory, checked against the artifact rules."""
     result = digest_runtime(path, state_dir=dirs.state, full=full)
-    return results.RuntimeDigest.from_json(
-        {"path": path, "format": "tree-digest-v1", "full": full, **dataclasses.asdict(result)}
-    )
+    return results.RuntimeDigest(path=path, full=full, **dataclasses.asdict(result))
 
 
-def runtime_pin(dirs: Dirs, path: str, extension: str) -> dict[str, Any]:
+def runtime_pin(dirs: Dirs, path: str, extension: str) -> results.RuntimePin:
     """Write the runtime directory `path` and its tree digest v1 into the extension config's
     config.runtime, keeping the rest of the file as the owner wrote it (comments included). The
     file's bytes change, so its approval no longer holds: the owner reviews the new file, then
@@ -193,4 +199,4 @@ def runtime_pin(dirs: Dirs, path: str, extension: str) -> dict[str, Any]:
         atomic_write(raw.path, data, mode=info.st_mode & 0o777)
         os.chown(raw.path, info.st_uid, info.st_gid, follow_symlinks=False)  # never through a link put there
     status = Ledger(dirs.config).status(extension, hashlib.sha256(data).hexdigest())
-    return {"extension": extension, "file": raw.path, "path": absolute, "sha256": digest, "status": status.value}
+    return results.RuntimePin(extension=extension, file=raw.path, path=absolute, sha256=digest, status=status.value)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from sandboxer.api.results import GcReport, Receipt, SandboxInfo, SandboxList
 from sandboxer.backends import Backends
 from sandboxer.commands.destroy import destroy
 from sandboxer.commands.export_space import reclaim_abandoned
@@ -20,11 +21,13 @@ from sandboxer.host.registry import Registry, check_id
 
 if TYPE_CHECKING:
     from sandboxer.core.record import SandboxRecord
+    from sandboxer.core.removal import Removal
     from sandboxer.dirs import Dirs
 
 
-def teardown(dirs: Dirs, sandbox_id: str, *, services: Services, keep_work: bool = False) -> dict[str, Any]:
-    """Tear a sandbox down and return the receipt; ResidueError (6) carries it if anything is left.
+def teardown(dirs: Dirs, sandbox_id: str, *, services: Services, keep_work: bool = False) -> Receipt:
+    """Tear a sandbox down and return the receipt, residue and all (the caller decides: see
+    `residue_error`).
     With `keep_work` (a caller's teardown without --discard), a sandbox whose work no export took
     out is refused instead (UnexportedWorkError, 2, saying what would be lost)."""
     registry = Registry(dirs.state)
@@ -53,14 +56,20 @@ def teardown(dirs: Dirs, sandbox_id: str, *, services: Services, keep_work: bool
         os.close(lock)
     if record is not None and record.warm_profile:
         services.fills.spawn(dirs, record.profile)
-    return done.receipt(sandbox_id)
+    return receipt_of(sandbox_id, done)
 
 
-def receipt_or_raise(receipt: dict[str, Any]) -> dict[str, Any]:
-    """A receipt with residue is exit status 6."""
-    if receipt["residue"]:
-        raise ResidueError(f"teardown of {receipt['id']} left residue: {'; '.join(receipt['residue'])}")
-    return receipt
+def receipt_of(sandbox_id: str, removal: Removal) -> Receipt:
+    """The receipt of one sandbox, as teardown and gc report it: what its removal did."""
+    return Receipt(id=sandbox_id, removed=removal.removed, residue=removal.residue)
+
+
+def residue_error(receipt: Receipt) -> ResidueError:
+    """The error (exit status 6) of a receipt with residue, carrying it as `.receipt`: the one
+    wording of residue, whichever front end reports it."""
+    error = ResidueError(f"teardown of {receipt.id} left residue: {'; '.join(receipt.residue)}")
+    error.receipt = receipt
+    return error
 
 
 def is_running(record: SandboxRecord, backends: Backends) -> bool | None:
@@ -69,23 +78,14 @@ def is_running(record: SandboxRecord, backends: Backends) -> bool | None:
     return backends.backend(record.backend).is_running(record)
 
 
-def list_sandboxes(dirs: Dirs, *, backends: Backends) -> dict[str, Any]:
+def list_sandboxes(dirs: Dirs, *, backends: Backends) -> SandboxList:
     """Every sandbox in the registry with its state."""
     registry = Registry(dirs.state)
-    entries = []
+    entries: list[SandboxInfo] = []
     for sandbox_id in registry.ids():
         record = registry.read_or_none(sandbox_id)
         if record is None:
-            entries.append(
-                {
-                    "id": sandbox_id,
-                    "profile": None,
-                    "backend": None,
-                    "status": "unknown",
-                    "created_at": None,
-                    "expires_at": None,
-                }
-            )
+            entries.append(SandboxInfo(id=sandbox_id, profile=None, backend=None, status="unknown", created_at=None))
             continue
         if record.hidden:
             continue
@@ -94,19 +94,19 @@ def list_sandboxes(dirs: Dirs, *, backends: Backends) -> dict[str, Any]:
             running = is_running(record, backends)
             status = "unknown" if running is None else "running" if running else "dead"
         entries.append(
-            {
-                "id": sandbox_id,
-                "profile": record.profile,
-                "backend": record.backend,
-                "status": status,
-                "created_at": record.created_at,
-                "expires_at": None if record.expires_at is None else expiry_text(record.expires_at),
-            }
+            SandboxInfo(
+                id=sandbox_id,
+                profile=record.profile,
+                backend=record.backend,
+                status=status,
+                created_at=record.created_at,
+                expires_at=None if record.expires_at is None else expiry_text(record.expires_at),
+            )
         )
-    return {"sandboxes": entries}
+    return SandboxList(sandboxes=tuple(entries))
 
 
-def gc(dirs: Dirs, *, backends: Backends) -> dict[str, Any]:
+def gc(dirs: Dirs, *, backends: Backends) -> GcReport:
     """Finish what crashed creates and teardowns left; never touch a healthy or busy sandbox.
 
     Each sandbox is collected on its own: whatever goes wrong with one (a tree it made hostile, a
@@ -116,8 +116,10 @@ def gc(dirs: Dirs, *, backends: Backends) -> dict[str, Any]:
     """
 
     registry = Registry(dirs.state)
-    collected, healthy, busy, warm = [], [], [], []
-    collected += _collect_orphans(registry, backends)
+    collected: list[Receipt] = _collect_orphans(registry, backends)
+    healthy: list[str] = []
+    busy: list[str] = []
+    warm: list[str] = []
     for sandbox_id in registry.ids():
         try:
             lock = registry.try_lock_for_gc(sandbox_id)
@@ -138,24 +140,26 @@ def gc(dirs: Dirs, *, backends: Backends) -> dict[str, Any]:
                 elif running:
                     healthy.append(sandbox_id)
                     continue
-                collected.append(destroy(registry, sandbox_id, record, backends=backends).receipt(sandbox_id))
+                collected.append(receipt_of(sandbox_id, destroy(registry, sandbox_id, record, backends=backends)))
             finally:
                 os.close(lock)
         except Exception as exc:  # one sandbox's failure is its own residue, never gc's end
             problem = " ".join(f"{type(exc).__name__}: {exc}".split())
-            collected.append({"id": sandbox_id, "removed": [], "residue": [f"gc failed ({problem})"]})
+            collected.append(Receipt(id=sandbox_id, removed=(), residue=(f"gc failed ({problem})",)))
     exports = reclaim_abandoned(dirs.state)  # last: the sandboxes are collected whatever happens here
-    return {"collected": collected, "healthy": healthy, "busy": busy, "warm": warm, "exports": exports}
+    return GcReport(
+        collected=tuple(collected), healthy=tuple(healthy), busy=tuple(busy), warm=tuple(warm), exports=tuple(exports)
+    )
 
 
-def _collect_orphans(registry: Registry, backends: Backends) -> list[dict[str, Any]]:
+def _collect_orphans(registry: Registry, backends: Backends) -> list[Receipt]:
     """What each engine still holds of sandboxes whose directory is gone (its own receipts)."""
 
     def present() -> set[str]:
         return set(registry.ids())
 
-    receipts = []
+    receipts: list[Receipt] = []
     for name in backends.names:
         collected = backends.backend(name).collect_orphans(state_dir=registry.state_dir, present=present)
-        receipts += [removal.receipt(sandbox_id) for sandbox_id, removal in collected.items()]
+        receipts += [receipt_of(sandbox_id, removal) for sandbox_id, removal in collected.items()]
     return receipts

@@ -12,8 +12,9 @@ import os
 import sys
 import threading
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from sandboxer.api.results import WarmFill
 from sandboxer.backends import Backends
 from sandboxer.commands import warmpool
 from sandboxer.commands.making import CreateRequest, clone_workspace, deliver_requested, plan_for
@@ -144,7 +145,7 @@ def finish(request: CreateRequest, registry: Registry, record: SandboxRecord, pl
     return deliver_requested(request, plan, record)
 
 
-def fill(dirs: Dirs, profile_name: str, *, backends: Backends) -> dict[str, Any]:
+def fill(dirs: Dirs, profile_name: str, *, backends: Backends) -> WarmFill:
     """Bring the profile's warm sandboxes to the extension's `warm` count: remove the stale and
     the surplus, start the missing. One fill per profile runs at a time."""
 
@@ -152,21 +153,19 @@ def fill(dirs: Dirs, profile_name: str, *, backends: Backends) -> dict[str, Any]
         raise UsageError(f"warm: {profile_name[:64]!r} is not a profile name")
     registry = Registry(dirs.state)
     registry.ensure()
-    result: dict[str, Any] = {"profile": profile_name, "warm": 0, "started": [], "removed": [], "busy": False}
     fill_lock = try_lock_file(os.path.join(registry.root, f".warm-{profile_name}.lock"))
     if fill_lock is None:
-        result["busy"] = True
-        return result
+        return WarmFill(profile=profile_name, warm=0, started=(), removed=(), busy=True)
     try:
         try:
             request = CreateRequest(dirs, profile_name, None, None, backends=backends)
         except SandboxerError:
-            # unapproved or invalid: none may stay warm
-            result["removed"] = warmpool.drain(registry, profile_name, backends)
+            warmpool.drain(registry, profile_name, backends)  # unapproved or invalid: none may stay warm
             raise
         kept, started, removed = warmpool.refill(registry, kind(request, registry), wanted(request))
-        result.update(warm=len(kept), started=started, removed=removed)
-        return result
+        return WarmFill(
+            profile=profile_name, warm=len(kept), started=tuple(started), removed=tuple(removed), busy=False
+        )
     finally:
         os.close(fill_lock)
 

@@ -2,15 +2,14 @@
 
 Every step of a teardown or gc — a backend's stop, release and remove_spool, the host's unmounts,
 the directory — returns one `Removal`; the steps are added up (`+`, `Removal.merge`) into the
-receipt the caller gets (`receipt`). Residue is never an error by itself: the receipt carries it
-and the command decides (teardown: exit status 6).
+receipt the caller gets (sandboxer.commands.teardown.receipt_of). Residue is never an error by
+itself: the receipt carries it and the command decides (teardown: exit status 6).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,7 +41,3 @@ class Removal:
     def clean(self) -> bool:
         """Whether nothing is left behind."""
         return not self.residue
-
-    def receipt(self, sandbox_id: str) -> dict[str, Any]:
-        """The receipt of one sandbox, as teardown and gc report it."""
-        return {"id": sandbox_id, "removed": list(self.removed), "residue": list(self.residue)}

@@ -276,7 +276,7 @@ async def export(request: web.Request) -> web.StreamResponse:
     pending = request.app[PENDING_EXPORTS]
     sent = False
     try:
-        summary = json.dumps({**made.summary(), "token": token})
+        summary = json.dumps({**made.summary().to_json(), "token": token})
         response = web.StreamResponse(headers={"Content-Type": "application/octet-stream", "Sandboxer-Export": summary})
         await response.prepare(request)
         # Confirmable from the start: a client may have all it needs (a tar's end) before the

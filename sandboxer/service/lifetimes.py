@@ -28,7 +28,7 @@ from sandboxer.commands.export import Export, Format, discard_quarantine, prepar
 from sandboxer.commands.export_space import EXPORTS, SUMMARY, default_budget, ledger, reclaim_abandoned
 from sandboxer.commands.kept import fetch_hint
 from sandboxer.commands.services import Services
-from sandboxer.commands.teardown import teardown
+from sandboxer.commands.teardown import residue_error, teardown
 from sandboxer.commands.work import work_state
 from sandboxer.dirs import Dirs
 from sandboxer.errors import SandboxerError
@@ -123,7 +123,10 @@ class Reaper:
                 return f"export failed ({type(exc).__name__}); tried again later", 5, None
         receipt = teardown(self.dirs, sandbox_id, services=self.services)
         self.failed.pop(sandbox_id, None)
-        return ("ResidueError", 6, kept) if receipt["residue"] else ("ok", 0, kept)
+        if receipt.residue:
+            error = residue_error(receipt)
+            return type(error).__name__, error.exit_status, kept
+        return "ok", 0, kept
 
 
 def keep_for_reaper(dirs: Dirs, sandbox_id: str, keep_seconds: float, backends: Backends) -> str | None:
@@ -160,7 +163,7 @@ def keep_for_reaper(dirs: Dirs, sandbox_id: str, keep_seconds: float, backends: 
                 os.replace(source, os.path.join(kept, target))
                 summary["files"].append(target)
             leaving = ("files", "destination", "format")
-            summary.update({k: v for k, v in export.summary().items() if k not in leaving})
+            summary.update({k: v for k, v in export.summary().to_json().items() if k not in leaving})
         summary["uid"] = budget.uid
         summary["bytes"] = sum(os.lstat(os.path.join(kept, name)).st_size for name in summary["files"])
         # The kept bytes count from the moment summary.json says so; the quarantines' reservations

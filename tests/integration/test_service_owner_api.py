@@ -80,7 +80,7 @@ def test_the_owner_verbs_through_the_client_answer_as_the_embedded_broker(sb_roo
         assert owner.runtime_digest(str(sb_root.runtime)).sha256 == embedded.runtime_digest(str(sb_root.runtime)).sha256
         profile_file = str(sb_root.config / "profiles" / f"{sb_root.profile}.yaml")
         assert owner.check(profile_file) == embedded.check(profile_file)
-        assert owner.check(profile_file)["valid"] is True
+        assert owner.check(profile_file).valid is True
     finally:
         started.stop()
     verbs = [json.loads(line)["verb"] for line in (sb_root.state / "audit.log").read_text().splitlines()]

@@ -17,10 +17,14 @@ from pathlib import Path
 import pytest
 
 from sandboxer import Broker
+from sandboxer.api import results
+from sandboxer.api.results import Receipt
 from sandboxer.backends import Backends
 from sandboxer.backends.bwrap.backend import BwrapBackend
 from sandboxer.backends.docker.backend import DockerBackend
+from sandboxer.commands import owner, teardown, warm
 from sandboxer.commands.dispatch import dispatch
+from sandboxer.commands.teardown import receipt_of, residue_error
 from sandboxer.core import leases
 from sandboxer.core import manifest as mf
 from sandboxer.core.plan import MountKind
@@ -292,3 +296,57 @@ def test_the_reaper_cannot_be_held_by_work_that_will_not_export(broker: Broker, 
         ("expire", "export failed (BackendError); tried again later", 5),
         ("expire", "ok", 0),
     ]
+
+
+# ------------------------------------------------------------------ the commands' results, typed
+
+
+def test_the_commands_return_their_result_types_and_each_round_trips(broker: Broker, fake: FakeBackend) -> None:
+    """teardown, list, gc, warm and the owner's commands return the frozen result types (no
+    document the core parses back), and each is its own document's parse."""
+    sandbox = broker.create("p")
+    config = Path(broker.config_dir)
+    runtime = str(Path(broker.config_dir).parent / "runtime")
+    made: list[results.JsonResult] = [
+        teardown.list_sandboxes(broker.dirs, backends=broker.backends),
+        warm.fill(broker.dirs, "p", backends=broker.backends),
+        owner.check(str(config / "profiles" / "p.yaml")),
+        owner.check(str(config / "extensions" / "ext.bwrap.yaml")),
+        owner.list_entries(broker.dirs),
+        owner.runtime_digest(broker.dirs, runtime, full=False),
+        owner.runtime_pin(broker.dirs, runtime, "ext.bwrap"),
+        teardown.teardown(broker.dirs, sandbox.id, services=broker.services),
+        teardown.gc(broker.dirs, backends=broker.backends),
+    ]
+    expected = [
+        results.SandboxList,
+        results.WarmFill,
+        results.OwnerCheck,
+        results.OwnerCheck,
+        results.OwnerListing,
+        results.RuntimeDigest,
+        results.RuntimePin,
+        results.Receipt,
+        results.GcReport,
+    ]
+    assert [type(result) for result in made] == expected
+    for result in made:
+        assert type(result).from_json(json.loads(json.dumps(result.to_json()))) == result
+
+
+def test_ext_check_keeps_its_document_shape(broker: Broker) -> None:
+    """`ext check --json` is the file, its digest, valid and its meaning's keys, kind first."""
+    checked = owner.check(str(Path(broker.config_dir) / "profiles" / "p.yaml"))
+    document = checked.to_json()
+    assert list(document)[:5] == ["file", "sha256", "valid", "kind", "profile"]
+    assert (document["kind"], document["valid"], document["profile"]) == ("profile", True, "p")
+    assert checked.meaning["workspace"]["refs"] == tuple(document["workspace"]["refs"])  # read-only
+
+
+def test_residue_is_one_error_carrying_its_receipt() -> None:
+    """Every front end reports residue with residue_error: status 6, one wording, the receipt."""
+    receipt = receipt_of("a" * 24, Removal.of(removed=["sandbox dir"], residue=["mount /x", "cgroup y"]))
+    assert receipt == Receipt(id="a" * 24, removed=("sandbox dir",), residue=("mount /x", "cgroup y"))
+    error = residue_error(receipt)
+    assert (error.exit_status, error.receipt) == (6, receipt)
+    assert str(error) == f"teardown of {'a' * 24} left residue: mount /x; cgroup y"
