@@ -26,8 +26,6 @@ from sandboxer.dirs import Dirs, resolve_dirs
 from sandboxer.errors import NotPendingError, ResidueError, SandboxerError, UsageError
 from sandboxer.invocation import current
 from sandboxer.output import emit_error, print_result, report_failure
-from sandboxer.service.cliserver import CommandTable
-from sandboxer.service.serve import serve as run_service
 
 
 class _Root(TyperGroup):
@@ -151,6 +149,10 @@ def serve(
     ] = 7 * 24 * 3600,
 ) -> None:
     """Run the broker as a service for the state dir: HTTP/JSON on a Unix socket (docs/service.md)."""
+    # Here, not at the top: the service (aiohttp, ~120 ms) is this command's alone, and every
+    # other command of the table also runs in-process (SANDBOXER_NO_SERVICE=1, docs/performance.md).
+    from sandboxer.service.cliserver import CommandTable  # noqa: PLC0415
+    from sandboxer.service.serve import serve as run_service  # noqa: PLC0415
 
     if current().caller is not None:
         raise UsageError("serve runs in its own process, never as a service's command")
