@@ -114,11 +114,11 @@ print("leaked" if any(b"{SECRET}" in data for data in found) else "refused")
 CONTROL = f"""
 {VM_READ}
 import subprocess
-child = subprocess.Popen(["/usr/bin/env", "SANDBOXER_ESCAPE_SECRET={SECRET}", "/usr/bin/sleep", "30"])
+child = subprocess.Popen(["/usr/bin/env", "SANDBOXER_ESCAPE_SECRET={SECRET}", "/usr/bin/sleep", "120"])
 import time
-for _ in range(500):
-    if os.readlink(f"/proc/{{child.pid}}/exe") == "/usr/bin/sleep":
-        break
+# Until env has exec'd sleep (whose environment holds the secret): seconds on a loaded machine.
+deadline = time.monotonic() + 60
+while os.readlink(f"/proc/{{child.pid}}/exe") != "/usr/bin/sleep" and time.monotonic() < deadline:
     time.sleep(0.01)
 T = child.pid
 print(try_open(f"/proc/{{T}}/mem", os.O_RDONLY), try_open(f"/proc/{{T}}/environ"),
