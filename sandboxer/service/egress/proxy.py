@@ -131,10 +131,10 @@ class EgressProxy:
             await self._guarded(session, policy, reader, writer)
         finally:
             self._sessions.discard(session)
+            self.report.write(session.access())  # before any await: a cancelled close still reports
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
-            self.report.write(session.access())
 
     async def _guarded(
         self, session: Session, policy: EgressPolicy, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
