@@ -194,6 +194,25 @@ def test_revoke_check_closes_an_open_routed_tunnel(
     assert (line["decision"], line["reason"]) == ("allowed", "closed: revoked (route removed)")
 
 
+def test_an_open_routed_tunnel_is_closed_when_its_route_expires(
+    tmp_path: Path, upstream_ca: trustme.CA, sandbox_ca: SandboxCA
+) -> None:
+    secret = _secret(tmp_path)
+    expires_at = time.time() + 0.3
+
+    async def scenario() -> None:
+        policy_of = lambda p: _policy(p, secret, expires_at=expires_at)  # noqa: E731
+        async with _routed_tunnel(tmp_path, upstream_ca, sandbox_ca, policy_of) as tunnel:
+            tunnel.writer.write(_request(tunnel.port))
+            assert (await _response(tunnel.reader)).startswith(b"HTTP/1.1 200 ")
+            async with asyncio.timeout(WAIT):
+                assert await tunnel.reader.read(-1) == b""
+
+    asyncio.run(scenario())
+    line = json.loads((tmp_path / "network.jsonl").read_text())
+    assert line["reason"] == "closed: revoked (route expired)"
+
+
 def test_a_bad_secret_file_is_reported_by_the_routes_name_only(
     tmp_path: Path, upstream_ca: trustme.CA, sandbox_ca: SandboxCA
 ) -> None:

@@ -8,9 +8,12 @@ import asyncio
 import json
 from pathlib import Path
 
+import h11
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sandboxer.service.egress.heads import Refusal, split_authority
+from sandboxer.service.egress.heads import MAX_HEAD, HttpPeer, Refusal, Target, request_target, split_authority
 from tests.unit.egress_servers import Holder, exchange, http_upstream, pinned, running_proxy, wait_until
 
 CANARY = "X-Canary: s3cr3t-canary\r\n"
@@ -127,3 +130,55 @@ def test_authorities(text: str, default: int | None, expected: tuple[str, int]) 
 def test_malformed_authorities(text: str) -> None:
     with pytest.raises(Refusal):
         split_authority(text, default_port=80)
+
+
+HEAD_PARTS = st.sampled_from(
+    [
+        b"GET ",
+        b"CONNECT ",
+        b"POST ",
+        b"http://web.test",
+        b"web.test:443",
+        b"/x",
+        b" HTTP/1.1\r\n",
+        b" HTTP/1.0\r\n",
+        b"Host: web.test\r\n",
+        b"Host: evil.test:80\r\n",
+        b"Transfer-Encoding: chunked\r\n",
+        b"Content-Length: 3\r\n",
+        b"X-Canary: s3cr3t-canary\r\n",
+        b"\r\n",
+        b":",
+        b" ",
+        b"\x00",
+    ]
+)
+
+
+def _outcome(data: bytes) -> object:
+    async def parse() -> object:
+        reader = asyncio.StreamReader()
+        reader.feed_data(data)
+        reader.feed_eof()
+        peer = HttpPeer(reader, None, h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD), lambda _: None)  # type: ignore[arg-type]
+        try:
+            event = await peer.next_event()
+            return request_target(event) if isinstance(event, h11.Request) else event
+        except Refusal as refusal:
+            return refusal
+
+    return asyncio.run(parse())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(HEAD_PARTS, max_size=12).map(b"".join) | st.binary(max_size=200))
+def test_any_head_is_a_target_or_a_refusal_that_quotes_nothing(data: bytes) -> None:
+    outcome = _outcome(data)
+    if isinstance(outcome, Refusal):
+        assert "canary" not in outcome.reason
+        assert 400 <= outcome.status < 600
+    elif isinstance(outcome, Target):
+        assert outcome.host
+        assert 0 < outcome.port < 65536
+    else:
+        assert isinstance(outcome, h11.ConnectionClosed)

@@ -31,6 +31,7 @@ HOP_BY_HOP = frozenset(
 )
 
 Headers = list[tuple[bytes, bytes]]
+MAX_UPSTREAM_HEAD = 64 * 1024
 
 
 class ResponseStarted(Exception):
@@ -43,15 +44,24 @@ def _passed_on(headers: Headers) -> Headers:
     return [(key, value) for key, value in headers if key not in HOP_BY_HOP and key not in named]
 
 
+def upstream_connection() -> h11.Connection:
+    """The h11 state machine for an upstream: heads up to MAX_UPSTREAM_HEAD (servers' cookies and
+    CSP headers outgrow the 16 KiB a sandbox's request may have)."""
+    return h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_UPSTREAM_HEAD)
+
+
 def upstream_request(
-    request: h11.Request, path: bytes, *, set_header: tuple[bytes, bytes] | None = None
+    request: h11.Request, path: bytes, *, host: str, set_header: tuple[bytes, bytes] | None = None
 ) -> h11.Request:
     """The request as sent upstream: origin-form `path`, end-to-end headers, `set_header`
-    replacing every header of its name, and `Connection: close`."""
+    replacing every header of its name, a Host (`host` when the client sent none, as HTTP/1.0
+    may) and `Connection: close`."""
     headers = _passed_on(list(request.headers))
     if set_header is not None:
         name = set_header[0].lower()
         headers = [(key, value) for key, value in headers if key != name] + [set_header]
+    if not any(key == b"host" for key, _ in headers):
+        headers.insert(0, (b"host", host.encode("ascii")))
     return h11.Request(method=request.method, target=path, headers=[*headers, (b"connection", b"close")])
 
 

@@ -21,6 +21,10 @@ from sandboxer.service.egress.policy import normalise_host
 
 MAX_HEAD = 16 * 1024
 READ_CHUNK = 64 * 1024
+# What HttpPeer asks its stream for: more than the stream ever buffers (flow control pauses it
+# well before), so each read empties the buffer and every byte the client sent so far is in
+# h11's hands (`trailing_data`) when a CONNECT head is parsed; none is left behind in the stream.
+DRAIN = 1024 * 1024
 
 
 class Refusal(Exception):
@@ -94,7 +98,7 @@ class HttpPeer:
                 raise _h11_refusal(exc) from None
             if event is not h11.NEED_DATA:
                 return event  # type: ignore[return-value]
-            data = await self.reader.read(READ_CHUNK)
+            data = await self.reader.read(DRAIN)
             self.count(len(data))
             self.conn.receive_data(data)
 

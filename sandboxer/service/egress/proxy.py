@@ -20,13 +20,14 @@ import asyncio
 import contextlib
 import socket
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 import h11
 
 from sandboxer.service.egress.addresses import address_allowed, parse_address
-from sandboxer.service.egress.exchange import ResponseStarted, relay, upstream_request
+from sandboxer.service.egress.exchange import ResponseStarted, relay, upstream_connection, upstream_request
 from sandboxer.service.egress.heads import MAX_HEAD, READ_CHUNK, HttpPeer, LimitReached, Refusal, error_response
 from sandboxer.service.egress.heads import request_target as read_target
 from sandboxer.service.egress.policy import Decision, EgressPolicy, decide
@@ -192,20 +193,25 @@ class EgressProxy:
         addresses = await self._addresses(decision, target.port)
         if not target.connect:
             upstream = await self._open(addresses, target.port)
-            peer = HttpPeer(*upstream, h11.Connection(h11.CLIENT), session.count_received)
+            peer = HttpPeer(*upstream, upstream_connection(), session.count_received)
             try:
-                await relay(client, peer, upstream_request(request, target.path), keep_alive=False)
+                outgoing = upstream_request(request, target.path, host=f"{target.host}:{target.port}")
+                await relay(client, peer, outgoing, keep_alive=False)
             finally:
                 upstream[1].close()
             return
         if client.conn.trailing_data[0]:
             raise Refusal(400, "data before the tunnel was established")
+        # Nothing more is read until the tunnel is made: bytes that arrive before the 200 stay
+        # in the kernel, so they cannot be taken for the plaintext inside a routed host's TLS.
+        _reading(writer, on=False)
         if decision.route is not None:
             await self._routed(session, client, decision, addresses)
             return
         upstream = await self._open(addresses, target.port)
         try:
             await self._established(client, session)
+            _reading(writer, on=True)
             await _splice(reader, writer, upstream, session)
         finally:
             upstream[1].close()
@@ -231,8 +237,19 @@ class EgressProxy:
             return await self._open(addresses, port, tls_host=host)
 
         tunnel = Tunnel(host=host, port=port, recheck=recheck, connect=connect, session=session)
-        await self._established(client, session)
-        await serve_routed(tunnel, client.reader, client.writer, self.ca.server_context(host))
+        expires_at = decision.route.expires_at if decision.route is not None else None
+        # An expiry is no change to the owner's files, so no watch calls revoke_check for it.
+        timer = (
+            None
+            if expires_at is None
+            else asyncio.get_running_loop().call_later(max(0.0, expires_at - time.time()), self.revoke_check)
+        )
+        try:
+            await self._established(client, session)
+            await serve_routed(tunnel, client.reader, client.writer, self.ca.server_context(host))
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     async def _addresses(self, decision: Decision, port: int) -> list[str]:
         """Where `decision`'s host may be dialled: the literal itself, the rule's pinned
@@ -276,11 +293,22 @@ class EgressProxy:
         raise Refusal(504, "upstream timed out") if timed_out else Refusal(502, "upstream unreachable")
 
 
+def _reading(writer: asyncio.StreamWriter, *, on: bool) -> None:
+    """Resume or pause reading the client's socket (a stream's transport reads as well)."""
+    transport = writer.transport
+    if isinstance(transport, asyncio.ReadTransport):
+        if on:
+            transport.resume_reading()
+        else:
+            transport.pause_reading()
+
+
 async def _answer_and_linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answer: bytes) -> None:
     """Write a refusal, end our side, and read what the client still sends until it closes (at
     most LINGER_SECONDS): closing with its bytes unread would reset the connection, and the reset
     can overtake the answer."""
     with contextlib.suppress(OSError, RuntimeError, TimeoutError):
+        _reading(writer, on=True)
         writer.write(answer)
         if writer.can_write_eof():
             writer.write_eof()

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import h11
 
-from sandboxer.service.egress.exchange import relay, upstream_request
+from sandboxer.service.egress.exchange import relay, upstream_connection, upstream_request
 from sandboxer.service.egress.heads import MAX_HEAD, HttpPeer, Refusal, split_authority
 from sandboxer.service.egress.policy import Decision, Route, normalise_host, route_expired
 from sandboxer.service.egress.session import Session
@@ -106,9 +106,14 @@ async def serve_routed(
             raise Refusal(403, "route removed")
         header = route_header(decision.route, now=time.time())
         upstream_reader, upstream_writer = await tunnel.connect()
-        upstream = HttpPeer(upstream_reader, upstream_writer, h11.Connection(h11.CLIENT), tunnel.session.count_received)
+        upstream = HttpPeer(upstream_reader, upstream_writer, upstream_connection(), tunnel.session.count_received)
         try:
-            await relay(client, upstream, upstream_request(event, event.target, set_header=header), keep_alive=True)
+            await relay(
+                client,
+                upstream,
+                upstream_request(event, event.target, host=f"{tunnel.host}:{tunnel.port}", set_header=header),
+                keep_alive=True,
+            )
         finally:
             upstream_writer.close()
         if client.conn.our_state is not h11.DONE or client.conn.their_state is not h11.DONE:
