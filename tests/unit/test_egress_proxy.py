@@ -214,3 +214,45 @@ def test_the_policy_is_asked_for_every_connection(tmp_path: Path) -> None:
 
     asyncio.run(scenario())
     assert holder.asked == 3
+
+
+def test_an_unreadable_policy_refuses_everything_and_closes_open_tunnels(tmp_path: Path) -> None:
+    async def scenario() -> bytes:
+        async with echo_upstream() as upstream:
+            holder = Holder(pinned("echo.test", upstream.port))
+            async with running_proxy(holder, tmp_path / "network.jsonl") as (proxy, port):
+                reader, writer, _ = await connect_tunnel(port, f"echo.test:{upstream.port}")
+
+                def broken() -> EgressPolicy:
+                    raise OSError("approved files unreadable")
+
+                proxy.policy_source = broken
+                answer = await exchange(port, _connect(f"echo.test:{upstream.port}"))
+                assert proxy.revoke_check() == 1
+                async with asyncio.timeout(WAIT):
+                    assert await reader.read(-1) == b""
+                writer.close()
+                await wait_until(lambda: len(_lines(tmp_path / "network.jsonl")) == 2)
+                return answer
+
+    answer = asyncio.run(scenario())
+    assert answer.startswith(b"HTTP/1.1 503 ")
+    assert [line["reason"] for line in _lines(tmp_path / "network.jsonl")] == [
+        "policy unavailable",
+        "closed: revoked (host not listed)",
+    ]
+
+
+def test_closing_the_proxy_closes_and_reports_open_tunnels(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with echo_upstream() as upstream:
+            holder = Holder(pinned("echo.test", upstream.port))
+            async with running_proxy(holder, tmp_path / "network.jsonl") as (proxy, port):
+                reader, writer, _ = await connect_tunnel(port, f"echo.test:{upstream.port}")
+                await proxy.close()
+                async with asyncio.timeout(WAIT):
+                    assert await reader.read(-1) == b""
+                writer.close()
+
+    asyncio.run(scenario())
+    assert _lines(tmp_path / "network.jsonl")[0]["reason"] == "closed: proxy stopped"

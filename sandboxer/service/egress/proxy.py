@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import ssl
 import time
@@ -30,7 +31,7 @@ from sandboxer.service.egress.addresses import address_allowed, parse_address
 from sandboxer.service.egress.exchange import ResponseStarted, relay, upstream_connection, upstream_request
 from sandboxer.service.egress.heads import MAX_HEAD, READ_CHUNK, HttpPeer, LimitReached, Refusal, error_response
 from sandboxer.service.egress.heads import request_target as read_target
-from sandboxer.service.egress.policy import Decision, EgressPolicy, decide
+from sandboxer.service.egress.policy import Decision, EgressPolicy, Limits, decide
 from sandboxer.service.egress.report import AccessLog
 from sandboxer.service.egress.routes import Tunnel, serve_routed
 from sandboxer.service.egress.session import Allowance, Session
@@ -40,6 +41,10 @@ Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 HEAD_SECONDS = 10.0  # for the request head: a client that says nothing holds a connection slot
 CONNECT_SECONDS = 10.0  # resolution and each upstream connect
 LINGER_SECONDS = 1.0  # after a refusal, for the client to read it and close
+
+
+NOTHING = EgressPolicy(rules=(), limits=Limits(connections=0, mib=0, seconds=1))
+_log = logging.getLogger("sandboxer.service")
 
 
 class ServerContexts(Protocol):
@@ -104,7 +109,7 @@ class EgressProxy:
     def revoke_check(self) -> int:
         """Re-read the policy and close every open connection it no longer allows (a revoked or
         changed rule, an expired or removed route); how many were closed."""
-        policy = self.policy_source()
+        policy = self._current_policy()
         closed = 0
         for session in list(self._sessions):
             if not session.host or session.decision != "allowed" or session.task is None:
@@ -124,8 +129,17 @@ class EgressProxy:
         """Client connections being served now."""
         return len(self._sessions)
 
+    def _current_policy(self) -> EgressPolicy:
+        """The policy now; when it cannot be had (the approved files unreadable, say), one that
+        allows nothing: the proxy fails closed."""
+        try:
+            return self.policy_source()
+        except Exception:
+            _log.exception("egress policy unavailable; refusing everything")
+            return NOTHING
+
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        policy = self.policy_source()
+        policy = self._current_policy()
         session = Session(self.allowance, policy.limits.mib, asyncio.current_task())
         self._sessions.add(session)
         try:
@@ -143,6 +157,8 @@ class EgressProxy:
         """Serve one connection, turning every way it can end into a reason and, while the
         client has no status line yet, an error answer."""
         try:
+            if policy is NOTHING:
+                raise Refusal(503, "policy unavailable")
             if len(self._sessions) > policy.limits.connections:
                 raise Refusal(503, "connection limit")
             if self.allowance.spent(policy.limits.mib):
@@ -226,7 +242,7 @@ class EgressProxy:
         host, port = decision.host, session.port
 
         def recheck() -> Decision:
-            again = decide(self.policy_source(), host, port)
+            again = decide(self._current_policy(), host, port)
             if not again.allowed:
                 raise Refusal(403, again.reason)
             if again.route is None:
