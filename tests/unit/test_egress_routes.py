@@ -213,11 +213,12 @@ def test_an_open_routed_tunnel_is_closed_when_its_route_expires(
     assert line["reason"] == "closed: revoked (route expired)"
 
 
+@pytest.mark.parametrize("content", [f"{SECRET}\r\nX-Injected: yes\n", f"{SECRET}\x01\n", "\n"])
 def test_a_bad_secret_file_is_reported_by_the_routes_name_only(
-    tmp_path: Path, upstream_ca: trustme.CA, sandbox_ca: SandboxCA
+    tmp_path: Path, upstream_ca: trustme.CA, sandbox_ca: SandboxCA, content: str
 ) -> None:
     secret = tmp_path / "secret"
-    secret.write_text(f"{SECRET}\r\nX-Injected: yes\n")
+    secret.write_text(content)
 
     async def scenario() -> bytes:
         async with _routed_tunnel(tmp_path, upstream_ca, sandbox_ca, lambda p: _policy(p, secret)) as tunnel:

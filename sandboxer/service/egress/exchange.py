@@ -72,8 +72,8 @@ async def relay(client: HttpPeer, upstream: HttpPeer, outgoing: h11.Request, *, 
         await client.send(h11.InformationalResponse(status_code=100, headers=[]))
     try:
         await _send_body(client, upstream, outgoing)
-    except (OSError, h11.LocalProtocolError) as exc:
-        raise Refusal(502, "upstream failed") from exc
+    except (OSError, h11.LocalProtocolError):
+        raise Refusal(502, "upstream failed") from None  # h11's message may quote a header value
     started: list[bool] = []
     try:
         await _relay_response(client, upstream, started, keep_alive=keep_alive)
@@ -81,10 +81,10 @@ async def relay(client: HttpPeer, upstream: HttpPeer, outgoing: h11.Request, *, 
         if started:
             raise ResponseStarted(exc.reason) from None
         raise Refusal(502, exc.reason if exc.status == 502 else "upstream answered malformed HTTP") from None
-    except (OSError, h11.LocalProtocolError) as exc:
+    except (OSError, h11.LocalProtocolError):
         if started:
-            raise ResponseStarted("upstream failed") from exc
-        raise Refusal(502, "upstream failed") from exc
+            raise ResponseStarted("upstream failed") from None
+        raise Refusal(502, "upstream failed") from None  # h11's message may quote a header value
 
 
 async def _send_body(client: HttpPeer, upstream: HttpPeer, outgoing: h11.Request) -> None:

@@ -28,7 +28,9 @@ from sandboxer.service.egress.session import Session
 
 HANDSHAKE_SECONDS = 10.0
 MAX_SECRET = 64 * 1024
-_FORBIDDEN_IN_HEADER = frozenset(b"\r\n\x00")
+# Control characters (but tab) cannot be in a header value: CR and LF would inject headers, and
+# h11 refuses the rest with a message that quotes the value, secret and all.
+_FORBIDDEN_IN_HEADER = frozenset(set(range(0x20)) - {0x09} | {0x7F})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
