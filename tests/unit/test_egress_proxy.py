@@ -256,3 +256,31 @@ def test_closing_the_proxy_closes_and_reports_open_tunnels(tmp_path: Path) -> No
 
     asyncio.run(scenario())
     assert _lines(tmp_path / "network.jsonl")[0]["reason"] == "closed: proxy stopped"
+
+
+def test_a_request_body_is_forwarded_and_expect_continue_answered(tmp_path: Path) -> None:
+    async def scenario() -> tuple[bytes, bytes]:
+        async with http_upstream(b"stored") as upstream:
+            holder = Holder(pinned("web.test", upstream.port))
+            async with running_proxy(holder, tmp_path / "network.jsonl") as (_, port):
+                authority = f"web.test:{upstream.port}"
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(
+                    f"PUT http://{authority}/upload HTTP/1.1\r\nHost: {authority}\r\nContent-Length: 7\r\n"
+                    "Expect: 100-continue\r\n\r\n".encode()
+                )
+                async with asyncio.timeout(WAIT):
+                    continued = await reader.readuntil(b"\r\n\r\n")
+                    writer.write(b"payload")
+                    answer = await reader.read(-1)
+                writer.close()
+                (seen,) = upstream.seen
+                assert continued.startswith(b"HTTP/1.1 100 ")
+                return answer, seen
+
+    answer, seen = asyncio.run(scenario())
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert answer.endswith(b"stored")
+    assert seen.startswith(b"PUT /upload HTTP/1.1\r\n")
+    assert seen.endswith(b"\r\n\r\npayload")
+    assert b"expect" not in seen.lower()

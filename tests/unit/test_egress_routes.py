@@ -267,3 +267,33 @@ def test_the_sandbox_ca_signs_leaves_for_routed_hosts_only_as_a_ca_of_path_lengt
     assert sandbox_ca.server_context(HOST) is sandbox_ca.server_context(HOST)
     reloaded = SandboxCA.load(sandbox_ca.certificate_pem, sandbox_ca.key_pem())
     assert reloaded.certificate == sandbox_ca.certificate
+
+
+def test_plaintext_sent_before_the_tunnel_never_reaches_the_routed_upstream(
+    tmp_path: Path, upstream_ca: trustme.CA, sandbox_ca: SandboxCA
+) -> None:
+    secret = _secret(tmp_path)
+    upstream_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    upstream_ca.issue_cert(HOST).configure_cert(upstream_tls)
+    trusting = ssl.create_default_context()
+    upstream_ca.configure_trust(trusting)
+
+    async def scenario() -> tuple[bytes, list[bytes]]:
+        async with http_upstream(tls=upstream_tls) as upstream:
+            holder = Holder(_policy(upstream.port, secret))
+            options = {"ca": sandbox_ca, "upstream_ssl": trusting}
+            async with running_proxy(holder, tmp_path / "network.jsonl", **options) as (_, port):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                authority = f"{HOST}:{upstream.port}"
+                writer.write(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
+                await writer.drain()
+                writer.write(_request(upstream.port, close=True))  # no TLS: must not pass for its plaintext
+                async with asyncio.timeout(WAIT):
+                    answer = await reader.read(-1)
+                writer.close()
+                return answer, upstream.seen
+
+    answer, seen = asyncio.run(scenario())
+    assert seen == []
+    assert SECRET.encode() not in answer
+    assert b"models" not in answer
