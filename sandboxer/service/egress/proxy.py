@@ -222,7 +222,7 @@ class EgressProxy:
         # in the kernel, so they cannot be taken for the plaintext inside a routed host's TLS.
         _reading(writer, on=False)
         if decision.route is not None:
-            await self._routed(session, client, decision, addresses)
+            await self._routed(session, client, decision)
             return
         upstream = await self._open(addresses, target.port)
         try:
@@ -236,7 +236,7 @@ class EgressProxy:
         await client.send(h11.Response(status_code=200, headers=[], reason=b"Connection established"))
         session.answered = True
 
-    async def _routed(self, session: Session, client: HttpPeer, decision: Decision, addresses: Sequence[str]) -> None:
+    async def _routed(self, session: Session, client: HttpPeer, decision: Decision) -> None:
         if self.ca is None:
             raise Refusal(502, "credential routes need the sandbox's CA")
         host, port = decision.host, session.port
@@ -249,8 +249,8 @@ class EgressProxy:
                 raise Refusal(403, "route removed")
             return again
 
-        async def connect() -> Streams:
-            return await self._open(addresses, port, tls_host=host)
+        async def connect(now: Decision) -> Streams:
+            return await self._open(await self._addresses(now, port), port, tls_host=host)
 
         tunnel = Tunnel(host=host, port=port, recheck=recheck, connect=connect, session=session)
         expires_at = decision.route.expires_at if decision.route is not None else None

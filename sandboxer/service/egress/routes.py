@@ -37,12 +37,13 @@ _FORBIDDEN_IN_HEADER = frozenset(set(range(0x20)) - {0x09} | {0x7F})
 class Tunnel:
     """A routed CONNECT as the proxy hands it over: the host and port, `recheck` (the decision
     for this host now, raising `Refusal` when it no longer allows), `connect` (a verified TLS
-    connection to the real host), and the session whose bytes it counts."""
+    connection to the real host, its addresses found and checked again under that decision),
+    and the session whose bytes it counts."""
 
     host: str
     port: int
     recheck: Callable[[], Decision]
-    connect: Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+    connect: Callable[[Decision], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
     session: Session
 
 
@@ -107,7 +108,7 @@ async def serve_routed(
         if decision.route is None:  # recheck refuses a host without its route
             raise Refusal(403, "route removed")
         header = route_header(decision.route, now=time.time())
-        upstream_reader, upstream_writer = await tunnel.connect()
+        upstream_reader, upstream_writer = await tunnel.connect(decision)
         upstream = HttpPeer(upstream_reader, upstream_writer, upstream_connection(), tunnel.session.count_received)
         try:
             await relay(
