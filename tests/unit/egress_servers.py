@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandboxer.service.egress.policy import EgressPolicy, EgressRule, Limits
+from sandboxer.core.egress.policy import EgressPolicy, EgressRule, Limits
 from sandboxer.service.egress.proxy import EgressProxy
 from sandboxer.service.egress.report import AccessLog
 

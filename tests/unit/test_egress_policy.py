@@ -1,4 +1,4 @@
-"""The egress decision (service/egress/policy.py, addresses.py): which names, IP literals and
+"""The egress decision (core/egress/policy.py, addresses.py): which names, IP literals and
 ports a sandbox may reach, and which resolved addresses a connection may go to."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandboxer.service.egress.addresses import address_allowed
-from sandboxer.service.egress.policy import EgressPolicy, EgressRule, Route, decide
+from sandboxer.core.egress.addresses import address_allowed
+from sandboxer.core.egress.policy import EgressPolicy, EgressRule, Route, decide
 
 RULES = (
     EgressRule(host="pypi.org", ports=(443,)),

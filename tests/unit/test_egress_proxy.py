@@ -9,7 +9,7 @@ import contextlib
 import json
 from pathlib import Path
 
-from sandboxer.service.egress.policy import EgressPolicy, EgressRule
+from sandboxer.core.egress.policy import EgressPolicy, EgressRule
 from tests.unit.egress_servers import (
     WAIT,
     Holder,

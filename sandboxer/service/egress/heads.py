@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import h11
 
-from sandboxer.service.egress.policy import normalise_host
+from sandboxer.core.egress.policy import normalise_host
 
 MAX_HEAD = 16 * 1024
 READ_CHUNK = 64 * 1024

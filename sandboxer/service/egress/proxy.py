@@ -27,11 +27,11 @@ from typing import Protocol
 
 import h11
 
-from sandboxer.service.egress.addresses import address_allowed, parse_address
+from sandboxer.core.egress.addresses import address_allowed, parse_address
+from sandboxer.core.egress.policy import Decision, EgressPolicy, Limits, decide
 from sandboxer.service.egress.exchange import ResponseStarted, relay, upstream_connection, upstream_request
 from sandboxer.service.egress.heads import MAX_HEAD, READ_CHUNK, HttpPeer, LimitReached, Refusal, error_response
 from sandboxer.service.egress.heads import request_target as read_target
-from sandboxer.service.egress.policy import Decision, EgressPolicy, Limits, decide
 from sandboxer.service.egress.report import AccessLog
 from sandboxer.service.egress.routes import Tunnel, serve_routed
 from sandboxer.service.egress.session import Allowance, Session

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import h11
 
+from sandboxer.core.egress.policy import Decision, Route, normalise_host, route_expired
 from sandboxer.service.egress.exchange import relay, upstream_connection, upstream_request
 from sandboxer.service.egress.heads import MAX_HEAD, HttpPeer, Refusal, split_authority
-from sandboxer.service.egress.policy import Decision, Route, normalise_host, route_expired
 from sandboxer.service.egress.session import Session
 
 HANDSHAKE_SECONDS = 10.0

@@ -14,7 +14,7 @@ import ipaddress
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sandboxer.service.egress.policy import EgressRule
+    from sandboxer.core.egress.policy import EgressRule
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 

@@ -21,7 +21,7 @@ import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from sandboxer.service.egress.addresses import IPAddress, parse_address
+from sandboxer.core.egress.addresses import IPAddress, parse_address
 
 MAX_NAME = 253
 _LABEL = re.compile(r"^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$")
