@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -94,6 +95,13 @@ class FakeBackend:
         if sandbox_id in self.unknown:
             return None
         return sandbox_id in self.running
+
+    def listen_inside(self, record: SandboxRecord, address: tuple[str, int]) -> socket.socket:
+        """A listener on the host's loopback at a free port (the fake has no namespace of its own)."""
+        self.calls.append(("listen_inside", record.id))
+        made = socket.create_server(("127.0.0.1", 0))
+        made.setblocking(False)
+        return made
 
     def observe(self, record: SandboxRecord, *, site: Site) -> Observed:
         raise BackendError("the fake backend observes nothing")
