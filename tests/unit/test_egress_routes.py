@@ -19,7 +19,7 @@ import trustme
 from cryptography import x509
 
 from sandboxer.core.egress.policy import EgressPolicy, EgressRule, Route
-from sandboxer.service.egress.ca import SandboxCA
+from sandboxer.host.sandbox_ca import SandboxCA
 from sandboxer.service.egress.proxy import EgressProxy
 from tests.unit.egress_servers import WAIT, Holder, connect_tunnel, http_upstream, running_proxy, wait_until
 

@@ -146,3 +146,52 @@ class SandboxCA:
         finally:
             os.close(fd)
         return context
+
+
+CA_DIR = "egress"  # in the sandbox's directory on the host: outside every mount of the sandbox
+CA_CERT, CA_KEY = "ca.pem", "ca.key"
+SYSTEM_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
+
+
+def make_ca(sandbox_dir: str, sandbox_id: str) -> SandboxCA:
+    """A new CA for the sandbox, its certificate and key kept in `<sandbox_dir>/egress/` (0700,
+    the key 0600), where the next service reloads them (`load_ca`)."""
+    ca = SandboxCA.create(sandbox_id)
+    directory = os.path.join(sandbox_dir, CA_DIR)
+    os.mkdir(directory, 0o700)
+    ca.write_key(os.path.join(directory, CA_KEY))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(os.path.join(directory, CA_CERT), flags, 0o600)
+    try:
+        os.write(fd, ca.certificate_pem)
+    finally:
+        os.close(fd)
+    return ca
+
+
+def load_ca(sandbox_dir: str) -> SandboxCA | None:
+    """The sandbox's CA as `make_ca` kept it; None when it has none (no credential route)."""
+    directory = os.path.join(sandbox_dir, CA_DIR)
+    try:
+        with open(os.path.join(directory, CA_CERT), "rb", opener=_no_follow) as cert:
+            certificate = cert.read()
+        with open(os.path.join(directory, CA_KEY), "rb", opener=_no_follow) as key:
+            key_pem = key.read()
+    except FileNotFoundError:
+        return None
+    return SandboxCA.load(certificate, key_pem)
+
+
+def trust_bundle(ca: SandboxCA) -> bytes:
+    """What the sandbox trusts: the host's CA bundle (so hosts without a route verify as usual)
+    and the sandbox's own CA (so a routed host's leaf does)."""
+    system = ssl.get_default_verify_paths().cafile
+    for path in (system, *SYSTEM_BUNDLES):
+        if path and os.path.isfile(path):
+            with open(path, "rb") as bundle:
+                return bundle.read().rstrip(b"\n") + b"\n" + ca.certificate_pem
+    return ca.certificate_pem
+
+
+def _no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
