@@ -159,6 +159,11 @@ class Proxies:
             proxies, self._proxies = self._proxies, {}
         await asyncio.gather(*(proxy.close() for proxy in proxies.values()), return_exceptions=True)
 
+    def serving(self) -> bool:
+        """Whether any sandbox's egress is served (the service must not exit idle then)."""
+        with self._lock:
+            return bool(self._proxies)
+
     def _snapshot(self) -> dict[str, EgressProxy]:
         with self._lock:
             return dict(self._proxies)
