@@ -25,6 +25,7 @@ import threading
 from concurrent.futures import Future
 
 from sandboxer.backends import Backends
+from sandboxer.commands.logs import ACCESS_LOG
 from sandboxer.core.approvals import Ledger, Status
 from sandboxer.core.configdir import load_extension, load_profile
 from sandboxer.core.egress.policy import EgressPolicy
@@ -43,7 +44,6 @@ log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 0.5
 OPEN_SECONDS = 10.0
-ACCESS_LOG = "network.jsonl"  # in the sandbox's directory: `sandboxer logs ID --network`
 
 
 def has_egress(record: SandboxRecord) -> bool:
