@@ -10,8 +10,8 @@ the CLI's exit status and an HTTP status for it. Exec answers with a stream of f
 from __future__ import annotations
 
 import base64
-import functools
 import binascii
+import functools
 import json
 import os
 import secrets
