@@ -390,7 +390,7 @@ class Sandbox(SandboxBase):
 
     def inspect(self) -> Evidence:
         """The live sandbox observed against its plan (inspect --json)."""
-        return inspect_sandbox(self.broker.dirs, self.id, backends=self.broker.backends)
+        return inspect_sandbox(self.broker.dirs, self.id, services=self.broker.services)
 
     def dispatch_tool(self, lease: str, request_id: str, wait_seconds: int = 0) -> Dispatched:
         """Relay the request `request_id` from the spool of the tool-request lease `lease` to its

@@ -15,12 +15,19 @@ import os
 from typing import Any
 
 from sandboxer.api.results import NetworkAccess, NetworkLog
+from sandboxer.core.record import SandboxRecord
 from sandboxer.dirs import Dirs
 from sandboxer.errors import NotFoundError
 from sandboxer.host.registry import Registry, check_id
 
 ACCESS_LOG = "network.jsonl"  # the service's proxy writes it (sandboxer/service/egress/proxies.py)
 MAX_ENTRIES = 10_000  # the report is bounded (two files of 1 MiB); this bounds an answer too
+
+
+def has_egress(record: SandboxRecord) -> bool:
+    """Whether the sandbox reaches the network through the egress proxy (its plan says so to its
+    programs: SANDBOXER_NETWORK=proxy)."""
+    return record.plan is not None and dict(record.plan.env).get("SANDBOXER_NETWORK") == "proxy"
 
 
 def network_log(dirs: Dirs, sandbox_id: str, *, last: int | None = None) -> NetworkLog:

@@ -33,6 +33,9 @@ class Egress(Protocol):
     def close(self, sandbox_id: str) -> None:
         """The sandbox ended: stop its proxy and close its connections."""
 
+    def status(self, sandbox_id: str) -> str | None:
+        """ "up", "down (why)", or None when this process serves no egress for the sandbox."""
+
 
 class NoEgress:
     """A process without a service (the CLI with SANDBOXER_NO_SERVICE=1, an embedded Broker): its
@@ -50,6 +53,9 @@ class NoEgress:
         self.require(profile)
 
     def close(self, sandbox_id: str) -> None:
+        return None
+
+    def status(self, sandbox_id: str) -> str | None:
         return None
 
 

@@ -25,13 +25,12 @@ import threading
 from concurrent.futures import Future
 
 from sandboxer.backends import Backends
-from sandboxer.commands.logs import ACCESS_LOG
+from sandboxer.commands.logs import ACCESS_LOG, has_egress
 from sandboxer.core.approvals import Ledger, Status
 from sandboxer.core.configdir import load_extension, load_profile
 from sandboxer.core.egress.policy import EgressPolicy
 from sandboxer.core.egress.profile_policy import policy_of
 from sandboxer.core.plan import EGRESS_PORT
-from sandboxer.core.record import SandboxRecord
 from sandboxer.dirs import Dirs
 from sandboxer.errors import PolicyError, SandboxerError
 from sandboxer.host.parse_cache import ParseCache
@@ -44,11 +43,6 @@ log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 0.5
 OPEN_SECONDS = 10.0
-
-
-def has_egress(record: SandboxRecord) -> bool:
-    """Whether the sandbox reaches the network through a proxy (its plan says so to its programs)."""
-    return record.plan is not None and dict(record.plan.env).get("SANDBOXER_NETWORK") == "proxy"
 
 
 def policy_of_profile(dirs: Dirs, profile_name: str) -> EgressPolicy:
