@@ -17,6 +17,7 @@ from sandboxer.core.bootstrap import SUSPEND_DIR, TARGET
 from sandboxer.core.config import is_git_ref
 from sandboxer.core.configdir import load_extension, load_profile
 from sandboxer.core.digest import RuntimeArtifactError
+from sandboxer.core.egress.profile_policy import route_problem
 from sandboxer.core.manifest.schema import PROVIDER_CREDENTIAL, PROVIDER_ENVIRONMENT
 from sandboxer.core.plan import BACKEND_OF, SANDBOX_GID, SANDBOX_UID, Grants, Mount, MountKind, build_plan
 from sandboxer.core.record import BootstrapRecord, WorkRecord
@@ -93,6 +94,16 @@ def _require_approved(ledger: Ledger, name: str, file_sha256: str) -> None:
         )
 
 
+def require_routes(profile: Profile, extension: ExtensionConfig) -> None:
+    """The profile's network.routes name routes of its extension config, each for a host its
+    network.egress lists (PolicyError otherwise: 3)."""
+    problem = route_problem(profile, extension)
+    if problem is not None:
+        raise PolicyError(
+            problem, hint=f"name routes of {extension.extension}'s config.routes, for hosts in network.egress"
+        )
+
+
 def backend_name(extension: ExtensionConfig) -> BackendName:
     """The backend an extension config runs its sandboxes on."""
 
@@ -110,6 +121,7 @@ def _admit(dirs: Dirs, profile_name: str, backends: Backends) -> tuple[str, Prof
     _require_approved(ledger, profile.name, profile.file_sha256)
     _, extension = load_extension(dirs.config, profile.extension, cache=cache)
     _require_approved(ledger, extension.extension, extension.file_sha256)
+    require_routes(profile, extension)
     backend = backends.backend(backend_name(extension))
     backend.preflight(extension)
     verify_pin(
