@@ -15,7 +15,8 @@ from sandboxer.commands.making import CreateRequest, before, clone_workspace, de
 from sandboxer.commands.services import Services
 from sandboxer.commands.sites import site_of
 from sandboxer.commands.spools import make_spools
-from sandboxer.core.plan import EGRESS_PORT, WORKSPACE_TARGET
+from sandboxer.core.egress.inside import EGRESS_PORT
+from sandboxer.core.plan import WORKSPACE_TARGET
 from sandboxer.core.record import SandboxRecord, expiry_text, now_text
 from sandboxer.errors import SandboxerError, UsageError
 from sandboxer.host import activity, procs, workspace_volume

@@ -28,6 +28,7 @@ from sandboxer.host import workspace
 from sandboxer.host.digest_cache import digest_runtime
 from sandboxer.host.parse_cache import ParseCache
 from sandboxer.host.registry import Registry
+from sandboxer.host.sandbox_ca import load_ca, make_ca, trust_bundle
 
 if TYPE_CHECKING:
     from sandboxer.backends.protocol import Backend
@@ -216,7 +217,17 @@ def plan_for(
         host_links=links,
         host_etc=etc,
         grants=grants,
+        trust_bundle=_trust_bundle(request, registry.path(sandbox_id)),
     )
+
+
+def _trust_bundle(request: CreateRequest, sandbox_dir: str) -> bytes | None:
+    """With credential routes, what the sandbox trusts: the host's roots and its own CA, made
+    now (a warm sandbox's, when it was started) and kept beside its record, where the service
+    loads its key from (docs/egress.md). Without routes: None (the host's roots serve)."""
+    if not (request.profile.routes and request.profile.egress):
+        return None
+    return trust_bundle(load_ca(sandbox_dir) or make_ca(sandbox_dir, os.path.basename(sandbox_dir)))
 
 
 def clone_workspace(request: CreateRequest, plan: Plan) -> WorkRecord:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
 
-from sandboxer.core.egress.inside import TRUST_TARGET, proxy_env, trust_env
+from sandboxer.core.egress.inside import TRUST_BUNDLE, proxy_env, trust_env
 
 RUNTIME_TARGET = "/opt/sandboxer/runtime"
 WORKSPACE_TARGET = "/workspace"
@@ -108,7 +108,6 @@ class Plan:
     # (core/egress/inside.py) and the proxy variables set
     network: Literal["loopback", "proxy"] = "loopback"
     routes: tuple[str, ...] = ()  # the credential routes the proxy adds (the profile's network.routes)
-    trust_dir: str | None = None  # the host directory bound at TRUST_TARGET (with routes only)
     allow_ptrace: bool = False  # the profile's security.allow_ptrace: the syscall policy's one switch
     caller_env: tuple[str, ...] = ()  # the profile's exec.caller_env: names exec --env may set
 
@@ -210,7 +209,7 @@ def build_plan(
     host_etc: tuple[str, ...] = (),
     grants: Grants | None = None,
     workspace_in_memory: bool = False,
-    trust_dir: str | None = None,
+    trust_bundle: bytes | None = None,
 ) -> Plan:
     """The plan of one sandbox. `host_links` and `host_etc` describe the host's /usr layout.
 
@@ -222,12 +221,12 @@ def build_plan(
     `host_etc` are host /etc entries bound read-only (TLS certificates, the loader cache).
 
     A profile with `network.egress` gets the proxy variables (docs/egress.md); one that uses
-    routes also gets the trust bundle's, and `trust_dir` (the sandbox's
-    `<state>/sandboxes/<id>/trust`, holding its CA certificate, never a key) bound read-only at
-    TRUST_TARGET: it is required then (ValueError without it).
+    routes also gets the trust bundle's, and `trust_bundle` (the host's CA certificates and the
+    sandbox's own CA's: host/sandbox_ca.trust_bundle, never a key) as a read-only file at
+    TRUST_BUNDLE: it is required then (ValueError without it).
     """
-    if profile.routes and profile.egress and trust_dir is None:
-        raise ValueError("a profile with network.routes needs the sandbox's trust_dir")
+    if profile.routes and profile.egress and trust_bundle is None:
+        raise ValueError("a profile with network.routes needs the sandbox's trust_bundle")
     routes = profile.routes if profile.egress else ()
     grants = grants or Grants()
     uid, gid, user = grants.uid or SANDBOX_UID, grants.gid or SANDBOX_GID, SANDBOX_USER
@@ -248,8 +247,8 @@ def build_plan(
         ),
         *grants.mounts,
     ]
-    if routes and trust_dir is not None:
-        mounts.append(Mount(kind=MountKind.RO_BIND, target=TRUST_TARGET, source=trust_dir))
+    if routes and trust_bundle is not None:
+        mounts.append(Mount(kind=MountKind.FILE, target=TRUST_BUNDLE, content=trust_bundle, mode=0o444))
     return Plan(
         sandbox_id=sandbox_id,
         profile=profile.name,
@@ -275,7 +274,6 @@ def build_plan(
         limits=profile.limits,
         network="proxy" if profile.egress else "loopback",
         routes=routes,
-        trust_dir=trust_dir if routes else None,
         allow_ptrace=profile.security.allow_ptrace,
         caller_env=profile.caller_env,
     )

@@ -16,11 +16,12 @@ import pytest
 from sandboxer import Broker
 from sandboxer.backends import Backends
 from sandboxer.commands import owner
+from sandboxer.commands.services import Services
 from sandboxer.core.egress.inside import EGRESS_PROXY_URL
 from sandboxer.errors import ExecError, PolicyError, SandboxerError
 from tests.conftest import make_repository, make_runtime
 from tests.samples import profile_yaml
-from tests.unit.fake_backend import FakeBackend
+from tests.unit.fake_backend import FakeBackend, FakeEgress
 
 EGRESS = "  egress:\n    - {host: api.model.test, ports: [443]}\n"
 CANARY = "canary-" + secrets.token_hex(16)
@@ -41,6 +42,8 @@ class Owner:
         self.secret.chmod(0o600)
         engines = Backends({"bwrap": fake, "docker": fake})
         self.broker = Broker(config_dir=str(self.config), state_dir=str(tmp_path / "state"), backends=engines)
+        self.egress = FakeEgress()  # what a service would be: the core hands it each listener
+        self.broker.services = Services.of(engines, egress=self.egress)
         self.digest = self.broker.owner.runtime_digest(str(self.runtime)).sha256
 
     def extension(self, routes: str = "") -> None:
@@ -177,6 +180,40 @@ def test_a_sandbox_with_egress_carries_the_proxy_into_every_exec(made: Owner, fa
     assert refused.value.message == (
         "exec: --env HTTPS_PROXY: not a name this sandbox's profile lets a caller set (exec.caller_env)"
     )
+
+
+def test_the_listener_is_made_and_served_before_the_sandbox_is_ready_and_closed_with_it(
+    made: Owner, fake: FakeBackend
+) -> None:
+    made.extension()
+    made.broker.owner.approve("ext.bwrap")
+    made.profile(EGRESS)
+    made.broker.owner.approve("p")
+    sandbox = made.broker.create("p")
+    assert ("listen_inside", sandbox.id) in fake.calls
+    assert made.egress.calls == [("require", "p"), ("open", sandbox.id)]
+    assert made.egress.status(sandbox.id) == "up"
+    sandbox.teardown(discard=True)
+    assert made.egress.calls[-1] == ("close", sandbox.id)
+
+
+def test_without_a_service_a_profile_with_egress_is_refused_before_anything_is_made(
+    made: Owner, fake: FakeBackend
+) -> None:
+    """In-process (an embedded Broker, SANDBOXER_NO_SERVICE=1) nobody would serve the proxy once
+    the command ends: the create is refused (3) with the way to do it, and nothing is made."""
+    made.extension()
+    made.broker.owner.approve("ext.bwrap")
+    made.profile(EGRESS)
+    made.broker.owner.approve("p")
+    made.broker.services = Services.of(made.broker.backends)  # no egress: what in-process has
+    with pytest.raises(PolicyError) as refused:
+        made.broker.create("p")
+    assert refused.value.status == 3
+    assert "only the service runs" in refused.value.message
+    assert "sandboxer serve" in (refused.value.hint or "")
+    assert not [call for call in fake.calls if call[0] == "start"]
+    assert not list((Path(made.broker.state_dir) / "sandboxes").glob("[0-9a-f]*"))
 
 
 def test_a_record_that_would_let_a_caller_set_a_proxy_name_still_refuses_it(made: Owner) -> None:

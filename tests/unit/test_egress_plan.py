@@ -11,7 +11,7 @@ import pytest
 
 from sandboxer.core.config import parse_owner_file
 from sandboxer.core.config_types import ExtensionConfig, Limits, Profile, RuntimePin, Workspace
-from sandboxer.core.egress.inside import EGRESS_PORT, EGRESS_PROXY_URL, TRUST_BUNDLE, TRUST_TARGET
+from sandboxer.core.egress.inside import EGRESS_PORT, EGRESS_PROXY_URL, TRUST_BUNDLE
 from sandboxer.core.egress.policy import EgressPolicy, EgressRule, Route, decide
 from sandboxer.core.egress.policy import Limits as EgressLimits
 from sandboxer.core.egress.profile_policy import policy_of, route_problem
@@ -57,14 +57,14 @@ EXTENSION = ExtensionConfig(
 )
 
 
-def plan_env(item: Profile, *, grants: Grants | None = None, trust_dir: str | None = None) -> dict[str, str]:
+def plan_env(item: Profile, *, grants: Grants | None = None, trust_bundle: bytes | None = None) -> dict[str, str]:
     planned = build_plan(
         sandbox_id="a" * 24,
         profile=item,
         extension=EXTENSION,
         workspace_source="/w",
         grants=grants,
-        trust_dir=trust_dir,
+        trust_bundle=trust_bundle,
     )
     return dict(planned.env)
 
@@ -106,10 +106,10 @@ def test_a_routes_host_must_also_be_listed_in_egress() -> None:
 def test_a_sandbox_without_egress_keeps_loopback_and_none_of_the_proxy_names() -> None:
     planned = build_plan(sandbox_id="a" * 24, profile=profile(), extension=EXTENSION, workspace_source="/w")
     env = dict(planned.env)
-    assert (planned.network, planned.egress, planned.routes, planned.trust_dir) == ("loopback", False, (), None)
+    assert (planned.network, planned.egress, planned.routes) == ("loopback", False, ())
     assert env["SANDBOXER_NETWORK"] == "loopback"
     assert not set(env) & {*PROXY_NAMES, "NO_PROXY", "no_proxy", *TRUST_NAMES}
-    assert all(mount.target != TRUST_TARGET for mount in planned.mounts)
+    assert all(mount.target != TRUST_BUNDLE for mount in planned.mounts)
 
 
 def test_egress_points_every_proxy_variable_at_the_listener() -> None:
@@ -121,35 +121,35 @@ def test_egress_points_every_proxy_variable_at_the_listener() -> None:
     assert env["SANDBOXER_NETWORK"] == "proxy"
     assert (planned.network, planned.egress) == ("proxy", True)
     assert not set(env) & set(TRUST_NAMES)  # no routes: no terminated TLS, the host's roots suffice
-    assert all(mount.target != TRUST_TARGET for mount in planned.mounts)
+    assert all(mount.target != TRUST_BUNDLE for mount in planned.mounts)
 
 
-def test_routes_add_the_trust_bundle_and_its_read_only_directory() -> None:
-    trust = "/var/lib/sandboxer/sandboxes/" + "a" * 24 + "/trust"
+def test_routes_add_the_trust_bundle_as_a_read_only_file() -> None:
+    bundle = b"-----BEGIN CERTIFICATE-----\nhost and sandbox CAs\n-----END CERTIFICATE-----\n"
     planned = build_plan(
         sandbox_id="a" * 24,
         profile=profile(RULES, ("model",)),
         extension=EXTENSION,
         workspace_source="/w",
-        trust_dir=trust,
+        trust_bundle=bundle,
     )
     env = dict(planned.env)
     assert TRUST_BUNDLE == "/etc/sandboxer/trust/bundle.pem"
     assert {name: env[name] for name in TRUST_NAMES} == dict.fromkeys(TRUST_NAMES, TRUST_BUNDLE)
     assert env["HTTPS_PROXY"] == EGRESS_PROXY_URL
-    mount = planned.mount_at(TRUST_TARGET)
-    assert (mount.kind, mount.source, mount.read_only) == (MountKind.RO_BIND, trust, True)
-    assert (planned.routes, planned.trust_dir) == (("model",), trust)
+    mount = planned.mount_at(TRUST_BUNDLE)
+    assert (mount.kind, mount.content, mount.read_only, mount.mode) == (MountKind.FILE, bundle, True, 0o444)
+    assert planned.routes == ("model",)
 
 
-def test_routes_without_a_trust_directory_are_a_callers_mistake() -> None:
-    with pytest.raises(ValueError, match="trust_dir"):
+def test_routes_without_a_trust_bundle_are_a_callers_mistake() -> None:
+    with pytest.raises(ValueError, match="trust_bundle"):
         build_plan(sandbox_id="a" * 24, profile=profile(RULES, ("model",)), extension=EXTENSION, workspace_source="/w")
 
 
 def test_a_manifests_variables_cannot_redirect_the_proxy() -> None:
     grants = Grants(env=(("HTTPS_PROXY", "http://elsewhere:1"), ("SSL_CERT_FILE", "/workspace/mine.pem")))
-    env = plan_env(profile(RULES, ("model",)), grants=grants, trust_dir="/t")
+    env = plan_env(profile(RULES, ("model",)), grants=grants, trust_bundle=b"CA\n")
     assert (env["HTTPS_PROXY"], env["SSL_CERT_FILE"]) == (EGRESS_PROXY_URL, TRUST_BUNDLE)
 
 
@@ -158,7 +158,7 @@ RESERVED = [*PROXY_NAMES, "NO_PROXY", "no_proxy", *TRUST_NAMES, "SANDBOXER_NETWO
 
 def test_every_name_egress_sets_is_a_plan_name() -> None:
     assert set(RESERVED) <= PLAN_ENV_NAMES
-    env = plan_env(profile(RULES, ("model",)), trust_dir="/t")
+    env = plan_env(profile(RULES, ("model",)), trust_bundle=b"CA\n")
     assert {name for name in env if name != "SANDBOXER_SANDBOX_ID"} <= PLAN_ENV_NAMES
 
 

@@ -28,9 +28,9 @@ from sandboxer.backends import Backends
 from sandboxer.commands.logs import ACCESS_LOG, has_egress
 from sandboxer.core.approvals import Ledger, Status
 from sandboxer.core.configdir import load_extension, load_profile
+from sandboxer.core.egress.inside import EGRESS_PORT
 from sandboxer.core.egress.policy import EgressPolicy
 from sandboxer.core.egress.profile_policy import policy_of
-from sandboxer.core.plan import EGRESS_PORT
 from sandboxer.dirs import Dirs
 from sandboxer.errors import PolicyError, SandboxerError
 from sandboxer.host.parse_cache import ParseCache
