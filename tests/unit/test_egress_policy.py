@@ -74,10 +74,13 @@ def test_ip_literals_only_when_a_rule_names_them(host: str, reason: str) -> None
     assert (decision.allowed, decision.reason) == (reason == "listed", reason)
 
 
-def test_a_literal_named_in_a_rules_addresses_is_allowed_on_its_ports() -> None:
-    assert decide(POLICY, "127.0.0.1", 8443).allowed
-    assert decide(POLICY, "[2001:db8::1]", 443).allowed
-    assert decide(POLICY, "127.0.0.1", 443).reason == "port not listed"
+def test_a_literal_pinned_for_a_name_is_not_itself_allowed() -> None:
+    """`addresses` says where a name goes; asking for the address itself is an IP literal that
+    no rule names (the sandbox could otherwise reach the pinned upstream under any Host)."""
+    assert not decide(POLICY, "127.0.0.1", 8443).allowed
+    assert not decide(POLICY, "[2001:db8::1]", 443).allowed  # v6.test's pinned address
+    assert decide(POLICY, "93.184.216.34", 443).allowed  # a rule whose host is that literal
+    assert address_allowed(EgressRule(host="10.1.2.3", ports=(443,)), "10.1.2.3") is None  # its own host
 
 
 def test_a_route_is_attached_by_host_and_refused_once_expired() -> None:

@@ -84,12 +84,13 @@ def address_class(address: IPAddress) -> str | None:
 
 def address_allowed(rule: EgressRule, ip: str | IPAddress) -> str | None:
     """None when a connection under `rule` may go to `ip`; else the reason it may not. An address
-    the rule lists in `addresses` is always allowed (that is how an owner opts into a private
-    or loopback upstream); anything else must be a global unicast address."""
+    the rule names — in `addresses`, or as its host (an IP literal rule) — is always allowed
+    (that is how an owner opts into a private or loopback upstream); anything else must be a
+    global unicast address."""
     address = ip if not isinstance(ip, str) else parse_address(ip)
     if address is None:
         return "unparsable address"
-    if any(parse_address(listed) == address for listed in rule.addresses):
+    if parse_address(rule.host) == address or any(parse_address(listed) == address for listed in rule.addresses):
         return None
     found = address_class(address)
     return f"{found} {address} not listed" if found else None

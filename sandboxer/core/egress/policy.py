@@ -7,7 +7,7 @@ no resolution, no sockets, no clock unless the caller leaves `now` out.
 
 The decision order (docs/egress.md): the host is normalised (lower case, trailing dot and IPv6
 brackets stripped) and refused if it is not a well-formed name or a canonical IP literal; an IP
-literal must be named by a rule's `host` or `addresses`; a name must match a rule (exact, or a
+literal must be a rule's `host` (a name's pinned `addresses` do not count); a name must match a rule (exact, or a
 `*.suffix` that matches names strictly below the suffix); the port must be one of that rule's;
 a route whose host is this name is attached, and refused once expired.
 """
@@ -123,8 +123,9 @@ def name_matches(pattern: str, host: str) -> bool:
 
 
 def literal_named(rule: EgressRule, address: IPAddress) -> bool:
-    """Whether the rule names this IP literal, as its host or among its addresses."""
-    return parse_address(rule.host) == address or any(parse_address(a) == address for a in rule.addresses)
+    """Whether the rule names this IP literal as its host. A name's pinned `addresses` do not:
+    they say where the name goes, not that the address may be asked for by itself."""
+    return parse_address(rule.host) == address
 
 
 def route_for(policy: EgressPolicy, host: str) -> Route | None:

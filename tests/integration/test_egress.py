@@ -1,0 +1,285 @@
+"""Enforced egress end to end (issue 33): a sandbox whose profile lists network.egress reaches
+the listed names through the service's proxy, and nothing else.
+
+Loopback only: every upstream is this test's own server on the host's 127.0.0.1, and the profile
+pins each test name to 127.0.0.1 explicitly (`addresses`), which is also how a name that resolves
+to loopback without that entry is shown refused. Inside, the sandbox has `lo` alone; the proxy's
+listener on its 127.0.0.1:3128 was made there by the broker. Each variant runs through a service:
+bwrap as root, bwrap as an ordinary user (its private service), Docker as root.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import ssl
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trustme
+
+from tests.integration.conftest import (
+    SandboxBroker,
+    _bwrap_broker,
+    _ready,
+    _require_tools,
+    _serve,
+    add_docker,
+    backend_profile_text,
+    make_broker,
+)
+
+pytestmark = pytest.mark.integration
+
+SECRET = "sk-canary-7f3e9d1c-never-inside"  # the routed credential: must never be found inside
+PLACEHOLDER = "sandboxer-route:model"
+
+
+class Upstream:
+    """An HTTP(S) server on the host's 127.0.0.1 that answers what it was asked (path and the
+    Authorization header it got), and remembers each request's headers."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self.seen: list[dict[str, str]] = []
+        seen = self.seen
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                seen.append({key.lower(): value for key, value in self.headers.items()})
+                body = json.dumps({"path": self.path, "authorization": self.headers.get("Authorization")}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                return
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def upstream() -> Iterator[Upstream]:
+    served = Upstream()
+    yield served
+    served.close()
+
+
+@pytest.fixture(params=["bwrap-root-service", "bwrap-user", "docker-service"])
+def eb(request: pytest.FixtureRequest, runtime_dir: Path) -> Iterator[SandboxBroker]:
+    """A broker whose CLI is a client of a service (egress needs one), on each backend."""
+    _require_tools()
+    if request.param == "docker-service":
+        image = request.getfixturevalue("base_image")
+        broker = make_broker(runtime_dir, as_user=False)
+        add_docker(broker, image)
+        _serve(broker)
+    else:
+        broker = _bwrap_broker(runtime_dir, as_user=request.param == "bwrap-user")
+        if request.param == "bwrap-root-service":
+            _serve(broker)
+    with _ready(broker):
+        yield broker
+
+
+def _egress_profile(broker: SandboxBroker, name: str, network: str) -> str:
+    text = backend_profile_text(broker, name, broker.repo).replace("network:\n  default: deny\n  egress: []\n", network)
+    assert network in text, text
+    broker.write_profile(name, text)
+    broker.approve(name)
+    return name
+
+
+def _rules(port: int) -> str:
+    return (
+        "network:\n  default: deny\n  egress:\n"
+        f"    - host: upstream.test\n      ports: [{port}]\n      addresses: [127.0.0.1]\n"
+        f"    - host: localhost\n      ports: [{port}]\n"
+    )
+
+
+def _curl(broker: SandboxBroker, sandbox_id: str, *args: str) -> subprocess.CompletedProcess[str]:
+    ran = broker.exec(sandbox_id, "curl", "-sS", "--max-time", "20", "-w", "\n%{http_code}", *args)
+    return subprocess.CompletedProcess(args, ran.status, ran.stdout, ran.stderr)
+
+
+def test_a_listed_name_is_reached_through_the_proxy_and_everything_else_is_refused(
+    eb: SandboxBroker, upstream: Upstream
+) -> None:
+    sandbox_id = eb.create(_egress_profile(eb, "egress", _rules(upstream.port)))
+    env = eb.exec(sandbox_id, "env").stdout
+    assert "HTTP_PROXY=http://127.0.0.1:3128" in env
+    assert "SANDBOXER_NETWORK=proxy" in env
+
+    allowed = _curl(eb, sandbox_id, f"http://upstream.test:{upstream.port}/hello")
+    assert allowed.returncode == 0, allowed.stderr
+    assert allowed.stdout.endswith("\n200"), allowed.stdout
+    assert json.loads(allowed.stdout.rsplit("\n", 1)[0])["path"] == "/hello"
+
+    # Refused by the proxy, each with 403 and a line in the report: a name not listed, an IP
+    # literal (sent to the proxy: NO_PROXY would send it direct, where nothing listens), a listed
+    # name on another port, and a name that resolves to loopback without an explicit address.
+    for url, extra in (
+        (f"http://other.test:{upstream.port}/", ()),
+        (f"http://127.0.0.1:{upstream.port}/", ("--noproxy", "")),
+        (f"http://upstream.test:{upstream.port + 1}/", ()),
+        (f"http://localhost:{upstream.port}/", ("--noproxy", "")),
+    ):
+        refused = _curl(eb, sandbox_id, *extra, url)
+        assert refused.stdout.endswith("\n403"), (url, refused.stdout, refused.stderr)
+    assert len(upstream.seen) == 1  # only the allowed request arrived
+
+    # A CONNECT tunnel to a listed name works; one to a name not listed is refused.
+    tunnel = _curl(eb, sandbox_id, "--proxytunnel", f"http://upstream.test:{upstream.port}/tunnel")
+    assert tunnel.stdout.endswith("\n200"), (tunnel.stdout, tunnel.stderr)
+    no_tunnel = _curl(eb, sandbox_id, "--proxytunnel", f"http://other.test:{upstream.port}/")
+    assert no_tunnel.returncode != 0 or not no_tunnel.stdout.endswith("\n200")
+
+    logged = eb.run("logs", sandbox_id, "--network", "--json")
+    assert logged.status == 0, logged.stderr
+    entries = json.loads(logged.stdout)["entries"]
+    decisions = [(e["host"], e["port"], e["decision"]) for e in entries]
+    assert ("upstream.test", upstream.port, "allowed") in decisions
+    assert ("other.test", upstream.port, "refused") in decisions
+    assert ("127.0.0.1", upstream.port, "refused") in decisions
+    assert ("upstream.test", upstream.port + 1, "refused") in decisions
+    assert ("localhost", upstream.port, "refused") in decisions
+    inspected = json.loads(eb.run("inspect", sandbox_id, "--json").stdout)["network"]["egress"]
+    assert inspected["proxy"] == "up"
+    assert inspected["allowed"] >= 2
+    assert inspected["refused"] >= 5
+
+
+def test_inside_there_is_no_resolver_and_no_way_out_but_the_proxy(eb: SandboxBroker, upstream: Upstream) -> None:
+    sandbox_id = eb.create(_egress_profile(eb, "egress", _rules(upstream.port)))
+    probe = (
+        "import socket\n"
+        "try:\n    socket.getaddrinfo('upstream.test', 80); print('resolved')\n"
+        "except OSError as e:\n    print('no-dns')\n"
+        f"s = socket.socket(); s.settimeout(5)\n"
+        f"try:\n    s.connect(('127.0.0.1', {upstream.port})); print('connected')\n"
+        "except OSError as e:\n    print('refused', e.errno)\n"
+        "print(sorted(name for _, name in socket.if_nameindex()))\n"
+    )
+    ran = eb.exec(sandbox_id, "python3", "-c", probe)
+    assert ran.status == 0, ran.stderr
+    lines = ran.stdout.splitlines()
+    assert lines[0] == "no-dns"
+    assert lines[1].startswith("refused")  # the host's server is not on the sandbox's loopback
+    assert lines[2] == "['lo']"
+
+
+def test_a_smuggling_attempt_is_refused(eb: SandboxBroker, upstream: Upstream) -> None:
+    sandbox_id = eb.create(_egress_profile(eb, "egress", _rules(upstream.port)))
+    smuggle = (
+        "import socket\n"
+        "s = socket.create_connection(('127.0.0.1', 3128), timeout=10)\n"
+        f"s.sendall(b'POST http://upstream.test:{upstream.port}/ HTTP/1.1\\r\\n"
+        f"Host: upstream.test:{upstream.port}\\r\\n"
+        "Content-Length: 4\\r\\nTransfer-Encoding: chunked\\r\\n\\r\\n0\\r\\n\\r\\nGET /admin HTTP/1.1\\r\\n\\r\\n')\n"
+        "print(s.recv(200).split(b'\\r\\n')[0].decode())\n"
+    )
+    ran = eb.exec(sandbox_id, "python3", "-c", smuggle)
+    assert ran.status == 0, ran.stderr
+    assert ran.stdout.startswith("HTTP/1.1 400"), ran.stdout
+    assert upstream.seen == []
+
+
+@pytest.fixture
+def model_upstream() -> Iterator[tuple[Upstream, trustme.CA]]:
+    """An HTTPS upstream named api.model.test, its certificate from a test CA."""
+    ca = trustme.CA()
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("api.model.test").configure_cert(context)
+    served = Upstream(tls=context)
+    yield served, ca
+    served.close()
+
+
+def test_a_routed_request_carries_the_secret_that_is_nowhere_inside(
+    runtime_dir: Path, model_upstream: tuple[Upstream, trustme.CA]
+) -> None:
+    """The route's secret is set on the request by the proxy (TLS terminated with the sandbox's
+    own CA); inside, only the placeholder exists: not in any environment, file, or the memory of
+    the client that made the request. Revoking the route refuses the next request."""
+    _require_tools()
+    upstream, ca = model_upstream
+    broker = make_broker(runtime_dir, as_user=False)
+    trust = broker.root / "upstream-ca.pem"
+    ca.cert_pem.write_to_path(str(trust))
+    secret_file = broker.root / "model.secret"
+    secret_file.write_text(SECRET + "\n")
+    secret_file.chmod(0o600)
+    extension = broker.config / "extensions" / "ext.bwrap.yaml"
+    extension.write_text(
+        extension.read_text()
+        + "  routes:\n    model:\n      host: api.model.test\n      header: Authorization\n"
+        + f'      format: "Bearer {{secret}}"\n      secret_file: {secret_file}\n'
+    )
+    broker.approve("ext.bwrap")
+    rules = (
+        "network:\n  default: deny\n  egress:\n"
+        f"    - host: api.model.test\n      ports: [{upstream.port}]\n      addresses: [127.0.0.1]\n"
+        "  routes: [model]\n"
+    )
+    # The service verifies upstreams against the host's trust store: here the test CA's.
+    broker.service_env = {"SSL_CERT_FILE": str(trust)}
+    _serve(broker)
+    with _ready(broker):
+        sandbox_id = broker.create(_egress_profile(broker, "routed", rules))
+        client = (
+            "import json, os, re, urllib.request\n"
+            f"req = urllib.request.Request('https://api.model.test:{upstream.port}/v1/messages',"
+            f" headers={{'Authorization': 'Bearer {PLACEHOLDER}'}})\n"
+            "got = json.load(urllib.request.urlopen(req, timeout=20))\n"
+            "print(got['authorization'] == 'Bearer ' + 'sk-canary-7f3e9d1c-never-inside')\n"
+            # Search this process's own memory for the secret's bytes.
+            "needle = b'7f3e9d1c-never'\n"
+            "found = False\n"
+            "with open('/proc/self/maps') as maps, open('/proc/self/mem', 'rb', 0) as mem:\n"
+            "    for line in maps:\n"
+            "        span, perms = line.split()[:2]\n"
+            "        if 'r' not in perms: continue\n"
+            "        lo, hi = (int(x, 16) for x in span.split('-'))\n"
+            "        try:\n            mem.seek(lo); found = found or needle in mem.read(hi - lo)\n"
+            "        except (OSError, OverflowError, ValueError): pass\n"
+            "print('in-memory' if found else 'not-in-memory')\n"
+        )
+        # The needle is split in the script's own text so that finding it means the secret.
+        client = client.replace("needle = b'7f3e9d1c-never'", "needle = b'7f3e9d1c' + b'-never'")
+        ran = broker.exec(sandbox_id, "python3", "-c", client)
+        assert ran.status == 0, ran.stderr
+        assert ran.stdout.split() == ["True", "not-in-memory"], ran.stdout
+        assert upstream.seen[-1]["authorization"] == f"Bearer {SECRET}"
+
+        search = broker.sh(
+            sandbox_id,
+            "grep -rls 7f3e9d1c-never / --exclude-dir=proc --exclude-dir=sys 2>/dev/null; "
+            "cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c 7f3e9d1c-never; true",
+        )
+        assert search.stdout.split() == ["0"], search.stdout
+
+        # The owner revokes the extension (and with it its route): the next request fails and
+        # the secret is not sent again.
+        count = len(upstream.seen)
+        revoked = broker.run("ext", "revoke", "ext.bwrap")
+        assert revoked.status == 0, revoked.stderr
+        again = broker.exec(sandbox_id, "python3", "-c", client)
+        assert again.stdout.split()[:1] != ["True"], again.stdout
+        assert len(upstream.seen) == count
+
+        for path in (broker.state / "audit.log", *broker.state.rglob("*.json*")):
+            if path.is_file():
+                assert SECRET not in path.read_text(errors="replace"), path
