@@ -51,6 +51,7 @@ netns, pair, host, port, backlog = int(sys.argv[1]), int(sys.argv[2]), sys.argv[
 join(fcntl.ioctl(netns, 0xB701), 0x10000000)
 join(netns, 0x40000000)
 made = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+made.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 made.bind((host, port))
 made.listen(backlog)
 socket.send_fds(socket.socket(fileno=pair), [b"ok"], [made.fileno()])
@@ -79,6 +80,10 @@ def listen_inside(pid: int, start: int | None, address: tuple[str, int], *, join
 def _bound(address: tuple[str, int]) -> socket.socket:
     made = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
+        # A restarted service binds again where the last one's closed connections may linger in
+        # TIME_WAIT; SO_REUSEADDR lets it, and still refuses while anything listens there (never
+        # SO_REUSEPORT, which would let a second listener share the port).
+        made.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         made.bind(address)
         made.listen(LISTEN_BACKLOG)
     except OSError:

@@ -217,12 +217,13 @@ async def _run(
     runner, protocol = await _http_server(app)
     serving = Serving(dirs=dirs, services=services, audit=app[AUDIT], commands=commands)
     connections = Connections(listener, protocol, serving, activity=activity, slots=slots, workers=workers)
+    # Live sandboxes' egress is served again before the first client is: none finds it down.
+    await loop.run_in_executor(workers, proxies.reopen)
     acceptor = asyncio.create_task(connections.accept())
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     helpers = _start_helpers(services)
-    await loop.run_in_executor(workers, proxies.reopen)  # live sandboxes' egress, served again
     watcher = asyncio.create_task(proxies.watch(stop))
     sys.stderr.write(f"sandboxer: serving {dirs.state} on {listener.getsockname()}\n")
     sys.stderr.flush()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import ssl
 import subprocess
 import threading
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 import trustme
 
+from tests.conftest import settled
 from tests.integration.conftest import (
     SandboxBroker,
     _bwrap_broker,
@@ -295,3 +297,65 @@ def test_a_routed_request_carries_the_secret_that_is_nowhere_inside(
         for path in (broker.state / "audit.log", *broker.state.rglob("*.json*")):
             if path.is_file():
                 assert SECRET not in path.read_text(errors="replace"), path
+
+
+def _listener_inode(broker: SandboxBroker, sandbox_id: str) -> str:
+    """The inode of the socket listening on 127.0.0.1:3128 inside the sandbox (its /proc/net/tcp)."""
+    listing = broker.exec(sandbox_id, "cat", "/proc/net/tcp").stdout.splitlines()[1:]
+    found = [line.split()[9] for line in listing if line.split()[1] == "0100007F:0C38" and line.split()[3] == "0A"]
+    assert len(found) == 1, listing
+    return found[0]
+
+
+def _holds(pid: int, inode: str) -> bool:
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            if os.readlink(fd) == f"socket:[{inode}]":
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def test_egress_survives_a_service_restart_and_ends_with_its_sandbox(runtime_dir: Path, upstream: Upstream) -> None:
+    """Sandboxes outlive their service: the next `serve` makes each live sandbox's listener again
+    and its egress works. A teardown done elsewhere (here in-process, not through the service)
+    is noticed: the service lets go of the listener, so no namespace outlives its sandbox."""
+    _require_tools()
+    broker = make_broker(runtime_dir, as_user=False)
+    _serve(broker)
+    with _ready(broker):
+        sandbox_id = broker.create(_egress_profile(broker, "egress", _rules(upstream.port)))
+        assert _curl(broker, sandbox_id, f"http://upstream.test:{upstream.port}/one").stdout.endswith("\n200")
+        assert broker.service is not None
+        broker.service.stop()
+        # In-process, so that no service is started on demand: nothing listens while none runs.
+        down = subprocess.run(
+            broker.argv(
+                "exec", sandbox_id, "--", "curl", "-sS", "-w", "%{http_code}", f"http://upstream.test:{upstream.port}/"
+            ),
+            env={**broker.env(), "SANDBOXER_NO_SERVICE": "1"},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert down.returncode != 0
+        assert "Failed to connect" in down.stderr or "Couldn't connect" in down.stderr, down.stderr
+        _serve(broker)
+        again = _curl(broker, sandbox_id, f"http://upstream.test:{upstream.port}/two")
+        assert again.stdout.endswith("\n200"), (again.stdout, again.stderr)
+        assert json.loads(broker.run("inspect", sandbox_id, "--json").stdout)["network"]["egress"]["proxy"] == "up"
+
+        inode = _listener_inode(broker, sandbox_id)
+        service_pid = broker.service.process.pid if broker.service and broker.service.process else 0
+        assert _holds(service_pid, inode)
+        elsewhere = subprocess.run(
+            broker.argv("teardown", "--discard", sandbox_id),
+            env={**broker.env(), "SANDBOXER_NO_SERVICE": "1"},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert elsewhere.returncode == 0, elsewhere.stderr
+        held = settled(lambda: _holds(service_pid, inode), False)
+        assert not held, broker.service.log.read_text() if broker.service else ""
