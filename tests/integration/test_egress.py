@@ -212,8 +212,9 @@ def model_upstream() -> Iterator[tuple[Upstream, trustme.CA]]:
     served.close()
 
 
+@pytest.mark.parametrize("backend", ["bwrap", "docker"])
 def test_a_routed_request_carries_the_secret_that_is_nowhere_inside(
-    runtime_dir: Path, model_upstream: tuple[Upstream, trustme.CA]
+    request: pytest.FixtureRequest, backend: str, runtime_dir: Path, model_upstream: tuple[Upstream, trustme.CA]
 ) -> None:
     """The route's secret is set on the request by the proxy (TLS terminated with the sandbox's
     own CA); inside, only the placeholder exists: not in any environment, file, or the memory of
@@ -221,18 +222,20 @@ def test_a_routed_request_carries_the_secret_that_is_nowhere_inside(
     _require_tools()
     upstream, ca = model_upstream
     broker = make_broker(runtime_dir, as_user=False)
+    if backend == "docker":
+        add_docker(broker, request.getfixturevalue("base_image"))
     trust = broker.root / "upstream-ca.pem"
     ca.cert_pem.write_to_path(str(trust))
     secret_file = broker.root / "model.secret"
     secret_file.write_text(SECRET + "\n")
     secret_file.chmod(0o600)
-    extension = broker.config / "extensions" / "ext.bwrap.yaml"
+    extension = broker.config / "extensions" / f"ext.{backend}.yaml"
     extension.write_text(
         extension.read_text()
         + "  routes:\n    model:\n      host: api.model.test\n      header: Authorization\n"
         + f'      format: "Bearer {{secret}}"\n      secret_file: {secret_file}\n'
     )
-    broker.approve("ext.bwrap")
+    broker.approve(f"ext.{backend}")
     rules = (
         "network:\n  default: deny\n  egress:\n"
         f"    - host: api.model.test\n      ports: [{upstream.port}]\n      addresses: [127.0.0.1]\n"
@@ -288,7 +291,7 @@ def test_a_routed_request_carries_the_secret_that_is_nowhere_inside(
         # The owner revokes the extension (and with it its route): the next request fails and
         # the secret is not sent again.
         count = len(upstream.seen)
-        revoked = broker.run("ext", "revoke", "ext.bwrap")
+        revoked = broker.run("ext", "revoke", f"ext.{backend}")
         assert revoked.status == 0, revoked.stderr
         again = broker.exec(sandbox_id, "python3", "-c", client.replace("time.sleep(60)", "pass"))
         assert again.stdout.split()[:1] != ["True"], again.stdout
