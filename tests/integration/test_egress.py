@@ -10,12 +10,15 @@ bwrap as root, bwrap as an ordinary user (its private service), Docker as root.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import http.server
 import json
 import os
 import ssl
 import subprocess
 import threading
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -362,3 +365,63 @@ def test_egress_survives_a_service_restart_and_ends_with_its_sandbox(runtime_dir
         assert elsewhere.returncode == 0, elsewhere.stderr
         held = settled(lambda: _holds(service_pid, inode), False)
         assert not held, broker.service.log.read_text() if broker.service else ""
+
+
+def _wheel(directory: Path) -> Path:
+    """A pure-Python wheel made here, by hand (zip of the package, METADATA, WHEEL, RECORD)."""
+
+    files = {
+        "demo_pkg/__init__.py": b"ANSWER = 42\n",
+        "demo_pkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: demo-pkg\nVersion: 1.0\n",
+        "demo_pkg-1.0.dist-info/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+    record = ""
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record += f"{name},sha256={digest},{len(data)}\n"
+    record += "demo_pkg-1.0.dist-info/RECORD,,\n"
+    wheel = directory / "demo_pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+        archive.writestr("demo_pkg-1.0.dist-info/RECORD", record)
+    return wheel
+
+
+def test_pip_installs_from_a_loopback_index_allowed_by_name(eb: SandboxBroker, tmp_path: Path) -> None:
+    """A package index (a directory of this test's, served on the host's 127.0.0.1) is listed by
+    name: pip inside the sandbox installs from it through the proxy."""
+    index = tmp_path / "index"
+    (index / "simple" / "demo-pkg").mkdir(parents=True)
+    wheel = _wheel(index)
+    (index / "simple" / "demo-pkg" / "index.html").write_text(f'<a href="/{wheel.name}">{wheel.name}</a>\n')
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, directory=str(index), **kwargs)  # type: ignore[arg-type]
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        rules = (
+            "network:\n  default: deny\n  egress:\n"
+            f"    - host: index.test\n      ports: [{port}]\n      addresses: [127.0.0.1]\n"
+        )
+        sandbox_id = eb.create(_egress_profile(eb, "pip", rules))
+        installed = eb.sh(
+            sandbox_id,
+            f"/usr/bin/python3 -m pip install --quiet --no-cache-dir --disable-pip-version-check --target /tmp/pkgs "
+            f"--index-url http://index.test:{port}/simple --trusted-host index.test demo-pkg "
+            "&& PYTHONPATH=/tmp/pkgs /usr/bin/python3 -c 'import demo_pkg; print(demo_pkg.ANSWER)'",
+        )
+        assert installed.status == 0, installed.stderr
+        assert installed.stdout.strip().splitlines()[-1] == "42"
+    finally:
+        server.shutdown()
+        server.server_close()
