@@ -425,3 +425,47 @@ def test_pip_installs_from_a_loopback_index_allowed_by_name(eb: SandboxBroker, t
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_revoking_a_host_closes_its_open_tunnels_within_a_second(runtime_dir: Path, upstream: Upstream) -> None:
+    """A tunnel open through the proxy is closed once the owner approves a profile that no longer
+    lists its host (the service's watch on the owner's files), not only refused next time."""
+    _require_tools()
+    broker = make_broker(runtime_dir, as_user=False)
+    _serve(broker)
+    with _ready(broker):
+        name = _egress_profile(broker, "egress", _rules(upstream.port))
+        sandbox_id = broker.create(name)
+        holder = (
+            "import socket, sys, time\n"
+            "s = socket.create_connection(('127.0.0.1', 3128), timeout=30)\n"
+            f"s.sendall(b'CONNECT upstream.test:{upstream.port} HTTP/1.1\\r\\n"
+            f"Host: upstream.test:{upstream.port}\\r\\n\\r\\n')\n"
+            "print(s.recv(100).split(b'\\r\\n')[0].decode(), flush=True)\n"
+            "sys.stdin.readline()\n"  # the test has revoked the host
+            "start = time.monotonic(); left = s.recv(100)\n"
+            "print('closed' if left == b'' else 'open', round(time.monotonic() - start, 2), flush=True)\n"
+        )
+        inside = subprocess.Popen(
+            broker.argv("exec", sandbox_id, "--", "python3", "-c", holder),
+            env=broker.env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert inside.stdin is not None
+        assert inside.stdout is not None
+        assert inside.stdout.readline().strip() == "HTTP/1.1 200 Connection established"
+        text = (broker.config / "profiles" / f"{name}.yaml").read_text()
+        broker.write_profile(name, text.replace("upstream.test", "other.test"))
+        broker.approve(name)
+        inside.stdin.write("go\n")
+        inside.stdin.flush()
+        verdict, seconds = inside.stdout.readline().split()
+        assert verdict == "closed"
+        assert float(seconds) < 3.0  # the watch looks every 0.5 s; a loaded machine gets slack
+        assert inside.wait(timeout=30) == 0
+        inside.stdout.close()
+        inside.stdin.close()
+        entries = json.loads(broker.run("logs", sandbox_id, "--network", "--json").stdout)["entries"]
+        assert [e["reason"] for e in entries if e["host"] == "upstream.test"][-1] == "closed: revoked (host not listed)"
