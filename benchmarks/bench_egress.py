@@ -247,7 +247,7 @@ def throughput_and_latency(
     speeds: dict[str, list[float]] = {"direct": [], "floor_relay": []}
     for backend in sandboxes:
         speeds[f"{backend}_proxy"], speeds[f"{backend}_tunnel"] = [], []
-    latencies: dict[str, list[float]] = {"direct": [], **{backend: [] for backend in sandboxes}}
+    latencies: dict[str, list[float]] = {"direct": [], "floor_relay": [], **{backend: [] for backend in sandboxes}}
     per_round = max(1, requests // rounds)
     with floor_relay(port) as relay_port:
         for _ in range(rounds):
@@ -258,6 +258,8 @@ def throughput_and_latency(
                 speeds[f"{backend}_tunnel"].append(sandbox_curl(sandbox, proxied_url, "--proxytunnel"))
             small = [f"http://127.0.0.1:{port}/small", str(per_round), "direct"]
             latencies["direct"] += latency_loop(["/usr/bin/python3", "-c", LATENCY, *small], None)
+            relayed = [f"http://127.0.0.1:{relay_port}/small", str(per_round), "direct"]
+            latencies["floor_relay"] += latency_loop(["/usr/bin/python3", "-c", LATENCY, *relayed], None)
             for backend, sandbox in sandboxes.items():
                 through = [f"http://{NAME}:{port}/small", str(per_round), "proxy"]
                 latencies[backend] += latency_loop(["python3", "-c", LATENCY, *through], sandbox)
@@ -268,8 +270,8 @@ def throughput_and_latency(
     }
     results["latency"] = {key: percentiles(values) for key, values in latencies.items()}
     results["added_p50_ms"] = {
-        backend: round(results["latency"][backend]["p50_ms"] - results["latency"]["direct"]["p50_ms"], 3)
-        for backend in sandboxes
+        key: round(results["latency"][key]["p50_ms"] - results["latency"]["direct"]["p50_ms"], 3)
+        for key in ["floor_relay", *sandboxes]
     }
     return results
 
@@ -389,13 +391,15 @@ def report(results: dict[str, Any], *, as_json: bool) -> None:
     speeds, ratios = results["throughput_mb_s"], results["throughput_ratio"]
     print(f"  {'64 MiB download, host curl from 127.0.0.1 (direct)':55s} {speeds['direct']:8.1f} MB/s")
     print(f"  {'the same through a bare asyncio relay (the floor)':55s} {speeds['floor_relay']:8.1f} MB/s")
-    backends = [key for key in results["added_p50_ms"]]
+    backends = [key for key in results["added_p50_ms"] if key != "floor_relay"]
     for backend in backends:
         print(f"  {backend + ': curl in the sandbox, through its proxy':55s} {speeds[backend + '_proxy']:8.1f} MB/s")
         print(f"  {backend + ': the same, CONNECT tunnel (--proxytunnel)':55s} {speeds[backend + '_tunnel']:8.1f} MB/s")
     latency = results["latency"]
     for key, values in latency.items():
-        label = "small GET, host urllib direct" if key == "direct" else f"{key}: small GET through the proxy"
+        label = {"direct": "small GET, host urllib direct", "floor_relay": "the same through the bare relay"}.get(
+            key, f"{key}: small GET through the proxy"
+        )
         print(f"  {label:55s} p50 {values['p50_ms']:6.3f} ms, p90 {values['p90_ms']:6.3f} ms (n={values['n']})")
     scaled = results["scale"]
     print(
@@ -406,7 +410,10 @@ def report(results: dict[str, Any], *, as_json: bool) -> None:
     if scaled["failures"]:
         print(f"  scale failures: {scaled['failures']}")
     print(f"  docker: {results['docker']}")
-    print(f"  (no target) the bare relay vs direct: {ratios['floor_relay']:.2f}x")
+    print(
+        f"  (no target) the bare relay vs direct: {ratios['floor_relay']:.2f}x, "
+        f"added p50 {results['added_p50_ms']['floor_relay']:.3f} ms"
+    )
     for backend in backends:
         for label, ratio in (
             (f"{backend}: proxy vs direct", ratios[f"{backend}_proxy"]),
