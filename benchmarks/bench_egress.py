@@ -8,7 +8,8 @@ Run as root. Loopback only: the upstream is this process's own HTTP server on th
 connects anywhere else. A root service (`sandboxer serve`) runs each sandbox's proxy; the
 sandbox reaches it on its own 127.0.0.1:3128 through HTTP_PROXY.
 
-Measures, in interleaved rounds (medians):
+Measures, in interleaved rounds (medians; a throughput ratio is the median of each round's ratio
+to that round's direct download):
 - throughput of a 64 MiB download: `curl` inside a bwrap sandbox through the proxy (plain HTTP
   forwarding, and a CONNECT tunnel with `--proxytunnel`) vs the same `curl` on the host straight
   from 127.0.0.1 (target: >= 0.5x direct), beside the floor of the proxy's copy: the same
@@ -264,9 +265,12 @@ def throughput_and_latency(
                 through = [f"http://{NAME}:{port}/small", str(per_round), "proxy"]
                 latencies[backend] += latency_loop(["python3", "-c", LATENCY, *through], sandbox)
     results: dict[str, Any] = {"throughput_mb_s": {k: round(statistics.median(v), 1) for k, v in speeds.items()}}
-    direct = statistics.median(speeds["direct"])
+    # Each round's download against that round's direct one, then their median: a machine whose
+    # speed drifts between rounds tilts no ratio.
     results["throughput_ratio"] = {
-        key: round(statistics.median(values) / direct, 3) for key, values in speeds.items() if key != "direct"
+        key: round(statistics.median(v / d for v, d in zip(values, speeds["direct"], strict=True)), 3)
+        for key, values in speeds.items()
+        if key != "direct"
     }
     results["latency"] = {key: percentiles(values) for key, values in latencies.items()}
     results["added_p50_ms"] = {
