@@ -294,8 +294,11 @@ def scale(client: Client, profile: str, port: int, count: int) -> dict[str, Any]
     try:
         started = time.perf_counter()
         with ThreadPoolExecutor(max_workers=10) as pool:
-            for sandbox in pool.map(lambda _: client.create(profile), range(count)):
-                created.append(sandbox)
+            futures = [pool.submit(client.create, profile) for _ in range(count)]
+        # Every create that succeeded is kept (and torn down below) before a failed one is raised.
+        created.extend(future.result() for future in futures if future.exception() is None)
+        for future in futures:
+            future.result()
         results["create_seconds"] = round(time.perf_counter() - started, 2)
         script = SCALE_SCRIPT.replace("PORT", str(port))
 
