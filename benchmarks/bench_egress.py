@@ -365,6 +365,8 @@ def main() -> int:
     parser.add_argument("--no-docker", action="store_true", help="the bwrap backend only")
     parser.add_argument("--floor-relay", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if min(args.rounds, args.requests, args.sandboxes) < 1:
+        parser.error("--rounds, --requests and --sandboxes must be at least 1")
     if args.floor_relay is not None:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(_relay(args.floor_relay))
