@@ -44,6 +44,7 @@ tour: deps
 bench: deps
 	$(PY) benchmarks/bench_digest.py
 	$(PY) benchmarks/bench_sandbox.py
+	$(PY) benchmarks/bench_egress.py
 
 # 1,000 sequential create -> exec -> teardown cycles (root broker); fails if anything on the host
 # grows past its tolerance (docs/soak.md). SOAK_ARGS="--cycles 200 --backend docker" to vary it.

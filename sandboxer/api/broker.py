@@ -33,6 +33,7 @@ from sandboxer.api.results import (
     GrantedProfile,
     KeptExport,
     KeptExportRemoved,
+    NetworkLog,
     OwnerCheck,
     OwnerEntry,
     OwnerListing,
@@ -53,6 +54,7 @@ from sandboxer.commands.export import Export, check_format, discard_quarantine, 
 from sandboxer.commands.export_delivery import copy_to_path, deliver_to_path
 from sandboxer.commands.inspect import inspect as inspect_sandbox
 from sandboxer.commands.kept import kept_file, list_kept, remove_kept
+from sandboxer.commands.logs import network_log
 from sandboxer.commands.owner import status_of
 from sandboxer.commands.services import Services
 from sandboxer.commands.teardown import gc as collect
@@ -382,9 +384,13 @@ class Sandbox(SandboxBase):
         self.finish_export(made)
         return made.summary(destination)
 
+    def network_log(self, *, last: int | None = None) -> NetworkLog:
+        """What its egress proxy decided, each connection oldest first (logs --network --json)."""
+        return network_log(self.broker.dirs, self.id, last=last)
+
     def inspect(self) -> Evidence:
         """The live sandbox observed against its plan (inspect --json)."""
-        return inspect_sandbox(self.broker.dirs, self.id, backends=self.broker.backends)
+        return inspect_sandbox(self.broker.dirs, self.id, services=self.broker.services)
 
     def dispatch_tool(self, lease: str, request_id: str, wait_seconds: int = 0) -> Dispatched:
         """Relay the request `request_id` from the spool of the tool-request lease `lease` to its

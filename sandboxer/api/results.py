@@ -227,6 +227,29 @@ class KeptExport(JsonResult):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class NetworkAccess(JsonResult):
+    """One connection through a sandbox's egress proxy, as its access report has it (never a
+    header value, a body or a secret)."""
+
+    time: str  # RFC 3339, UTC
+    host: str
+    port: int
+    decision: Literal["allowed", "refused"]
+    reason: str
+    route: str | None
+    sent: int  # bytes from the sandbox
+    received: int  # bytes to it
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NetworkLog(JsonResult):
+    """`logs ID --network --json`: the sandbox's egress decisions, oldest first."""
+
+    id: str
+    entries: tuple[NetworkAccess, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class KeptExports(JsonResult):
     """`exports --json`."""
 

@@ -15,6 +15,7 @@ each version of the record to a `Note` the caller gives (the registry's write, i
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -174,6 +175,11 @@ class Lifecycle(Protocol):
 
     def observe(self, record: SandboxRecord, *, site: Site) -> Observed:
         """Observe the live sandbox against its plan."""
+
+    def listen_inside(self, record: SandboxRecord, address: tuple[str, int]) -> socket.socket:
+        """A socket listening on `address` in the running sandbox's own network namespace, made by
+        the broker from the host (the egress proxy's: docs/egress.md); BackendError when the
+        sandbox is gone or the address is taken inside."""
 
 
 class Warming(Protocol):

@@ -20,7 +20,7 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from typer.core import TyperGroup
 
 from sandboxer import __version__
-from sandboxer.cli import caller, owner
+from sandboxer.cli import caller, logs, owner
 from sandboxer.cli.options import debug_allowed, dirs_of, remember
 from sandboxer.dirs import Dirs, resolve_dirs
 from sandboxer.errors import NotPendingError, ResidueError, SandboxerError, UsageError
@@ -48,6 +48,7 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 app.add_typer(caller.app)
+app.add_typer(logs.app)
 app.add_typer(owner.app)
 
 

@@ -23,6 +23,7 @@ from sandboxer.api.broker import MANIFEST_PATHS
 from sandboxer.api.results import KeptExportFetched, KeptExports, Receipt, SandboxList
 from sandboxer.cli.files import deliver, deliver_kept, sandbox_of, sandbox_path
 from sandboxer.cli.options import (
+    IdArgument,
     JsonOption,
     broker_of,
     caller,
@@ -48,8 +49,6 @@ exports_app = typer.Typer(
     invoke_without_command=True,
 )
 app.add_typer(exports_app, name="exports")
-
-IdArgument = Annotated[str, typer.Argument(metavar="ID", help="A sandbox id (24 lowercase hex digits).")]
 
 
 @app.command("create")

@@ -19,6 +19,7 @@ from sandboxer.execio.stdio import Control
 from sandboxer.invocation import current
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
+IdArgument = Annotated[str, typer.Argument(metavar="ID", help="A sandbox id (24 lowercase hex digits).")]
 
 _DEBUG = "sandboxer.debug"
 _STATE_CHECKED = "sandboxer.state-checked"

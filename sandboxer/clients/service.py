@@ -36,6 +36,7 @@ from sandboxer.api.results import (
     KeptExport,
     KeptExportRemoved,
     KeptExports,
+    NetworkLog,
     OwnerCheck,
     OwnerEntry,
     OwnerListing,
@@ -213,6 +214,10 @@ class ClientSandbox(SandboxBase):
 
     def inspect(self) -> Evidence:
         return Evidence.from_json(self.client.service.request("GET", f"/v1/sandboxes/{self.id}"))
+
+    def network_log(self, *, last: int | None = None) -> NetworkLog:
+        query = "" if last is None else f"?last={int(last)}"
+        return NetworkLog.from_json(self.client.service.request("GET", f"/v1/sandboxes/{self.id}/logs/network{query}"))
 
     def _require_known(self) -> None:
         """NotFoundError (4) unless the service lists the sandbox for this caller."""

@@ -15,6 +15,7 @@ from sandboxer.commands.making import CreateRequest, before, clone_workspace, de
 from sandboxer.commands.services import Services
 from sandboxer.commands.sites import site_of
 from sandboxer.commands.spools import make_spools
+from sandboxer.core.egress.inside import EGRESS_PORT
 from sandboxer.core.plan import WORKSPACE_TARGET
 from sandboxer.core.record import SandboxRecord, expiry_text, now_text
 from sandboxer.errors import SandboxerError, UsageError
@@ -54,6 +55,8 @@ def create(
     request = CreateRequest(
         dirs, profile_name, manifest_path, bootstrap, backends=services.backends, ref=ref, branch=branch
     )
+    if request.profile.egress:
+        services.egress.require(request.profile.name)  # before anything is made
     registry = Registry(dirs.state)
 
     warm_count = warm.wanted(request)  # 0 unless the backend keeps warm sandboxes for the profile
@@ -83,12 +86,15 @@ def create(
         registry.write(record)
         activity.prepare(registry.path(record.id))
         record = _make(request, registry, record) if taken is None else warm.finish(request, registry, record, plan)
+        if request.profile.egress:
+            _serve_egress(request, record, services)
         record = replace(record, state="ready")
         registry.write(record)
     except BaseException as exc:
         record = replace(record, state="failed")
         with contextlib.suppress(OSError, SandboxerError):
             registry.write(record)
+        services.egress.close(record.id)
         residue = destroy(registry, record.id, record, backends=services.backends).residue
         if residue and isinstance(exc, SandboxerError):
             exc.message += f" (and cleanup left residue: {'; '.join(residue)})"
@@ -139,3 +145,12 @@ def _make(request: CreateRequest, registry: Registry, record: SandboxRecord) -> 
         note=registry.write,  # before anything the record names could outlive this process
     )
     return deliver_requested(request, plan, record)
+
+
+def _serve_egress(request: CreateRequest, record: SandboxRecord, services: Services) -> None:
+    """The sandbox's egress listener, made inside its network namespace before anything of the
+    caller's runs there (so nothing inside can take the port first), served by the service's
+    proxy from now on (docs/egress.md)."""
+    before("the egress proxy")
+    listener = request.engine.listen_inside(record, ("127.0.0.1", EGRESS_PORT))
+    services.egress.open(record.id, request.profile.name, listener)

@@ -6,7 +6,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sandboxer.api.results import Evidence
-from sandboxer.backends import Backends
+from sandboxer.commands.logs import counts, has_egress
+from sandboxer.commands.services import Services
 from sandboxer.commands.sites import site_of
 from sandboxer.core.plan import MIB, RUNTIME_TARGET, STATE_ROOT, TMP_TARGETS, MountKind
 from sandboxer.errors import BackendError
@@ -20,12 +21,12 @@ if TYPE_CHECKING:
     from sandboxer.host.observe import MountSeen, ProbeSeen
 
 
-def inspect(dirs: Dirs, sandbox_id: str, *, backends: Backends) -> Evidence:
+def inspect(dirs: Dirs, sandbox_id: str, *, services: Services) -> Evidence:
     """Evidence observed from the live sandbox, compared with its plan."""
 
     registry = Registry(dirs.state)
     record = registry.read_caller(check_id(sandbox_id))
-    backend = backends.backend(record.backend)
+    backend = services.backends.backend(record.backend)
     gone = f"tear it down: sandboxer teardown {sandbox_id}"  # its caller may (gc is the owners')
     if record.state != "ready" or not backend.is_running(record):
         raise BackendError(f"sandbox {sandbox_id} is not running (state {record.state})", hint=gone)
@@ -34,6 +35,9 @@ def inspect(dirs: Dirs, sandbox_id: str, *, backends: Backends) -> Evidence:
     seen = backend.observe(record, site=site_of(registry, record.id))
     evidence = _evidence(record, state_dir=dirs.state, mounts=seen.mounts, probe=seen.probe, problems=seen.problems)
     evidence["network"] = seen.network
+    if has_egress(record):  # the proxy that is its only way out, and what it decided so far
+        proxy = services.egress.status(sandbox_id) or "down (this process serves no egress: sandboxer serve does)"
+        evidence["network"] = {**seen.network, "egress": {"proxy": proxy, **counts(dirs, sandbox_id)}}
     evidence["limits"].update(seen.limits)
     evidence.update(seen.sections)
     return Evidence.from_json(evidence)

@@ -17,6 +17,7 @@ from sandboxer.core.bootstrap import SUSPEND_DIR, TARGET
 from sandboxer.core.config import is_git_ref
 from sandboxer.core.configdir import load_extension, load_profile
 from sandboxer.core.digest import RuntimeArtifactError
+from sandboxer.core.egress.profile_policy import route_problem
 from sandboxer.core.manifest.schema import PROVIDER_CREDENTIAL, PROVIDER_ENVIRONMENT
 from sandboxer.core.plan import BACKEND_OF, SANDBOX_GID, SANDBOX_UID, Grants, Mount, MountKind, build_plan
 from sandboxer.core.record import BootstrapRecord, WorkRecord
@@ -27,6 +28,7 @@ from sandboxer.host import workspace
 from sandboxer.host.digest_cache import digest_runtime
 from sandboxer.host.parse_cache import ParseCache
 from sandboxer.host.registry import Registry
+from sandboxer.host.sandbox_ca import load_ca, make_ca, trust_bundle
 
 if TYPE_CHECKING:
     from sandboxer.backends.protocol import Backend
@@ -93,6 +95,16 @@ def _require_approved(ledger: Ledger, name: str, file_sha256: str) -> None:
         )
 
 
+def require_routes(profile: Profile, extension: ExtensionConfig) -> None:
+    """The profile's network.routes name routes of its extension config, each for a host its
+    network.egress lists (PolicyError otherwise: 3)."""
+    problem = route_problem(profile, extension)
+    if problem is not None:
+        raise PolicyError(
+            problem, hint=f"name routes of {extension.extension}'s config.routes, for hosts in network.egress"
+        )
+
+
 def backend_name(extension: ExtensionConfig) -> BackendName:
     """The backend an extension config runs its sandboxes on."""
 
@@ -110,6 +122,7 @@ def _admit(dirs: Dirs, profile_name: str, backends: Backends) -> tuple[str, Prof
     _require_approved(ledger, profile.name, profile.file_sha256)
     _, extension = load_extension(dirs.config, profile.extension, cache=cache)
     _require_approved(ledger, extension.extension, extension.file_sha256)
+    require_routes(profile, extension)
     backend = backends.backend(backend_name(extension))
     backend.preflight(extension)
     verify_pin(
@@ -204,7 +217,17 @@ def plan_for(
         host_links=links,
         host_etc=etc,
         grants=grants,
+        trust_bundle=_trust_bundle(request, registry.path(sandbox_id)),
     )
+
+
+def _trust_bundle(request: CreateRequest, sandbox_dir: str) -> bytes | None:
+    """With credential routes, what the sandbox trusts: the host's roots and its own CA, made
+    now (a warm sandbox's, when it was started) and kept beside its record, where the service
+    loads its key from (docs/egress.md). Without routes: None (the host's roots serve)."""
+    if not (request.profile.routes and request.profile.egress):
+        return None
+    return trust_bundle(load_ca(sandbox_dir) or make_ca(sandbox_dir, os.path.basename(sandbox_dir)))
 
 
 def clone_workspace(request: CreateRequest, plan: Plan) -> WorkRecord:

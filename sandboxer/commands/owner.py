@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import io
 import os
+import stat
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,14 +16,15 @@ from ruamel.yaml import YAML
 
 from sandboxer.api import results
 from sandboxer.backends import Backends
-from sandboxer.commands.making import backend_name, verify_pin
+from sandboxer.commands.making import backend_name, require_routes, verify_pin
 from sandboxer.core import approvals
 from sandboxer.core.approvals import Approval, Ledger, Status
 from sandboxer.core.config import parse_owner_file, validate_name
 from sandboxer.core.config_types import EXTENSIONS, GRANTS_NAME, ExtensionConfig, OwnerFile, Profile, meaning
 from sandboxer.core.configdir import load_owner_file, present_names, read_file, read_owner_file
+from sandboxer.core.egress.policy import Route
 from sandboxer.dirs import Dirs
-from sandboxer.errors import SandboxerError, UsageError
+from sandboxer.errors import PolicyError, SandboxerError, UsageError
 from sandboxer.host.digest_cache import digest_runtime
 from sandboxer.host.fsutil import atomic_write, locked
 from sandboxer.host.workspace import check_repository
@@ -49,8 +52,10 @@ def approve(dirs: Dirs, name: str, *, backends: Backends) -> results.Approval:
 
     What a create would trip on is checked now, so that an owner learns it at approval, not at
     the first create: an extension config's runtime matches its pin (3 otherwise) and its
-    backend can honour it (a Docker image present in the Engine: 2); a profile's repository is
-    a Git repository with its ref and the refs it lists (2).
+    backend can honour it (a Docker image present in the Engine: 2), and each of its routes'
+    secret file is owner-only (3); a profile's repository is a Git repository with its ref and
+    the refs it lists (2), and its network.routes are routes of its extension config for hosts
+    its network.egress lists (3).
     """
     raw = read_owner_file(dirs.config, name)
     item = load_owner_file(raw)
@@ -58,13 +63,49 @@ def approve(dirs: Dirs, name: str, *, backends: Backends) -> results.Approval:
         verify_pin(item.runtime, state_dir=dirs.state, others={"config dir": dirs.config, "state dir": dirs.state})
 
         backends.backend(backend_name(item)).check_extension(item, raw.path)
+        owner = os.stat(dirs.config).st_uid
+        for route in item.routes.values():
+            check_secret_file(route, file=raw.path, owners=(0, owner))
     elif isinstance(item, Profile):
         workspace = item.workspace
         check_repository(workspace.repository, (workspace.ref, *workspace.refs), raw.path)
+        if item.routes:  # checked again at create: the extension config may change meanwhile
+            extension = load_owner_file(read_owner_file(dirs.config, item.extension))
+            if isinstance(extension, ExtensionConfig):
+                require_routes(item, extension)
     given = approvals.approval(name, item.file_sha256)
     with _edit_ledger(Ledger(dirs.config)) as entries:
         entries[name] = given
     return results.Approval(name=name, file=raw.path, status=Status.APPROVED.value, sha256=given.sha256)
+
+
+def check_secret_file(route: Route, *, file: str, owners: tuple[int, ...]) -> None:
+    """A route's secret file as the proxy will read it per request: there, a regular file (not a
+    link: the proxy opens it with O_NOFOLLOW), owned by root or the config dir's owner, readable
+    by nobody else. Opened to be checked, never read: no error can carry its content."""
+    field = f"config.routes.{route.name}.secret_file"
+
+    def refuse(rule: str) -> PolicyError:
+        return PolicyError(f"{file}: {field}: {rule}", hint="chmod 600 it, owned by the owner of the config dir")
+
+    try:
+        fd = os.open(route.secret_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise refuse("no such file") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise refuse("must be a regular file, not a symbolic link") from None
+        raise refuse(f"cannot be opened ({exc.strerror})") from None
+    try:
+        info = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise refuse("must be a regular file")
+    if info.st_uid not in owners:
+        raise refuse(f"must be owned by root or by the config dir's owner (uid {owners[-1]})")
+    if info.st_mode & 0o077:
+        raise refuse("must be readable by its owner only (no group or other permissions)")
 
 
 def revoke(dirs: Dirs, name: str) -> results.Approval:

@@ -52,6 +52,7 @@ def teardown(dirs: Dirs, sandbox_id: str, *, services: Services, keep_work: bool
             with contextlib.suppress(OSError, SandboxerError):
                 registry.write(record)
         done = destroy(registry, sandbox_id, record, backends=services.backends)
+        services.egress.close(sandbox_id)  # its listener went with its namespace; its proxy goes too
     finally:
         os.close(lock)
     if record is not None and record.warm_profile:

@@ -11,6 +11,7 @@ import hashlib
 import re
 
 from sandboxer.core.config_doc import Doc
+from sandboxer.core.config_egress import parse_network, parse_routes
 from sandboxer.core.config_types import (
     DEFAULT_GIT_USER,
     DEFAULT_MEMORY_MIB,
@@ -30,6 +31,7 @@ from sandboxer.core.config_types import (
     RuntimePin,
     Security,
     Workspace,
+    no_routes,
 )
 from sandboxer.core.plan import PLAN_ENV_NAMES
 from sandboxer.core.yamlstrict import YMap, YNode, YScalar, parse_yaml
@@ -88,7 +90,7 @@ def _parse_extension(doc: Doc, root: YNode, digest: str) -> ExtensionConfig:
     doc.own_name(top["extension"], "extension", extension)
     needs_image = extension == "ext.docker"
     required = ("runtime", "image") if needs_image else ("runtime",)
-    body = doc.mapping(top["config"], "config", required, ("warm",))
+    body = doc.mapping(top["config"], "config", required, ("warm", "routes"))
     runtime = doc.mapping(body["runtime"], "config.runtime", ("path", "sha256"))
     image = None
     if needs_image:
@@ -108,7 +110,8 @@ def _parse_extension(doc: Doc, root: YNode, digest: str) -> ExtensionConfig:
         ),
     )
     warm = doc.integer(body["warm"], "config.warm", WARM_RANGE) if "warm" in body else 0
-    return ExtensionConfig(extension=extension, runtime=pin, image=image, file_sha256=digest, warm=warm)
+    routes = parse_routes(doc, body["routes"]) if "routes" in body else no_routes()
+    return ExtensionConfig(extension=extension, runtime=pin, image=image, file_sha256=digest, warm=warm, routes=routes)
 
 
 def _exec_section(doc: Doc, node: YNode | None) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
@@ -182,14 +185,8 @@ def _parse_profile(doc: Doc, root: YNode, digest: str) -> Profile:
     doc.own_name(top["profile"], "profile", name)
     extension = doc.extension_name(top["extension"], "extension")
     workspace = doc.mapping(top["workspace"], "workspace", ("repository", "ref"), ("git", "refs"))
-    network = doc.mapping(top["network"], "network", ("default", "egress"))
+    network = parse_network(doc, top["network"], extension)
     setup = doc.mapping(top["setup"], "setup", ("secrets",))
-
-    default_node = network["default"]
-    default = doc.string(default_node, "network.default")
-    if default not in ("deny", "allow"):
-        raise doc.fail(default_node.mark, "network.default", "must be deny or allow")
-    egress = doc.sequence(network["egress"], "network.egress", lambda n, p: _opaque_string(doc, n, p))
     secrets = doc.sequence(setup["secrets"], "setup.secrets", lambda n, p: _opaque_string(doc, n, p))
 
     limits = Limits()
@@ -233,25 +230,13 @@ def _parse_profile(doc: Doc, root: YNode, digest: str) -> Profile:
         else (ref,)
     )
 
-    # Both backends give a sandbox loopback only and deliver no secrets; a profile that asks for
-    # more would be promised something nothing enforces, so it is refused, not ignored.
-    if default != "deny":
-        doc.forbid(
-            default_node.mark,
-            "network.default",
-            f"must be deny for {extension} (only loopback networking exists)",
-        )
-    if egress:
-        doc.forbid(
-            network["egress"].mark,
-            "network.egress",
-            f"must be empty for {extension} (no egress is enforced)",
-        )
+    # No secret is ever put into a sandbox: a credential reaches its host through a route the
+    # broker's proxy adds (network.routes), so a profile that asks for one is refused, not ignored.
     if secrets:
         doc.forbid(
             setup["secrets"].mark,
             "setup.secrets",
-            f"must be empty for {extension} (no secret delivery exists)",
+            f"must be empty for {extension} (secrets never enter a sandbox: use network.routes)",
         )
     if doc.forbidden:
         raise doc.forbidden[0]
@@ -262,7 +247,7 @@ def _parse_profile(doc: Doc, root: YNode, digest: str) -> Profile:
             repository=repository, ref=ref, git_user_name=git_name, git_user_email=git_email, refs=refs
         ),
         network_default="deny",
-        egress=(),
+        egress=network.egress,
         secrets=(),
         limits=limits,
         file_sha256=digest,
@@ -270,6 +255,8 @@ def _parse_profile(doc: Doc, root: YNode, digest: str) -> Profile:
         lifetime=lifetime,
         caller_env=caller_env,
         exec_env=exec_env,
+        routes=network.routes,
+        egress_limits=network.limits,
     )
 
 

@@ -8,8 +8,14 @@ the parser.
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Literal, get_args
+
+from sandboxer.core.egress.policy import EgressRule, Route
+from sandboxer.core.egress.policy import Limits as EgressLimits
 
 ExtensionName = Literal["ext.bwrap", "ext.docker"]
 EXTENSIONS: tuple[ExtensionName, ...] = get_args(ExtensionName)
@@ -20,6 +26,12 @@ DEFAULT_WORKSPACE_MIB = 4096
 DEFAULT_STATE_MIB = 256  # the private state tmpfs (HOME, XDG dirs, TMPDIR)
 DEFAULT_TMP_MIB = 256  # /tmp and /var/tmp, each a private tmpfs
 DEFAULT_GIT_USER = ("Sandbox", "sandbox@localhost")  # a neutral commit identity: workspace.git.user
+DEFAULT_EGRESS_LIMITS = EgressLimits()  # network.limits left out (docs/egress.md, "Limits")
+
+
+def no_routes() -> Mapping[str, Route]:
+    """An extension config's routes when it lists none (read-only, like every parsed value)."""
+    return types.MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,6 +51,8 @@ class ExtensionConfig:
     image: str | None
     file_sha256: str
     warm: int = 0  # sandboxes kept started ahead for each of its profiles (sandboxer.commands.warmpool)
+    # config.routes: the credential routes a profile may opt into by name (network.routes)
+    routes: Mapping[str, Route] = field(default_factory=no_routes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,7 +109,7 @@ class Profile:
     extension: ExtensionName
     workspace: Workspace
     network_default: Literal["deny"]
-    egress: tuple[()]
+    egress: tuple[EgressRule, ...]  # network.egress: the hosts and ports the proxy lets through
     secrets: tuple[()]
     limits: Limits
     file_sha256: str
@@ -103,6 +117,13 @@ class Profile:
     lifetime: Lifetime = Lifetime()
     caller_env: tuple[str, ...] = ()  # exec.caller_env: names a caller may set with exec --env
     exec_env: tuple[tuple[str, str], ...] = ()  # exec.env: variables the owner sets in every exec
+    routes: tuple[str, ...] = ()  # network.routes: the extension's credential routes it uses, by name
+    egress_limits: EgressLimits = DEFAULT_EGRESS_LIMITS  # network.limits: the proxy's, per sandbox
+
+    @property
+    def has_egress(self) -> bool:
+        """Whether the sandbox's way out is the broker's proxy (else loopback only)."""
+        return bool(self.egress)
 
 
 GRANTS_NAME = "grants"  # <config-dir>/grants.yaml, approved as `sandboxer ext approve grants`
@@ -171,7 +192,17 @@ def meaning(item: OwnerFile) -> dict[str, Any]:
                 "refs": list(item.workspace.refs),
                 "git": {"user": {"name": item.workspace.git_user_name, "email": item.workspace.git_user_email}},
             },
-            "network": {"default": item.network_default, "egress": list(item.egress)},
+            "network": {
+                "default": item.network_default,
+                "egress": [_rule_meaning(rule) for rule in item.egress],
+                "routes": list(item.routes),
+                "limits": {
+                    "connections": item.egress_limits.connections,
+                    "mib": item.egress_limits.mib,
+                    "seconds": item.egress_limits.seconds,
+                },
+                "publish": "none",
+            },
             "setup": {"secrets": list(item.secrets)},
             "limits": {
                 "memory_mib": item.limits.memory_mib,
@@ -189,6 +220,7 @@ def meaning(item: OwnerFile) -> dict[str, Any]:
     if item.image is not None:
         config["image"] = item.image
     config["warm"] = item.warm
+    config["routes"] = {name: _route_meaning(route) for name, route in item.routes.items()}
     return {"kind": "extension", "extension": item.extension, "config": config}
 
 
@@ -211,6 +243,8 @@ def from_meaning(document: dict[str, Any], file_sha256: str) -> OwnerFile:
         )
     if document["kind"] == "profile":
         limits = document["limits"]
+        network = document["network"]
+        egress_limits = network.get("limits", {})
         workspace = document["workspace"]
         git_user = workspace.get("git", {}).get("user", {})
         return Profile(
@@ -224,7 +258,7 @@ def from_meaning(document: dict[str, Any], file_sha256: str) -> OwnerFile:
                 refs=tuple(str(r) for r in workspace.get("refs", ())),
             ),
             network_default="deny",
-            egress=(),
+            egress=tuple(_rule(rule) for rule in network["egress"]),
             secrets=(),
             limits=Limits(
                 memory_mib=int(limits["memory_mib"]),
@@ -239,6 +273,12 @@ def from_meaning(document: dict[str, Any], file_sha256: str) -> OwnerFile:
             lifetime=_lifetime(document.get("lifetime", {})),
             caller_env=tuple(str(name) for name in document.get("exec", {}).get("caller_env", [])),
             exec_env=tuple((str(k), str(v)) for k, v in document.get("exec", {}).get("env", {}).items()),
+            routes=tuple(str(name) for name in network.get("routes", ())),
+            egress_limits=EgressLimits(
+                connections=int(egress_limits.get("connections", DEFAULT_EGRESS_LIMITS.connections)),
+                mib=int(egress_limits.get("mib", DEFAULT_EGRESS_LIMITS.mib)),
+                seconds=_seconds(egress_limits.get("seconds", DEFAULT_EGRESS_LIMITS.seconds)),
+            ),
         )
     config = document["config"]
     return ExtensionConfig(
@@ -247,7 +287,55 @@ def from_meaning(document: dict[str, Any], file_sha256: str) -> OwnerFile:
         image=str(config["image"]) if "image" in config else None,
         file_sha256=file_sha256,
         warm=int(config.get("warm", 0)),
+        routes=types.MappingProxyType(
+            {str(name): _route(str(name), route) for name, route in config.get("routes", {}).items()}
+        ),
     )
+
+
+def rfc3339(moment: float) -> str:
+    """A moment as RFC 3339 in UTC with `Z` (microseconds only when it has them)."""
+    return datetime.fromtimestamp(moment, UTC).isoformat().replace("+00:00", "Z")
+
+
+def _rule_meaning(rule: EgressRule) -> dict[str, Any]:
+    return {"host": rule.host, "ports": list(rule.ports), "addresses": list(rule.addresses)}
+
+
+def _rule(document: dict[str, Any]) -> EgressRule:
+    return EgressRule(
+        host=str(document["host"]),
+        ports=tuple(int(port) for port in document["ports"]),
+        addresses=tuple(str(address) for address in document.get("addresses", ())),
+    )
+
+
+def _route_meaning(route: Route) -> dict[str, Any]:
+    return {
+        "host": route.host,
+        "header": route.header,
+        "format": route.format,
+        "secret_file": route.secret_file,
+        "expires_at": None if route.expires_at is None else rfc3339(route.expires_at),
+    }
+
+
+def _route(name: str, document: dict[str, Any]) -> Route:
+    expires = document.get("expires_at")
+    return Route(
+        name=name,
+        host=str(document["host"]),
+        header=str(document["header"]),
+        format=str(document["format"]),
+        secret_file=str(document["secret_file"]),
+        expires_at=None if expires is None else datetime.fromisoformat(str(expires)).timestamp(),
+    )
+
+
+def _seconds(value: object) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError("seconds in parse cache")
+    return value
 
 
 def _lifetime(document: dict[str, Any]) -> Lifetime:

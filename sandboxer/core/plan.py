@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
 
+from sandboxer.core.egress.inside import TRUST_BUNDLE, proxy_env, trust_env
+
 RUNTIME_TARGET = "/opt/sandboxer/runtime"
 WORKSPACE_TARGET = "/workspace"
 STATE_ROOT = "/run/sandboxer/state"
@@ -102,9 +104,17 @@ class Plan:
     mounts: tuple[Mount, ...]
     env: tuple[tuple[str, str], ...]
     limits: Limits
-    network: Literal["loopback"] = "loopback"
+    # loopback: `lo` and nothing else; proxy: the same, with the broker's proxy listening on it
+    # (core/egress/inside.py) and the proxy variables set
+    network: Literal["loopback", "proxy"] = "loopback"
+    routes: tuple[str, ...] = ()  # the credential routes the proxy adds (the profile's network.routes)
     allow_ptrace: bool = False  # the profile's security.allow_ptrace: the syscall policy's one switch
     caller_env: tuple[str, ...] = ()  # the profile's exec.caller_env: names exec --env may set
+
+    @property
+    def egress(self) -> bool:
+        """Whether the broker's proxy is the sandbox's way out (the service must start one)."""
+        return self.network == "proxy"
 
     def mount_at(self, target: str) -> Mount:
         """The mount entry at `target`."""
@@ -173,8 +183,19 @@ def base_env(*, sandbox_id: str, profile: str, user: str) -> tuple[tuple[str, st
     return tuple(env)
 
 
-# The names the sandbox's own environment sets: never a caller's to set (exec.caller_env).
-PLAN_ENV_NAMES = frozenset(name for name, _ in base_env(sandbox_id="", profile="", user=""))
+# The names the sandbox's own environment sets, with egress and routes too: never the owner's to
+# set (exec.env) nor a caller's (exec.caller_env, exec --env), in any sandbox.
+PLAN_ENV_NAMES = frozenset(
+    name for name, _ in (*base_env(sandbox_id="", profile="", user=""), *proxy_env(), *trust_env())
+)
+
+
+def egress_env(*, egress: bool, routes: bool) -> tuple[tuple[str, str], ...]:
+    """What egress adds to the environment: the proxy variables, and the trust bundle's when the
+    proxy terminates TLS for routes."""
+    if not egress:
+        return ()
+    return (*proxy_env(), *(trust_env() if routes else ()))
 
 
 def build_plan(
@@ -188,6 +209,7 @@ def build_plan(
     host_etc: tuple[str, ...] = (),
     grants: Grants | None = None,
     workspace_in_memory: bool = False,
+    trust_bundle: bytes | None = None,
 ) -> Plan:
     """The plan of one sandbox. `host_links` and `host_etc` describe the host's /usr layout.
 
@@ -197,7 +219,15 @@ def build_plan(
 
     `host_links` are the top-level links into /usr (merged-/usr hosts: /bin, /lib, /lib64, /sbin);
     `host_etc` are host /etc entries bound read-only (TLS certificates, the loader cache).
+
+    A profile with `network.egress` gets the proxy variables (docs/egress.md); one that uses
+    routes also gets the trust bundle's, and `trust_bundle` (the host's CA certificates and the
+    sandbox's own CA's: host/sandbox_ca.trust_bundle, never a key) as a read-only file at
+    TRUST_BUNDLE: it is required then (ValueError without it).
     """
+    if profile.routes and profile.egress and trust_bundle is None:
+        raise ValueError("a profile with network.routes needs the sandbox's trust_bundle")
+    routes = profile.routes if profile.egress else ()
     grants = grants or Grants()
     uid, gid, user = grants.uid or SANDBOX_UID, grants.gid or SANDBOX_GID, SANDBOX_USER
     mounts: list[Mount] = [
@@ -217,6 +247,8 @@ def build_plan(
         ),
         *grants.mounts,
     ]
+    if routes and trust_bundle is not None:
+        mounts.append(Mount(kind=MountKind.FILE, target=TRUST_BUNDLE, content=trust_bundle, mode=0o444))
     return Plan(
         sandbox_id=sandbox_id,
         profile=profile.name,
@@ -232,11 +264,16 @@ def build_plan(
         hostname=HOSTNAME,
         mounts=tuple(mounts),
         # The owner's exec.env on the environment built from nothing (it never names one of its
-        # variables), then a manifest's project variables.
+        # variables), then a manifest's project variables; egress's last, so nothing redirects it.
         env=_merged(
-            _merged(base_env(sandbox_id=sandbox_id, profile=profile.name, user=user), profile.exec_env), grants.env
+            _merged(
+                _merged(base_env(sandbox_id=sandbox_id, profile=profile.name, user=user), profile.exec_env), grants.env
+            ),
+            egress_env(egress=bool(profile.egress), routes=bool(routes)),
         ),
         limits=profile.limits,
+        network="proxy" if profile.egress else "loopback",
+        routes=routes,
         allow_ptrace=profile.security.allow_ptrace,
         caller_env=profile.caller_env,
     )

@@ -96,6 +96,8 @@ def _scalar_value(node: ScalarNode, file: str, path: str) -> str | int | bool | 
             return float(node.value)
         except ValueError:
             raise ConfigError(file, mark.line, mark.column, path, "not a plain number") from None
+    if tag == _TAG + "timestamp":  # YAML reads an unquoted date as its own type: say what to do
+        raise ConfigError(file, mark.line, mark.column, path, "unsupported YAML tag (quote dates and times)")
     raise ConfigError(file, mark.line, mark.column, path, "unsupported YAML tag")
 
 

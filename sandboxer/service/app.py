@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import os
 import secrets
@@ -246,6 +247,16 @@ async def inspect(request: web.Request) -> web.Response:
     return _json(await in_worker(request, sandbox.inspect))
 
 
+async def network_log(request: web.Request) -> web.Response:
+    """logs --network; `?last=N` for the last N entries."""
+    sandbox = await sandbox_of(request)
+    raw = request.query.get("last")
+    if raw is not None and not (raw.isascii() and raw.isdigit() and len(raw) <= 9):
+        raise UsageError("last: must be a whole number of entries")
+    last = None if raw is None else int(raw)
+    return _json(await in_worker(request, functools.partial(sandbox.network_log, last=last)))
+
+
 async def teardown(request: web.Request) -> web.Response:
     """teardown; `?discard=true` removes work no export took out (else refused: 2)."""
 
@@ -401,6 +412,7 @@ HANDLERS: dict[str, Handler] = {
     "list": list_sandboxes,
     "create": create,
     "inspect": inspect,
+    "logs-network": network_log,
     "teardown": teardown,
     "exec": exec_command,
     "exec-signal": signal_exec,

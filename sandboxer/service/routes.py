@@ -27,6 +27,7 @@ from sandboxer.api.results import (
     GcReport,
     KeptExportRemoved,
     KeptExports,
+    NetworkLog,
     OwnerListing,
     Receipt,
     RuntimeDigest,
@@ -147,6 +148,14 @@ ROUTES: tuple[Route, ...] = (
         summary="inspect: the live sandbox against its plan",
         answer=Evidence,
         errors={404: "no such sandbox (4)"},
+    ),
+    Route(
+        method="GET",
+        path="/v1/sandboxes/{id}/logs/network",
+        name="logs-network",
+        summary="logs --network: each connection through the sandbox's egress proxy (query: last=N)",
+        answer=NetworkLog,
+        errors={400: "usage (2)", 404: "no such sandbox (4)"},
     ),
     Route(
         method="DELETE",

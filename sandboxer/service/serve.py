@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from sandboxer.backends import Backends
 from sandboxer.commands.services import Services
 from sandboxer.dirs import Dirs, default_socket, require_state_dir
 from sandboxer.errors import PolicyError, UsageError
@@ -34,6 +35,7 @@ from sandboxer.service.admission import CallerSlots
 from sandboxer.service.app import Handler, make_app
 from sandboxer.service.cliserver import CommandTable, Serving
 from sandboxer.service.connections import Activity, Connections
+from sandboxer.service.egress.proxies import Proxies
 from sandboxer.service.http import AUDIT, EXECS, HEAD_SECONDS, Protocol
 from sandboxer.service.lifetimes import KEEP_EXPORTS, REAP_EVERY, Reaper
 
@@ -202,22 +204,27 @@ async def _run(
     workers = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="sandboxer-command")
     reaper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandboxer-reaper")
     slots = CallerSlots()
-    services = Services.of()  # the engines and fills every request of this service shares
+    loop = asyncio.get_running_loop()
+    backends = Backends()
+    proxies = Proxies(dirs, backends, loop)  # the egress of sandboxes that have it
+    services = Services.of(backends, egress=proxies)  # what every request of this service shares
     app = make_app(dirs, services=services, workers=workers, slots=slots)
     lifetimes = Reaper(dirs, services, app[AUDIT], keep_exports=keep_exports)
     activity = Activity()
     app.middlewares.insert(0, _idle_clock(activity))
     install_thread_streams()  # a CLI client's command prints on the client's own descriptors
-    loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=SHORT_WORKERS, thread_name_prefix="sandboxer"))
     runner, protocol = await _http_server(app)
     serving = Serving(dirs=dirs, services=services, audit=app[AUDIT], commands=commands)
     connections = Connections(listener, protocol, serving, activity=activity, slots=slots, workers=workers)
+    # Live sandboxes' egress is served again before the first client is: none finds it down.
+    await loop.run_in_executor(workers, proxies.reopen)
     acceptor = asyncio.create_task(connections.accept())
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     helpers = _start_helpers(services)
+    watcher = asyncio.create_task(proxies.watch(stop))
     sys.stderr.write(f"sandboxer: serving {dirs.state} on {listener.getsockname()}\n")
     sys.stderr.flush()
     try:
@@ -226,13 +233,17 @@ async def _run(
                 await asyncio.wait_for(stop.wait(), timeout=REAP_EVERY)
             await loop.run_in_executor(reaper, lifetimes.reap)
             await loop.run_in_executor(reaper, app[AUDIT].flush)  # suppressed refusals, counted
-            if idle_exit is not None and activity.idle_for() > idle_exit:
+            # A sandbox with egress has it only while the service runs: never idle then.
+            if idle_exit is not None and activity.idle_for() > idle_exit and not proxies.serving():
                 sys.stderr.write("sandboxer: idle, exiting\n")
                 break
             if os.fstat(lock).st_nlink == 0:
                 sys.stderr.write("sandboxer: the state dir was removed, exiting\n")
                 break
     finally:
+        stop.set()
+        await watcher
+        await proxies.close_all()
         acceptor.cancel()
         for gone in app[EXECS].copy():  # an exec runs as long as its command: it is cancelled
             gone.set()

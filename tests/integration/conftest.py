@@ -62,6 +62,7 @@ class SandboxBroker:
     # its private one); otherwise they run in the CLI's own process (SANDBOXER_NO_SERVICE=1).
     through_service: bool = False
     service: Service | None = None  # the service a fixture started for the CLI (its state dir's socket)
+    service_env: dict[str, str] = field(default_factory=dict)  # more variables for the services it starts
 
     def argv(self, *args: str) -> list[str]:
         """The full command line of one CLI run."""

@@ -41,7 +41,7 @@ class Service:
                 self.broker.argv("serve", "--socket", str(self.socket), *self.options),
                 stdout=log,
                 stderr=log,
-                env=self.broker.env(),
+                env={**self.broker.env(), **self.broker.service_env},
             )
         deadline = time.monotonic() + 20
         while not answers(self.socket):

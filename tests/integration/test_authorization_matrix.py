@@ -50,6 +50,7 @@ EXPECTED: dict[str, tuple[object, object, object, object]] = {
     "list": (0, 0, 0, 3),
     "create": (0, 0, 0, 3),
     "inspect": (0, 0, 4, 3),
+    "logs-network": (0, 0, 4, 3),
     "exec": (0, 0, 125, 3),
     "export": (0, 0, 4, 3),
     "dispatch-tool": (ALLOWED, ALLOWED, 4, 3),
@@ -119,6 +120,7 @@ def run(op):
     if op == "list": return client.list()
     if op == "create": return client.create(profile)
     if op == "inspect": return client.sandbox(sandbox).inspect()
+    if op == "logs-network": return client.sandbox(sandbox).network_log()
     if op == "exec": return client.sandbox(sandbox).exec(["true"]).status
     if op == "export":
         return client.sandbox(sandbox).export("tar", f"{scratch}/http-{client.whoami().uid}.tar")
@@ -180,6 +182,7 @@ def _cli(account: pwd.struct_passwd | None, service: Service, sandbox: str, ops:
         "list": ["list"],
         "create": ["create", "--profile", broker.profile],
         "inspect": ["inspect", sandbox],
+        "logs-network": ["logs", sandbox, "--network"],
         "exec": ["exec", sandbox, "--", "true"],
         "export": ["export", sandbox, "--tar", str(scratch / f"cli-{name}.tar")],
         "dispatch-tool": [
@@ -215,6 +218,7 @@ def _embedded(caller: Caller, service: Service, sandbox: str, ops: list[str]) ->
         "list": broker.list,
         "create": lambda: broker.create(service.broker.profile),
         "inspect": lambda: broker.sandbox(sandbox).inspect(),
+        "logs-network": lambda: broker.sandbox(sandbox).network_log(),
         "exec": lambda: broker.sandbox(sandbox, unknown=ExecError("exec: no such sandbox")).exec(["true"]).status,
         "export": lambda: broker.sandbox(sandbox).export("tar", str(scratch / f"embedded-{caller.uid}.tar")),
         "dispatch-tool": lambda: broker.sandbox(sandbox).dispatch_tool("no-such-lease", "r1"),

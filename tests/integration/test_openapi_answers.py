@@ -156,6 +156,9 @@ def test_every_answer_validates_against_the_served_document(api: Api, sb_root: S
     assert created["id"] in {item["id"] for item in api.call("list", "/v1/sandboxes")[1]["sandboxes"]}
     status, evidence = api.call("inspect", sandbox)
     assert (status, evidence["matches_plan"]) == (200, True), evidence
+    status, logged = api.call("logs-network", f"{sandbox}/logs/network?last=5")
+    assert (status, logged) == (200, {"id": created["id"], "entries": []})
+    assert api.call("logs-network", f"{sandbox}/logs/network?last=x")[0] == 400
 
     assert api.exec(created["id"], ["sh", "-c", "echo out; exit 3"]) == {"status": 3}
     running = api.send("POST", f"{sandbox}/exec", json.dumps({"argv": ["sleep", "30"]}).encode() + b"\n")

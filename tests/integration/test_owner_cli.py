@@ -44,7 +44,13 @@ def test_check_prints_normalized_meaning(broker: Broker) -> None:
     assert result.status == 0, result.stderr
     document = result.json()
     assert document["kind"] == "profile"
-    assert document["network"] == {"default": "deny", "egress": []}
+    assert document["network"] == {
+        "default": "deny",
+        "egress": [],
+        "routes": [],
+        "limits": {"connections": 64, "mib": 1024, "seconds": 600},
+        "publish": "none",
+    }
     assert document["limits"] == {
         "memory_mib": 2048,
         "pids": 512,
@@ -56,6 +62,16 @@ def test_check_prints_normalized_meaning(broker: Broker) -> None:
     assert document["security"] == {"allow_ptrace": False}
     assert document["workspace"]["git"] == {"user": {"name": "Sandbox", "email": "sandbox@localhost"}}
     assert document["exec"] == {"caller_env": [], "env": {}}
+
+
+def test_check_prints_egress_rules_as_the_proxy_reads_them(broker: Broker) -> None:
+    egress = "  egress:\n    - {host: PyPI.org, ports: [443]}\n  limits: {seconds: 30}\n"
+    path = broker.write("profiles/dev.yaml", profile_yaml("dev", REPOSITORY).replace("  egress: []\n", egress))
+    result = broker.run("ext", "check", str(path), "--json")
+    assert result.status == 0, result.stderr
+    network = result.json()["network"]
+    assert network["egress"] == [{"host": "pypi.org", "ports": [443], "addresses": []}]
+    assert network["limits"] == {"connections": 64, "mib": 1024, "seconds": 30}
 
 
 def test_check_reports_bad_file_in_one_line_with_status_2(broker: Broker) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -94,6 +95,13 @@ class FakeBackend:
         if sandbox_id in self.unknown:
             return None
         return sandbox_id in self.running
+
+    def listen_inside(self, record: SandboxRecord, address: tuple[str, int]) -> socket.socket:
+        """A listener on the host's loopback at a free port (the fake has no namespace of its own)."""
+        self.calls.append(("listen_inside", record.id))
+        made = socket.create_server(("127.0.0.1", 0))
+        made.setblocking(False)
+        return made
 
     def observe(self, record: SandboxRecord, *, site: Site) -> Observed:
         raise BackendError("the fake backend observes nothing")
@@ -196,3 +204,25 @@ def _sleep(seconds: float, timeout: float | None, stdio: Stdio) -> int:
 
 def _conforms(backend: FakeBackend) -> Backend:
     return backend  # mypy checks the fake against the protocol
+
+
+class FakeEgress:
+    """An Egress (sandboxer.commands.services) that serves nothing and records what it was asked:
+    the core's part of egress (when a listener is made and handed over, when it is closed) tested
+    without a service. Its listeners are closed at once."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def require(self, profile: str) -> None:
+        self.calls.append(("require", profile))
+
+    def open(self, sandbox_id: str, profile: str, listener: socket.socket) -> None:
+        listener.close()
+        self.calls.append(("open", sandbox_id))
+
+    def close(self, sandbox_id: str) -> None:
+        self.calls.append(("close", sandbox_id))
+
+    def status(self, sandbox_id: str) -> str | None:
+        return "up" if ("open", sandbox_id) in self.calls else None

@@ -335,21 +335,29 @@ def test_oversized_file_is_refused() -> None:
 FORBIDDEN = [
     (
         PROFILE.replace("default: deny", "default: allow"),
-        "f.yaml:7:12: network.default: must be deny for ext.bwrap (only loopback networking exists)",
-    ),
-    (
-        PROFILE.replace("egress: []", "egress: [api.example.com]"),
-        "f.yaml:8:11: network.egress: must be empty for ext.bwrap (no egress is enforced)",
+        "f.yaml:7:12: network.default: must be deny for ext.bwrap: there is no allow-everything;"
+        " list hosts in network.egress",
     ),
     (
         PROFILE.replace("secrets: []", "secrets: [token]"),
-        "f.yaml:10:12: setup.secrets: must be empty for ext.bwrap (no secret delivery exists)",
+        "f.yaml:10:12: setup.secrets: must be empty for ext.bwrap (secrets never enter a sandbox: use network.routes)",
     ),
     (
-        PROFILE.replace("ext.bwrap", "ext.docker").replace("egress: []", "egress: [x]"),
-        "f.yaml:8:11: network.egress: must be empty for ext.docker (no egress is enforced)",
+        PROFILE.replace("ext.bwrap", "ext.docker").replace("default: deny", "default: allow"),
+        "f.yaml:7:12: network.default: must be deny for ext.docker: there is no allow-everything;"
+        " list hosts in network.egress",
     ),
 ]
+
+
+def test_egress_rules_are_accepted_on_both_backends() -> None:
+    """Egress is enforced by the broker's proxy now (docs/egress.md): both backends take rules
+    that were refused while nothing enforced them."""
+    egress = "egress:\n    - {host: api.example.com, ports: [443]}"
+    for text in (PROFILE, PROFILE.replace("ext.bwrap", "ext.docker")):
+        item = parse(text.replace("egress: []", egress))
+        assert isinstance(item, Profile)
+        assert [(rule.host, rule.ports) for rule in item.egress] == [("api.example.com", (443,))]
 
 
 @pytest.mark.parametrize(("text", "message"), FORBIDDEN)

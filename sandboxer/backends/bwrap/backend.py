@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ from sandboxer.backends.bwrap.stop import stop
 from sandboxer.backends.protocol import Check, Observed
 from sandboxer.core.removal import Removal
 from sandboxer.errors import BackendError
-from sandboxer.host import limits, procs, staging, workspace
+from sandboxer.host import limits, netns, procs, staging, workspace
 from sandboxer.host.fstree import remove_tree
 from sandboxer.host.lease_mounts import unmount_below
 from sandboxer.host.observe import differences, read_mountinfo
@@ -149,6 +150,14 @@ class BwrapBackend(BwrapExecution):
         return procs.alive(processes.init_pid, processes.init_start) and procs.alive(
             processes.holder_pid, processes.holder_start
         )
+
+    def listen_inside(self, record: SandboxRecord, address: tuple[str, int]) -> socket.socket:
+        # The holder's namespace is the sandbox's; an unprivileged broker's belongs to its own
+        # user namespace, which a child of ours joins (host/netns.py).
+        processes = record.processes
+        if processes is None or processes.holder_pid is None:
+            raise BackendError("the sandbox's record names no process")
+        return netns.listen_inside(processes.holder_pid, processes.holder_start, address, join_user=os.geteuid() != 0)
 
     def observe(self, record: SandboxRecord, *, site: Site) -> Observed:
 

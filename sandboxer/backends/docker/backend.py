@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -28,7 +29,7 @@ from sandboxer.core.plan import MountKind
 from sandboxer.core.record import LimitsRecord, PlanShare, SeccompRecord
 from sandboxer.core.removal import Removal
 from sandboxer.errors import BackendError, UsageError
-from sandboxer.host import lease_mounts, procs, staging
+from sandboxer.host import lease_mounts, netns, procs, staging
 from sandboxer.host.lease_mounts import staged_mismatches
 from sandboxer.host.observe import parse_mountinfo, parse_probe, process_differences
 from sandboxer.host.staging import runtime_mismatches
@@ -235,6 +236,15 @@ class DockerBackend(DockerExecution):
         if status != 200:
             return None
         return bool((json.loads(content).get("State") or {}).get("Running"))
+
+    def listen_inside(self, record: SandboxRecord, address: tuple[str, int]) -> socket.socket:
+        # The container keeps `network none`: its namespace has loopback alone, and root joins it
+        # from a thread (host/netns.py).
+        attrs = container.inspect(record.container_id) if record.container_id else {}
+        pid = (attrs.get("State") or {}).get("Pid")
+        if not isinstance(pid, int) or pid <= 0:
+            raise BackendError("the sandbox's container is not running")
+        return netns.listen_inside(pid, procs.start_time(pid), address, join_user=False)
 
     def observe(self, record: SandboxRecord, *, site: Site) -> Observed:
         """What the Engine shows and what the container itself shows."""

@@ -1,0 +1,286 @@
+"""The egress proxy on loopback: CONNECT tunnels and plain HTTP reach allowed upstreams (pinned
+to 127.0.0.1 by the rule's `addresses`), everything else is refused with a status and a line in
+the access report; limits and revocation close what they must."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from pathlib import Path
+
+from sandboxer.core.egress.policy import EgressPolicy, EgressRule
+from tests.unit.egress_servers import (
+    WAIT,
+    Holder,
+    connect_tunnel,
+    echo_upstream,
+    exchange,
+    http_upstream,
+    loopback_resolver,
+    pinned,
+    running_proxy,
+    wait_until,
+)
+
+
+def _lines(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_connect_to_an_allowed_name_reaches_the_upstream_and_counts_bytes(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with echo_upstream() as upstream:
+            holder = Holder(pinned("echo.test", upstream.port))
+            async with running_proxy(holder, tmp_path / "network.jsonl") as (_, port):
+                reader, writer, head = await connect_tunnel(port, f"echo.test:{upstream.port}")
+                assert head.startswith(b"HTTP/1.1 200 Connection established\r\n")
+                writer.write(b"ping" * 100)
+                writer.write_eof()
+                async with asyncio.timeout(WAIT):
+                    assert await reader.read(-1) == b"ping" * 100
+                writer.close()
+                await wait_until((tmp_path / "network.jsonl").exists)
+
+    asyncio.run(scenario())
+    (line,) = _lines(tmp_path / "network.jsonl")
+    assert (line["host"], line["decision"], line["reason"], line["route"]) == ("echo.test", "allowed", "listed", None)
+    assert line["received"] == 400
+    assert 400 < int(line["sent"]) < 500  # the CONNECT head and the payload
+    assert str(line["time"]).endswith("Z")
+
+
+def _refused(tmp_path: Path, holder: Holder, request: bytes, **options: object) -> tuple[bytes, dict[str, object]]:
+    async def scenario() -> bytes:
+        async with running_proxy(holder, tmp_path / "network.jsonl", **options) as (_, port):
+            answer = await exchange(port, request)
+            await wait_until((tmp_path / "network.jsonl").exists)
+            return answer
+
+    answer = asyncio.run(scenario())
+    (line,) = _lines(tmp_path / "network.jsonl")
+    assert line["decision"] == "refused"
+    return answer, line
+
+
+def _connect(authority: str) -> bytes:
+    return f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode()
+
+
+def test_a_name_not_listed_is_refused(tmp_path: Path) -> None:
+    answer, line = _refused(tmp_path, Holder(pinned("echo.test", 443)), _connect("other.test:443"))
+    assert answer.startswith(b"HTTP/1.1 403 ")
+    assert (line["host"], line["port"], line["reason"]) == ("other.test", 443, "host not listed")
+
+
+def test_an_ip_literal_is_refused(tmp_path: Path) -> None:
+    answer, line = _refused(tmp_path, Holder(pinned("echo.test", 443)), _connect("127.0.0.2:443"))
+    assert answer.startswith(b"HTTP/1.1 403 ")
+    assert line["reason"] == "IP literal not listed"
+
+
+def test_an_obfuscated_ip_literal_is_refused(tmp_path: Path) -> None:
+    answer, line = _refused(tmp_path, Holder(pinned("echo.test", 443)), _connect("0x7f.1:443"))
+    assert answer.startswith(b"HTTP/1.1 403 ")
+    assert line["reason"] == "non-canonical IP literal"
+
+
+def test_an_allowed_name_on_another_port_is_refused(tmp_path: Path) -> None:
+    answer, line = _refused(tmp_path, Holder(pinned("echo.test", 443)), _connect("echo.test:8443"))
+    assert answer.startswith(b"HTTP/1.1 403 ")
+    assert line["reason"] == "port not listed"
+
+
+def test_a_name_resolving_to_loopback_without_the_explicit_address_is_refused(tmp_path: Path) -> None:
+    holder = Holder(EgressPolicy(rules=(EgressRule(host="rebind.test", ports=(443,)),)))
+    answer, line = _refused(tmp_path, holder, _connect("rebind.test:443"), resolver=loopback_resolver)
+    assert answer.startswith(b"HTTP/1.1 403 ")
+    assert line["reason"] == "loopback address 127.0.0.1 not listed"
+
+
+def test_plain_http_is_forwarded_in_origin_form(tmp_path: Path) -> None:
+    async def scenario() -> bytes:
+        async with http_upstream(b"hello") as upstream:
+            holder = Holder(pinned("web.test", upstream.port))
+            async with running_proxy(holder, tmp_path / "network.jsonl") as (_, port):
+                authority = f"web.test:{upstream.port}"
+                request = f"GET http://{authority}/simple/?q=1 HTTP/1.1\r\nHost: {authority}\r\n"
+                answer = await exchange(port, request.encode() + b"Proxy-Connection: keep-alive\r\n\r\n")
+                (seen,) = upstream.seen
+                assert seen.startswith(b"GET /simple/?q=1 HTTP/1.1\r\n")
+                assert b"proxy-connection" not in seen.lower()
+                assert b"connection: close" in seen.lower()
+                await wait_until((tmp_path / "network.jsonl").exists)
+                return answer
+
+    answer = asyncio.run(scenario())
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert answer.endswith(b"\r\n\r\nhello")
+    (line,) = _lines(tmp_path / "network.jsonl")
+    assert (line["decision"], line["host"]) == ("allowed", "web.test")
+    assert int(line["received"]) > 5
+
+
+def test_an_upstream_that_is_down_answers_502(tmp_path: Path) -> None:
+    answer, line = _refused(tmp_path, Holder(pinned("down.test", 1)), _connect("down.test:1"))
+    assert answer.startswith(b"HTTP/1.1 502 ")
+    assert line["reason"] == "upstream unreachable"
+
+
+def test_connections_past_the_limit_are_refused(tmp_path: Path) -> None:
+    async def scenario() -> bytes:
+        async with echo_upstream() as upstream:
+            holder = Holder(pinned("echo.test", upstream.port, connections=1))
+            async with running_proxy(holder, tmp_path / "network.jsonl") as (proxy, port):
+                _, writer, head = await connect_tunnel(port, f"echo.test:{upstream.port}")
+                assert b" 200 " in head
+                answer = await exchange(port, _connect(f"echo.test:{upstream.port}"))
+                await wait_until(lambda: proxy.open_connections == 1)
+                writer.close()
+                return answer
+
+    answer = asyncio.run(scenario())
+    assert answer.startswith(b"HTTP/1.1 503 ")
+    assert _lines(tmp_path / "network.jsonl")[0]["reason"] == "connection limit"
+
+
+def test_the_byte_limit_closes_the_tunnel_and_refuses_further_connections(tmp_path: Path) -> None:
+    async def scenario() -> bytes:
+        async with echo_upstream() as upstream:
+            holder = Holder(pinned("echo.test", upstream.port, mib=1))
+            async with running_proxy(holder, tmp_path / "network.jsonl") as (_, port):
+                reader, writer, _ = await connect_tunnel(port, f"echo.test:{upstream.port}")
+                writer.write(b"x" * (1024 * 1024))
+                echoed = 0
+                with contextlib.suppress(ConnectionResetError):  # closed with our bytes unread
+                    async with asyncio.timeout(WAIT):
+                        while data := await reader.read(65536):
+                            echoed += len(data)
+                assert echoed < 1024 * 1024
+                writer.close()
+                return await exchange(port, _connect(f"echo.test:{upstream.port}"))
+
+    answer = asyncio.run(scenario())
+    assert answer.startswith(b"HTTP/1.1 429 ")
+    first, second = _lines(tmp_path / "network.jsonl")
+    assert first["reason"] == "closed: byte limit"
+    assert second["reason"] == "byte limit"
+
+
+def test_each_connection_has_its_time_limit(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with echo_upstream() as upstream:
+            holder = Holder(pinned("echo.test", upstream.port, seconds=0.3))
+            async with running_proxy(holder, tmp_path / "network.jsonl") as (_, port):
+                reader, writer, _ = await connect_tunnel(port, f"echo.test:{upstream.port}")
+                async with asyncio.timeout(WAIT):
+                    assert await reader.read(-1) == b""
+                writer.close()
+
+    asyncio.run(scenario())
+    assert _lines(tmp_path / "network.jsonl")[0]["reason"] == "closed: time limit"
+
+
+def test_a_revoked_rule_refuses_the_next_request_and_closes_open_tunnels(tmp_path: Path) -> None:
+    async def scenario() -> bytes:
+        async with echo_upstream() as upstream:
+            holder = Holder(pinned("echo.test", upstream.port))
+            async with running_proxy(holder, tmp_path / "network.jsonl") as (proxy, port):
+                reader, writer, _ = await connect_tunnel(port, f"echo.test:{upstream.port}")
+                assert proxy.revoke_check() == 0
+                holder.policy = EgressPolicy(rules=())
+                answer = await exchange(port, _connect(f"echo.test:{upstream.port}"))
+                assert proxy.revoke_check() == 1
+                async with asyncio.timeout(WAIT):
+                    assert await reader.read(-1) == b""
+                writer.close()
+                await wait_until(lambda: len(_lines(tmp_path / "network.jsonl")) == 2)
+                return answer
+
+    answer = asyncio.run(scenario())
+    assert answer.startswith(b"HTTP/1.1 403 ")
+    refused, revoked = _lines(tmp_path / "network.jsonl")
+    assert refused["reason"] == "host not listed"
+    assert revoked["reason"] == "closed: revoked (host not listed)"
+
+
+def test_the_policy_is_asked_for_every_connection(tmp_path: Path) -> None:
+    holder = Holder(pinned("echo.test", 443))
+
+    async def scenario() -> None:
+        async with running_proxy(holder, tmp_path / "network.jsonl") as (_, port):
+            for _ in range(3):
+                await exchange(port, _connect("other.test:443"))
+
+    asyncio.run(scenario())
+    assert holder.asked == 3
+
+
+def test_an_unreadable_policy_refuses_everything_and_closes_open_tunnels(tmp_path: Path) -> None:
+    async def scenario() -> bytes:
+        async with echo_upstream() as upstream:
+            holder = Holder(pinned("echo.test", upstream.port))
+            async with running_proxy(holder, tmp_path / "network.jsonl") as (proxy, port):
+                reader, writer, _ = await connect_tunnel(port, f"echo.test:{upstream.port}")
+
+                def broken() -> EgressPolicy:
+                    raise OSError("approved files unreadable")
+
+                proxy.policy_source = broken
+                answer = await exchange(port, _connect(f"echo.test:{upstream.port}"))
+                assert proxy.revoke_check() == 1
+                async with asyncio.timeout(WAIT):
+                    assert await reader.read(-1) == b""
+                writer.close()
+                await wait_until(lambda: len(_lines(tmp_path / "network.jsonl")) == 2)
+                return answer
+
+    answer = asyncio.run(scenario())
+    assert answer.startswith(b"HTTP/1.1 503 ")
+    assert [line["reason"] for line in _lines(tmp_path / "network.jsonl")] == [
+        "policy unavailable",
+        "closed: revoked (host not listed)",
+    ]
+
+
+def test_closing_the_proxy_closes_and_reports_open_tunnels(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with echo_upstream() as upstream:
+            holder = Holder(pinned("echo.test", upstream.port))
+            async with running_proxy(holder, tmp_path / "network.jsonl") as (proxy, port):
+                reader, writer, _ = await connect_tunnel(port, f"echo.test:{upstream.port}")
+                await proxy.close()
+                async with asyncio.timeout(WAIT):
+                    assert await reader.read(-1) == b""
+                writer.close()
+
+    asyncio.run(scenario())
+    assert _lines(tmp_path / "network.jsonl")[0]["reason"] == "closed: proxy stopped"
+
+
+def test_a_request_body_is_forwarded_and_expect_continue_answered(tmp_path: Path) -> None:
+    async def scenario() -> tuple[bytes, bytes]:
+        async with http_upstream(b"stored") as upstream:
+            holder = Holder(pinned("web.test", upstream.port))
+            async with running_proxy(holder, tmp_path / "network.jsonl") as (_, port):
+                authority = f"web.test:{upstream.port}"
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(
+                    f"PUT http://{authority}/upload HTTP/1.1\r\nHost: {authority}\r\nContent-Length: 7\r\n"
+                    "Expect: 100-continue\r\n\r\n".encode()
+                )
+                async with asyncio.timeout(WAIT):
+                    continued = await reader.readuntil(b"\r\n\r\n")
+                    writer.write(b"payload")
+                    answer = await reader.read(-1)
+                writer.close()
+                (seen,) = upstream.seen
+                assert continued.startswith(b"HTTP/1.1 100 ")
+                return answer, seen
+
+    answer, seen = asyncio.run(scenario())
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert answer.endswith(b"stored")
+    assert seen.startswith(b"PUT /upload HTTP/1.1\r\n")
+    assert seen.endswith(b"\r\n\r\npayload")
+    assert b"expect" not in seen.lower()
