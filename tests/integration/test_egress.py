@@ -36,6 +36,7 @@ from tests.integration.conftest import (
     backend_profile_text,
     make_broker,
 )
+from tests.integration.warm_pool import set_warm, wait_warm
 
 pytestmark = pytest.mark.integration
 
@@ -469,3 +470,23 @@ def test_revoking_a_host_closes_its_open_tunnels_within_a_second(runtime_dir: Pa
         inside.stdin.close()
         entries = json.loads(broker.run("logs", sandbox_id, "--network", "--json").stdout)["entries"]
         assert [e["reason"] for e in entries if e["host"] == "upstream.test"][-1] == "closed: revoked (host not listed)"
+
+
+def test_a_warm_sandbox_gets_its_listener_when_a_create_takes_it(runtime_dir: Path, upstream: Upstream) -> None:
+    """A warm namespace has no listener (nothing of a caller's runs in it yet); the create that
+    takes it makes one before the sandbox is handed over, and its egress works."""
+    _require_tools()
+    broker = make_broker(runtime_dir, as_user=False)
+    _serve(broker)
+    with _ready(broker):
+        name = _egress_profile(broker, "egress", _rules(upstream.port))
+        set_warm(broker, "ext.bwrap", 1)
+        filled = broker.run("warm", name, "--json")
+        assert filled.status == 0, filled.stderr
+        (warm_id,) = wait_warm(broker, 1)
+        sandbox_id = broker.create(name)
+        assert sandbox_id == warm_id  # the warm one was taken
+        allowed = _curl(broker, sandbox_id, f"http://upstream.test:{upstream.port}/warm")
+        assert allowed.stdout.endswith("\n200"), (allowed.stdout, allowed.stderr)
+        set_warm(broker, "ext.bwrap", 0)
+        broker.run("warm", name)
