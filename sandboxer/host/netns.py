@@ -70,6 +70,9 @@ def listen_inside(pid: int, start: int | None, address: tuple[str, int], *, join
     try:
         if not procs.alive(pid, start):
             raise BackendError("the sandbox's process is gone: its network namespace cannot be named")
+        opened, own = os.fstat(netns), os.stat("/proc/self/ns/net")
+        if (opened.st_dev, opened.st_ino) == (own.st_dev, own.st_ino):  # never a listener on the host's loopback
+            raise BackendError("the process named is in the broker's own network namespace, not a sandbox's")
         made = _by_child(netns, address) if join_user else _by_thread(netns, address)
     finally:
         os.close(netns)

@@ -22,8 +22,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-CA_DAYS = 30
+CA_DAYS = 400  # longer than any sandbox lives (its lifetime is the owner's, bounded)
 LEAF_DAYS = 7
+RENEW_BEFORE = datetime.timedelta(days=1)  # a leaf is made again this long before it ends
 BACKDATE = datetime.timedelta(minutes=5)  # the sandbox's clock is the host's, but be forgiving
 
 
@@ -37,7 +38,7 @@ class SandboxCA:
     def __init__(self, certificate: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> None:
         self.certificate = certificate
         self._key = key
-        self._leaves: dict[str, ssl.SSLContext] = {}
+        self._leaves: dict[str, tuple[ssl.SSLContext, datetime.datetime]] = {}  # host: (context, its end)
         self._lock = threading.Lock()  # the service may ask from its loop and its threads
 
     @classmethod
@@ -104,16 +105,20 @@ class SandboxCA:
             os.close(fd)
 
     def server_context(self, host: str) -> ssl.SSLContext:
-        """A TLS server context presenting a leaf for `host` signed by this CA (made once)."""
-        with self._lock:
-            context = self._leaves.get(host)
-            if context is None:
-                context = self._leaves[host] = self._leaf_context(host)
-            return context
-
-    def _leaf_context(self, host: str) -> ssl.SSLContext:
-        key = ec.generate_private_key(ec.SECP256R1())
+        """A TLS server context presenting a leaf for `host` signed by this CA, made again a day
+        before the last one ends (a service runs for weeks). ValueError once the CA itself has
+        ended: no leaf can be made then (the proxy refuses the request, 502)."""
         now = datetime.datetime.now(datetime.UTC)
+        with self._lock:
+            made = self._leaves.get(host)
+            if made is None or made[1] - now < RENEW_BEFORE:
+                made = self._leaves[host] = self._leaf_context(host, now)
+            return made[0]
+
+    def _leaf_context(self, host: str, now: datetime.datetime) -> tuple[ssl.SSLContext, datetime.datetime]:
+        if self.certificate.not_valid_after_utc <= now + RENEW_BEFORE:
+            raise ValueError("the sandbox's CA has ended")
+        key = ec.generate_private_key(ec.SECP256R1())
         end = min(now + datetime.timedelta(days=LEAF_DAYS), self.certificate.not_valid_after_utc)
         try:
             alternative: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host))
@@ -145,7 +150,7 @@ class SandboxCA:
             context.load_cert_chain(f"/proc/self/fd/{fd}")
         finally:
             os.close(fd)
-        return context
+        return context, end
 
 
 CA_DIR = "egress"  # in the sandbox's directory on the host: outside every mount of the sandbox

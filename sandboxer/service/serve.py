@@ -171,6 +171,14 @@ def _stop_helpers(services: Services, fills: ThreadPoolExecutor) -> None:
     services.backends.serve(False)
 
 
+async def _stop_egress(stop: asyncio.Event, watcher: asyncio.Task[None], proxies: Proxies) -> None:
+    """The egress watch ends and every proxy closes (the sandboxes keep running, without egress)."""
+    stop.set()
+    with contextlib.suppress(Exception):  # its passes log their own failures
+        await watcher
+    await proxies.close_all()
+
+
 async def _http_server(app: web.Application) -> tuple[web.AppRunner, Callable[[], Protocol]]:
     """aiohttp's server for the application, and what makes its handler of one connection:
     aiohttp's own, but answering what does not parse as HTTP as every other refusal (Protocol)."""
@@ -241,9 +249,7 @@ async def _run(
                 sys.stderr.write("sandboxer: the state dir was removed, exiting\n")
                 break
     finally:
-        stop.set()
-        await watcher
-        await proxies.close_all()
+        await _stop_egress(stop, watcher, proxies)
         acceptor.cancel()
         for gone in app[EXECS].copy():  # an exec runs as long as its command: it is cancelled
             gone.set()

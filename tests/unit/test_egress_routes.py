@@ -14,13 +14,16 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import h11
 import pytest
 import trustme
 from cryptography import x509
 
 from sandboxer.core.egress.policy import EgressPolicy, EgressRule, Route
 from sandboxer.host.sandbox_ca import SandboxCA
+from sandboxer.service.egress.heads import Refusal
 from sandboxer.service.egress.proxy import EgressProxy
+from sandboxer.service.egress.routes import Tunnel, _check_inner
 from tests.unit.egress_servers import WAIT, Holder, connect_tunnel, http_upstream, running_proxy, wait_until
 
 HOST = "api.model.test"
@@ -297,3 +300,15 @@ def test_plaintext_sent_before_the_tunnel_never_reaches_the_routed_upstream(
     assert seen == []
     assert SECRET.encode() not in answer
     assert b"models" not in answer
+
+
+@pytest.mark.parametrize("method", ["TRACE", "TRACK", "trace"])
+def test_an_inner_request_that_would_echo_the_secret_is_refused(method: str) -> None:
+    """TRACE (and TRACK) would echo the request, the route's header with it, into the sandbox.
+    (Two Host headers never get this far: h11 refuses to parse them.)"""
+    hosts, status = [b"api.model.test:443"], 405
+    tunnel = Tunnel(host="api.model.test", port=443, recheck=lambda: None, connect=None, session=None)  # type: ignore[arg-type]
+    request = h11.Request(method=method, target="/", headers=[("Host", host) for host in hosts], http_version="1.0")
+    with pytest.raises(Refusal) as refused:
+        _check_inner(request, tunnel)
+    assert refused.value.status == status

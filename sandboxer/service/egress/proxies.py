@@ -135,17 +135,23 @@ class Proxies:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=WATCH_SECONDS)
-            now = await asyncio.to_thread(_owner_files_state, self.dirs.config)
-            if now != seen:
-                seen = now
-                for proxy in self._snapshot().values():
-                    proxy.revoke_check()
-            ended = await asyncio.to_thread(self._ended)
-            for sandbox_id in ended:
-                with self._lock:
-                    ended_proxy = self._proxies.pop(sandbox_id, None)
-                if ended_proxy is not None:
-                    await ended_proxy.close()
+            try:
+                seen = await self._watch_once(seen)
+            except Exception:  # one bad pass (no descriptor left, a record unreadable) is logged; the watch goes on
+                log.exception("the egress watch failed a pass")
+
+    async def _watch_once(self, seen: tuple[tuple[str, int, int], ...]) -> tuple[tuple[str, int, int], ...]:
+        """One pass: revoke on a change of the owner's files, close the proxies of ended sandboxes."""
+        now = await asyncio.to_thread(_owner_files_state, self.dirs.config)
+        if now != seen:
+            for proxy in self._snapshot().values():
+                proxy.revoke_check()
+        for sandbox_id in await asyncio.to_thread(self._ended):
+            with self._lock:
+                ended_proxy = self._proxies.pop(sandbox_id, None)
+            if ended_proxy is not None:
+                await ended_proxy.close()
+        return now
 
     async def close_all(self) -> None:
         """The service stops: every proxy closes (the sandboxes keep running without egress)."""

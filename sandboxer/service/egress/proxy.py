@@ -41,6 +41,7 @@ Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 HEAD_SECONDS = 10.0  # for the request head: a client that says nothing holds a connection slot
 CONNECT_SECONDS = 10.0  # resolution and each upstream connect
 LINGER_SECONDS = 1.0  # after a refusal, for the client to read it and close
+CLOSE_SECONDS = 1.0  # for a closed connection's last bytes to leave before it is aborted
 
 
 NOTHING = EgressPolicy(rules=(), limits=Limits(connections=0, mib=0, seconds=1))
@@ -145,11 +146,19 @@ class EgressProxy:
         try:
             await self._guarded(session, policy, reader, writer)
         finally:
-            self._sessions.discard(session)
-            self.report.write(session.access())  # before any await: a cancelled close still reports
+            with contextlib.suppress(OSError):  # the report's failure never keeps a socket open
+                self.report.write(session.access())  # before any await: a cancelled close still reports
             writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            try:
+                # A client that does not read holds our write buffer: give it a moment, then drop it.
+                async with asyncio.timeout(CLOSE_SECONDS):
+                    await writer.wait_closed()
+            except TimeoutError:
+                writer.transport.abort()
+            except Exception:  # noqa: S110 - its end is all that is wanted of it
+                pass
+            finally:
+                self._sessions.discard(session)  # counted until its socket is gone
 
     async def _guarded(
         self, session: Session, policy: EgressPolicy, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -182,8 +191,8 @@ class EgressProxy:
             if session.closing is None:
                 raise
             session.end(session.closing)
-        except (OSError, ssl.SSLError, h11.ProtocolError):
-            session.end("connection failed")
+        except Exception as exc:  # a failure on either side, or a fault of ours: the connection ends
+            session.end(_failure(exc))
 
     async def _serve(
         self, session: Session, policy: EgressPolicy, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -200,7 +209,9 @@ class EgressProxy:
             raise Refusal(400, "closed before a request")
         target = read_target(request)
         session.host, session.port = target.host, target.port
-        decision = decide(policy, target.host, target.port)
+        # The policy as it is now, not as it was when the connection was accepted: a client may
+        # open connections ahead and send their heads after a revocation.
+        decision = decide(self._current_policy(), target.host, target.port)
         session.host = decision.host
         if not decision.allowed:
             raise Refusal(403, decision.reason)
@@ -307,6 +318,14 @@ class EgressProxy:
             except OSError:
                 continue
         raise Refusal(504, "upstream timed out") if timed_out else Refusal(502, "upstream unreachable")
+
+
+def _failure(exc: Exception) -> str:
+    """The report's reason for a connection that failed: the network's, or ours (logged)."""
+    if isinstance(exc, (OSError, ssl.SSLError, h11.ProtocolError)):
+        return "connection failed"
+    _log.error("egress connection failed: %s", type(exc).__name__)  # never the message: it may quote a header
+    return "internal error"
 
 
 def _reading(writer: asyncio.StreamWriter, *, on: bool) -> None:

@@ -57,7 +57,7 @@ def read_secret(route: Route) -> bytes:
             os.close(fd)
     except OSError:
         raise Refusal(502, f"route {route.name}: secret unreadable") from None
-    secret = data.rstrip(b"\r\n")
+    secret = data.strip(b" \t\r\n")  # a field value has no leading or trailing whitespace
     if not secret or len(data) > MAX_SECRET or _FORBIDDEN_IN_HEADER & set(secret):
         raise Refusal(502, f"route {route.name}: secret malformed")
     return secret
@@ -72,6 +72,8 @@ def route_header(route: Route, *, now: float) -> tuple[bytes, bytes]:
 
 
 def _check_inner(request: h11.Request, tunnel: Tunnel) -> None:
+    if request.method.upper() in (b"TRACE", b"TRACK"):  # they echo the request, the secret with it
+        raise Refusal(405, "TRACE on a routed host")
     if any(k == b"transfer-encoding" for k, _ in request.headers) and any(
         k == b"content-length" for k, _ in request.headers
     ):
@@ -80,7 +82,7 @@ def _check_inner(request: h11.Request, tunnel: Tunnel) -> None:
         raise Refusal(400, "inner request not in origin-form")
     hosts = [value for key, value in request.headers if key == b"host"]
     try:
-        named = split_authority(hosts[0].decode("ascii"), default_port=tunnel.port) if hosts else None
+        named = split_authority(hosts[0].decode("ascii"), default_port=tunnel.port) if len(hosts) == 1 else None
     except (Refusal, UnicodeDecodeError):
         named = None
     if named is None or normalise_host(named[0]) != tunnel.host or named[1] != tunnel.port:
