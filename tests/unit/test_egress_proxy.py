@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
+import socket
+from collections.abc import Sequence
 from pathlib import Path
 
 from sandboxer.core.egress.policy import EgressPolicy, EgressRule
+from sandboxer.service.egress.proxy import EgressProxy, Streams
+from sandboxer.service.egress.report import AccessLog
 from tests.unit.egress_servers import (
     WAIT,
     Holder,
@@ -305,3 +310,37 @@ def test_a_request_body_is_forwarded_and_expect_continue_answered(tmp_path: Path
     assert seen.startswith(b"PUT /upload HTTP/1.1\r\n")
     assert seen.endswith(b"\r\n\r\npayload")
     assert b"expect" not in seen.lower()
+
+
+class _NeverDials(EgressProxy):
+    """The proxy with its one way to the network replaced: a test of a refusal that must come
+    before any connect fails here instead of dialling an address that is not the test's own."""
+
+    async def _open(self, addresses: Sequence[str], port: int, *, tls_host: str | None = None) -> Streams:
+        raise AssertionError(f"the proxy dialled {list(addresses)}")
+
+
+def test_a_name_that_resolves_to_the_hosts_own_address_is_refused(tmp_path: Path) -> None:
+    """A listed name whose DNS answer is one of this host's own (global) addresses would have the
+    proxy connect to the host itself: refused unless the rule names that address."""
+    own = ipaddress.ip_address("192.0.43.10")  # a global address, never dialled (_NeverDials)
+
+    async def resolves_to_host(host: str, port: int) -> list[str]:
+        return [str(own)]
+
+    policy = EgressPolicy(rules=(EgressRule(host="listed.test", ports=(80,)),))
+
+    async def scenario() -> bytes:
+        listener = socket.create_server(("127.0.0.1", 0))
+        proxy = _NeverDials(
+            lambda: policy, AccessLog(str(tmp_path / "network.jsonl")), resolver=resolves_to_host, host_addresses={own}
+        )
+        await proxy.start(listener)
+        try:
+            return await exchange(listener.getsockname()[1], _connect("listed.test:80"))
+        finally:
+            await proxy.close()
+
+    assert asyncio.run(scenario()).startswith(b"HTTP/1.1 403")
+    line = json.loads((tmp_path / "network.jsonl").read_text().splitlines()[-1])
+    assert line["reason"] == "the host's own address not listed"

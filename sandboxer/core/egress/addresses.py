@@ -73,6 +73,7 @@ def address_class(address: IPAddress) -> str | None:
         (address.is_unspecified, "unspecified address"),
         (address.is_loopback, "loopback address"),
         (address.is_link_local, "link-local address"),
+        (isinstance(address, ipaddress.IPv6Address) and address.is_site_local, "site-local address"),
         (address.is_multicast, "multicast address"),
         (isinstance(address, ipaddress.IPv4Address) and address in CARRIER_GRADE_NAT, "carrier-grade NAT address"),
         (address.is_reserved, "reserved address"),

@@ -22,13 +22,14 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Container, Sequence
 from typing import Protocol
 
 import h11
 
 from sandboxer.core.egress.addresses import address_allowed, parse_address
 from sandboxer.core.egress.policy import Decision, EgressPolicy, Limits, decide
+from sandboxer.host.interfaces import HostAddresses
 from sandboxer.service.egress.exchange import ResponseStarted, relay, upstream_connection, upstream_request
 from sandboxer.service.egress.heads import MAX_HEAD, READ_CHUNK, HttpPeer, LimitReached, Refusal, error_response
 from sandboxer.service.egress.heads import request_target as read_target
@@ -75,6 +76,7 @@ class EgressProxy:
         resolver: Resolver = system_resolver,
         upstream_ssl: ssl.SSLContext | None = None,
         ca: ServerContexts | None = None,
+        host_addresses: Container[object] | None = None,
         head_seconds: float = HEAD_SECONDS,
         connect_seconds: float = CONNECT_SECONDS,
     ) -> None:
@@ -83,6 +85,7 @@ class EgressProxy:
         self.resolver = resolver
         self.upstream_ssl = upstream_ssl if upstream_ssl is not None else ssl.create_default_context()
         self.ca = ca
+        self.host_addresses = host_addresses if host_addresses is not None else HostAddresses()
         self.head_seconds = head_seconds
         self.connect_seconds = connect_seconds
         self.allowance = Allowance()
@@ -217,6 +220,11 @@ class EgressProxy:
             raise Refusal(403, decision.reason)
         session.route = decision.route.name if decision.route is not None else None
         session.allow(decision.reason)
+        if target.connect:
+            # Nothing more is read until the tunnel is made: bytes sent after the head stay in
+            # the kernel (the lookup below takes time), so they cannot be taken for the
+            # plaintext inside a routed host's TLS; what came with the head is h11's, refused.
+            _reading(writer, on=False)
         addresses = await self._addresses(decision, target.port)
         if not target.connect:
             upstream = await self._open(addresses, target.port)
@@ -227,11 +235,8 @@ class EgressProxy:
             finally:
                 upstream[1].close()
             return
-        if client.conn.trailing_data[0]:
+        if client.conn.trailing_data[0] or reader.at_eof() or _buffered(reader):
             raise Refusal(400, "data before the tunnel was established")
-        # Nothing more is read until the tunnel is made: bytes that arrive before the 200 stay
-        # in the kernel, so they cannot be taken for the plaintext inside a routed host's TLS.
-        _reading(writer, on=False)
         if decision.route is not None:
             await self._routed(session, client, decision)
             return
@@ -300,6 +305,9 @@ class EgressProxy:
             refused = address_allowed(rule, address)
             if refused is not None:
                 raise Refusal(403, refused)
+            named = parse_address(address) in {parse_address(text) for text in (rule.host, *rule.addresses)}
+            if not named and parse_address(address) in self.host_addresses:  # the host itself, by another name
+                raise Refusal(403, "the host's own address not listed")
         return list(candidates)
 
     async def _open(self, addresses: Sequence[str], port: int, *, tls_host: str | None = None) -> Streams:
@@ -326,6 +334,11 @@ def _failure(exc: Exception) -> str:
         return "connection failed"
     _log.error("egress connection failed: %s", type(exc).__name__)  # never the message: it may quote a header
     return "internal error"
+
+
+def _buffered(reader: asyncio.StreamReader) -> bool:
+    """Whether the stream holds bytes nobody has read yet (read before reading was paused)."""
+    return bool(getattr(reader, "_buffer", b""))  # asyncio keeps no public view of it
 
 
 def _reading(writer: asyncio.StreamWriter, *, on: bool) -> None:
