@@ -116,9 +116,13 @@ CONTROL = f"""
 import subprocess
 child = subprocess.Popen(["/usr/bin/env", "SANDBOXER_ESCAPE_SECRET={SECRET}", "/usr/bin/sleep", "120"])
 import time
-# Until env has exec'd sleep (whose environment holds the secret): seconds on a loaded machine.
+# Until env has exec'd sleep and the kernel has laid out sleep's environment (the exe link
+# changes a moment before: environ reads empty in between), seconds on a loaded machine.
+def settled():
+    return (os.readlink(f"/proc/{{child.pid}}/exe") == "/usr/bin/sleep"
+            and open(f"/proc/{{child.pid}}/environ", "rb").read() != b"")
 deadline = time.monotonic() + 60
-while os.readlink(f"/proc/{{child.pid}}/exe") != "/usr/bin/sleep" and time.monotonic() < deadline:
+while not settled() and time.monotonic() < deadline:
     time.sleep(0.01)
 T = child.pid
 print(try_open(f"/proc/{{T}}/mem", os.O_RDONLY), try_open(f"/proc/{{T}}/environ"),
