@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sandboxer.core.egress.policy import EgressPolicy, EgressRule
-from sandboxer.service.egress.proxy import EgressProxy, Streams
+from sandboxer.service.egress.proxy import RESOLVING, EgressProxy, Streams
 from sandboxer.service.egress.report import AccessLog
 from tests.unit.egress_servers import (
     WAIT,
@@ -344,3 +344,27 @@ def test_a_name_that_resolves_to_the_hosts_own_address_is_refused(tmp_path: Path
     assert asyncio.run(scenario()).startswith(b"HTTP/1.1 403")
     line = json.loads((tmp_path / "network.jsonl").read_text().splitlines()[-1])
     assert line["reason"] == "the host's own address not listed"
+
+
+def test_one_sandbox_runs_few_lookups_at_once(tmp_path: Path) -> None:
+    """Ten connections to a name that needs the host's resolver: at most RESOLVING lookups run
+    at once (they share the service's executor with every other sandbox)."""
+    running, most = 0, 0
+
+    async def slow_resolver(host: str, port: int) -> list[str]:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.05)
+        running -= 1
+        return []  # no answer: refused as unresolved, nothing dialled
+
+    holder = Holder(EgressPolicy(rules=(EgressRule(host="slow.test", ports=(80,)),)))
+
+    async def scenario() -> list[bytes]:
+        async with running_proxy(holder, tmp_path / "network.jsonl", resolver=slow_resolver) as (_, port):
+            return await asyncio.gather(*(exchange(port, _connect("slow.test:80")) for _ in range(10)))
+
+    answers = asyncio.run(scenario())
+    assert all(answer.startswith(b"HTTP/1.1 502") for answer in answers)
+    assert most == RESOLVING

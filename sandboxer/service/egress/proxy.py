@@ -36,6 +36,7 @@ from sandboxer.service.egress.heads import request_target as read_target
 from sandboxer.service.egress.report import AccessLog
 from sandboxer.service.egress.routes import Tunnel, serve_routed
 from sandboxer.service.egress.session import Allowance, Session
+from sandboxer.service.egress.splice import splice
 
 Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -43,6 +44,7 @@ HEAD_SECONDS = 10.0  # for the request head: a client that says nothing holds a 
 CONNECT_SECONDS = 10.0  # resolution and each upstream connect
 LINGER_SECONDS = 1.0  # after a refusal, for the client to read it and close
 CLOSE_SECONDS = 1.0  # for a closed connection's last bytes to leave before it is aborted
+RESOLVING = 4  # lookups one sandbox's proxy runs at once
 
 
 NOTHING = EgressPolicy(rules=(), limits=Limits(connections=0, mib=0, seconds=1))
@@ -89,6 +91,9 @@ class EgressProxy:
         self.head_seconds = head_seconds
         self.connect_seconds = connect_seconds
         self.allowance = Allowance()
+        # The host's resolver runs on the service's shared executor: one sandbox's lookups (a slow
+        # DNS server, a flood of names) take a few of its threads at most.
+        self._resolving = asyncio.Semaphore(RESOLVING)
         self._sessions: set[Session] = set()
         self._server: asyncio.Server | None = None
 
@@ -244,7 +249,7 @@ class EgressProxy:
         try:
             await self._established(client, session)
             _reading(writer, on=True)
-            await _splice(reader, writer, upstream, session)
+            await splice(reader, writer, upstream, session)
         finally:
             upstream[1].close()
 
@@ -295,7 +300,7 @@ class EgressProxy:
             candidates = rule.addresses
         else:
             try:
-                async with asyncio.timeout(self.connect_seconds):
+                async with asyncio.timeout(self.connect_seconds), self._resolving:
                     candidates = await self.resolver(decision.host, port)
             except (OSError, TimeoutError):
                 raise Refusal(502, "name did not resolve") from None
@@ -363,33 +368,3 @@ async def _answer_and_linger(reader: asyncio.StreamReader, writer: asyncio.Strea
         async with asyncio.timeout(LINGER_SECONDS):
             while await reader.read(READ_CHUNK):
                 pass
-
-
-async def _splice(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, upstream: Streams, session: Session
-) -> None:
-    """Copy both ways until both sides are done; each direction's end is passed on as EOF. The
-    first failure (a limit, a reset) ends both and is raised as itself, not in a group."""
-    tasks = {
-        asyncio.create_task(_pipe(reader, upstream[1], session.count_sent)),
-        asyncio.create_task(_pipe(upstream[0], writer, session.count_received)),
-    }
-    try:
-        pending = tasks
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                task.result()
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, count: Callable[[int], None]) -> None:
-    while data := await reader.read(READ_CHUNK):
-        count(len(data))
-        writer.write(data)
-        await writer.drain()
-    if writer.can_write_eof() and not writer.is_closing():
-        writer.write_eof()
