@@ -239,6 +239,7 @@ class NetworkAccess(JsonResult):
     route: str | None
     sent: int  # bytes from the sandbox
     received: int  # bytes to it
+    count: int = 1  # refusals this line stands for (repeats within a second are counted, not listed)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

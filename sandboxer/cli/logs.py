@@ -30,6 +30,7 @@ def logs(
         f"{e.time} {e.decision} {e.host}:{e.port} {e.reason}"
         + (f" route={e.route}" if e.route else "")
         + f" sent={e.sent} received={e.received}"
+        + (f" (x{e.count})" if e.count > 1 else "")
         for e in result.entries
     ]
     print_result(result.to_json(), "\n".join(lines) if lines else "no connections yet", json)

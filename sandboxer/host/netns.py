@@ -16,8 +16,9 @@ by a thread (or process) that joined the namespace for just that:
   makes the socket and hands it back over a socket pair (SCM_RIGHTS), then exits.
 
 The namespace is named by a process of the sandbox (pid and start time, against pid reuse): its
-namespace file is opened, then the process is checked to be the same one still, so the descriptor
-is that sandbox's namespace and no other.
+namespace file is opened, then the process is checked to be the same one still (and, where the pid
+came from someone else's answer, such as the Docker Engine's, `still_theirs` asks again), so the
+descriptor is that sandbox's namespace and no other.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 
 from sandboxer.errors import BackendError
 from sandboxer.host import procs
@@ -58,17 +60,25 @@ socket.send_fds(socket.socket(fileno=pair), [b"ok"], [made.fileno()])
 """
 
 
-def listen_inside(pid: int, start: int | None, address: tuple[str, int], *, join_user: bool) -> socket.socket:
+def listen_inside(
+    pid: int,
+    start: int | None,
+    address: tuple[str, int],
+    *,
+    join_user: bool,
+    still_theirs: Callable[[], bool] | None = None,
+) -> socket.socket:
     """A TCP socket listening on `address` inside the network namespace of process `pid` (started
     at `start`, in clock ticks). `join_user`: the namespace belongs to a user namespace the broker
-    must join first (an unprivileged broker). BackendError, saying why, when it cannot be made:
+    must join first (an unprivileged broker). `still_theirs`: asked once the namespace is open,
+    whether `pid` is still the sandbox's process. BackendError, saying why, when it cannot be made:
     the process is gone, or the address is taken inside."""
     try:
         netns = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         raise BackendError(f"the sandbox's network namespace cannot be opened: {exc.strerror}") from None
     try:
-        if not procs.alive(pid, start):
+        if not procs.alive(pid, start) or (still_theirs is not None and not still_theirs()):
             raise BackendError("the sandbox's process is gone: its network namespace cannot be named")
         opened, own = os.fstat(netns), os.stat("/proc/self/ns/net")
         if (opened.st_dev, opened.st_ino) == (own.st_dev, own.st_ino):  # never a listener on the host's loopback

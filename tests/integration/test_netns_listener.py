@@ -89,6 +89,23 @@ def test_a_taken_address_and_a_gone_process_are_refused(root_netns: int) -> None
         netns.listen_inside(root_netns, (start or 0) + 1, ("127.0.0.1", 3129), join_user=False)
 
 
+def test_a_pid_its_owner_no_longer_names_is_refused_after_the_namespace_is_opened(root_netns: int) -> None:
+    """The Docker Engine names a container's pid; asked again once the namespace is open, an
+    answer that changed (the container ended, the pid reused) refuses the listener."""
+    asked: list[int] = []
+
+    def still_theirs() -> bool:
+        asked.append(root_netns)
+        return False
+
+    start = procs.start_time(root_netns)
+    with pytest.raises(BackendError, match="gone"):
+        netns.listen_inside(root_netns, start, ("127.0.0.1", 3130), join_user=False, still_theirs=still_theirs)
+    assert asked == [root_netns]
+    # Nothing was left listening: the address is free inside.
+    netns.listen_inside(root_netns, start, ("127.0.0.1", 3130), join_user=False, still_theirs=lambda: True).close()
+
+
 def test_an_ordinary_user_makes_it_through_a_child_in_its_user_namespace(account: pwd.struct_passwd) -> None:
     """The user's own namespaces (unshare -Urn as the user); the listener is made by a process of
     the user's, and handed back: the connection from inside reaches it."""

@@ -9,7 +9,9 @@ import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from sandboxer.commands.logs import ACCESS_LOG, REFUSED_LOG, read_report
 from sandboxer.core.egress.policy import EgressPolicy, EgressRule, Limits
 from sandboxer.service.egress.proxy import EgressProxy
 from sandboxer.service.egress.report import AccessLog
@@ -61,16 +63,30 @@ async def _read_head(reader: asyncio.StreamReader) -> bytes:
 
 
 @contextlib.asynccontextmanager
-async def http_upstream(body: bytes = b"hello", *, tls: ssl.SSLContext | None = None) -> AsyncIterator[Upstream]:
-    """An HTTP/1.1 server answering every request with 200 and `body`, keeping what it got."""
+async def http_upstream(
+    body: bytes = b"hello",
+    *,
+    tls: ssl.SSLContext | None = None,
+    respond: Callable[[bytes], Sequence[bytes]] | None = None,
+) -> AsyncIterator[Upstream]:
+    """An HTTP/1.1 server answering every request with 200 and `body` (or with the pieces
+    `respond` makes of the request, sent one at a time), keeping what it got."""
     upstream = Upstream(port=0)
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(Exception):
-            upstream.seen.append(await _read_head(reader))
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
-            await writer.drain()
-        writer.close()
+        try:
+            request = await _read_head(reader)
+            upstream.seen.append(request)
+            ok = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+            for index, piece in enumerate(respond(request) if respond is not None else [ok]):
+                if index:
+                    await asyncio.sleep(0.05)  # each piece its own read at the other end
+                writer.write(piece)
+                await writer.drain()
+        except Exception:  # noqa: S110 - the client went away: nothing to answer
+            pass
+        finally:
+            writer.close()
 
     server = await asyncio.start_server(handle, LOOPBACK, 0, ssl=tls)
     upstream.port = server.sockets[0].getsockname()[1]
@@ -98,13 +114,14 @@ async def echo_upstream() -> AsyncIterator[Upstream]:
 
 
 @contextlib.asynccontextmanager
-async def running_proxy(holder: Holder, log: Path, **options: object) -> AsyncIterator[tuple[EgressProxy, int]]:
-    """An EgressProxy on a loopback listener: (the proxy, its port)."""
+async def running_proxy(holder: Holder, report: Path, **options: object) -> AsyncIterator[tuple[EgressProxy, int]]:
+    """An EgressProxy on a loopback listener, its access report in the directory `report`: (the
+    proxy, its port)."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind((LOOPBACK, 0))
     listener.listen()
     options.setdefault("resolver", refusing_resolver)
-    proxy = EgressProxy(holder, AccessLog(str(log)), **options)  # type: ignore[arg-type]
+    proxy = EgressProxy(holder, access_log(report), **options)  # type: ignore[arg-type]
     await proxy.start(listener)
     try:
         yield proxy, listener.getsockname()[1]
@@ -138,3 +155,18 @@ async def wait_until(predicate: Callable[[], bool], seconds: float = WAIT) -> No
     async with asyncio.timeout(seconds):
         while not predicate():
             await asyncio.sleep(0.005)
+
+
+def access_log(directory: Path) -> AccessLog:
+    """An access report in `directory`, with the service's file names."""
+    return AccessLog(str(directory / ACCESS_LOG), str(directory / REFUSED_LOG))
+
+
+def report_lines(directory: Path) -> list[dict[str, Any]]:
+    """The access report in `directory`, oldest first, as its lines' documents."""
+    return [entry.to_json() for entry in read_report(str(directory))]
+
+
+def report_text(directory: Path) -> str:
+    """Everything the access report in `directory` holds, both files, as text."""
+    return "".join(path.read_text() for path in sorted(directory.glob("network*.jsonl*")))

@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandboxer.core.egress.addresses import address_allowed
-from sandboxer.core.egress.policy import EgressPolicy, EgressRule, Route, decide
+from sandboxer.core.egress.policy import EgressPolicy, EgressRule, Route, address_allowed, decide
 
 RULES = (
     EgressRule(host="pypi.org", ports=(443,)),

@@ -6,10 +6,11 @@ revocation refuse the next request."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,16 @@ from sandboxer.host.sandbox_ca import SandboxCA
 from sandboxer.service.egress.heads import Refusal
 from sandboxer.service.egress.proxy import EgressProxy
 from sandboxer.service.egress.routes import Tunnel, _check_inner
-from tests.unit.egress_servers import WAIT, Holder, connect_tunnel, http_upstream, running_proxy, wait_until
+from tests.unit.egress_servers import (
+    WAIT,
+    Holder,
+    connect_tunnel,
+    http_upstream,
+    report_lines,
+    report_text,
+    running_proxy,
+    wait_until,
+)
 
 HOST = "api.model.test"
 SECRET = "s3cr3t-canary-route"
@@ -80,16 +90,20 @@ class Routed:
 
 @asynccontextmanager
 async def _routed_tunnel(
-    tmp_path: Path, upstream_ca: trustme.CA, sandbox_ca: SandboxCA, holder_of: object
+    tmp_path: Path,
+    upstream_ca: trustme.CA,
+    sandbox_ca: SandboxCA,
+    holder_of: object,
+    respond: Callable[[bytes], Sequence[bytes]] | None = None,
 ) -> AsyncIterator[Routed]:
     upstream_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     upstream_ca.issue_cert(HOST).configure_cert(upstream_tls)
     trusting = ssl.create_default_context()
     upstream_ca.configure_trust(trusting)
-    async with http_upstream(b"models", tls=upstream_tls) as upstream:
+    async with http_upstream(b"models", tls=upstream_tls, respond=respond) as upstream:
         holder = Holder(holder_of(upstream.port))  # type: ignore[operator]
         options = {"ca": sandbox_ca, "upstream_ssl": trusting}
-        async with running_proxy(holder, tmp_path / "network.jsonl", **options) as (proxy, port):
+        async with running_proxy(holder, tmp_path, **options) as (proxy, port):
             reader, writer, head = await connect_tunnel(port, f"{HOST}:{upstream.port}")
             assert head.startswith(b"HTTP/1.1 200 ")
             client = ssl.create_default_context(cadata=sandbox_ca.certificate_pem.decode())
@@ -128,7 +142,7 @@ def test_the_upstream_gets_the_secret_while_the_client_sent_the_placeholder(
     for request in seen:
         assert f"authorization: Bearer {SECRET}\r\n".encode() in request.lower().replace(b"bearer", b"Bearer")
         assert b"sandboxer-route:model" not in request
-    text = (tmp_path / "network.jsonl").read_text()
+    text = report_text(tmp_path)
     assert SECRET not in text
     (line,) = [json.loads(item) for item in text.splitlines()]
     assert (line["route"], line["decision"], line["host"]) == ("model", "allowed", HOST)
@@ -139,13 +153,13 @@ def test_an_expired_route_refuses_the_connect(tmp_path: Path, upstream_ca: trust
     policy = _policy(443, secret, expires_at=time.time() - 1)
 
     async def scenario() -> bytes:
-        async with running_proxy(Holder(policy), tmp_path / "network.jsonl", ca=sandbox_ca) as (_, port):
+        async with running_proxy(Holder(policy), tmp_path, ca=sandbox_ca) as (_, port):
             _, writer, head = await connect_tunnel(port, f"{HOST}:443")
             writer.close()
             return head
 
     assert asyncio.run(scenario()).startswith(b"HTTP/1.1 403 ")
-    line = json.loads((tmp_path / "network.jsonl").read_text())
+    line = json.loads(report_text(tmp_path))
     assert (line["reason"], line["decision"]) == ("route expired", "refused")
 
 
@@ -172,7 +186,7 @@ def test_expiry_or_removal_while_the_tunnel_is_open_refuses_the_next_request(
     assert b"route expired" in expired
     assert removed.startswith(b"HTTP/1.1 403 ")
     assert b"route removed" in removed
-    text = (tmp_path / "network.jsonl").read_text()
+    text = report_text(tmp_path)
     assert SECRET not in text
     assert [json.loads(line)["reason"] for line in text.splitlines()] == ["route expired", "route removed"]
 
@@ -193,7 +207,7 @@ def test_revoke_check_closes_an_open_routed_tunnel(
                 assert await tunnel.reader.read(-1) == b""
 
     asyncio.run(scenario())
-    line = json.loads((tmp_path / "network.jsonl").read_text())
+    line = json.loads(report_text(tmp_path))
     assert (line["decision"], line["reason"]) == ("allowed", "closed: revoked (route removed)")
 
 
@@ -212,7 +226,7 @@ def test_an_open_routed_tunnel_is_closed_when_its_route_expires(
                 assert await tunnel.reader.read(-1) == b""
 
     asyncio.run(scenario())
-    line = json.loads((tmp_path / "network.jsonl").read_text())
+    line = json.loads(report_text(tmp_path))
     assert line["reason"] == "closed: revoked (route expired)"
 
 
@@ -234,8 +248,8 @@ def test_a_bad_secret_file_is_reported_by_the_routes_name_only(
     answer = asyncio.run(scenario())
     assert answer.startswith(b"HTTP/1.1 502 ")
     assert SECRET.encode() not in answer
-    assert SECRET not in (tmp_path / "network.jsonl").read_text()
-    assert "route model: secret malformed" in (tmp_path / "network.jsonl").read_text()
+    assert SECRET not in report_text(tmp_path)
+    assert "route model: secret malformed" in report_text(tmp_path)
 
 
 def test_an_upstream_the_trust_store_does_not_know_is_refused(
@@ -248,7 +262,7 @@ def test_an_upstream_the_trust_store_does_not_know_is_refused(
     async def scenario() -> bytes:
         async with http_upstream(tls=upstream_tls) as upstream:
             holder = Holder(_policy(upstream.port, secret))
-            async with running_proxy(holder, tmp_path / "network.jsonl", ca=sandbox_ca) as (_, port):
+            async with running_proxy(holder, tmp_path, ca=sandbox_ca) as (_, port):
                 reader, writer, _ = await connect_tunnel(port, f"{HOST}:{upstream.port}")
                 await writer.start_tls(
                     ssl.create_default_context(cadata=sandbox_ca.certificate_pem.decode()), server_hostname=HOST
@@ -285,7 +299,7 @@ def test_plaintext_sent_before_the_tunnel_never_reaches_the_routed_upstream(
         async with http_upstream(tls=upstream_tls) as upstream:
             holder = Holder(_policy(upstream.port, secret))
             options = {"ca": sandbox_ca, "upstream_ssl": trusting}
-            async with running_proxy(holder, tmp_path / "network.jsonl", **options) as (_, port):
+            async with running_proxy(holder, tmp_path, **options) as (_, port):
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
                 authority = f"{HOST}:{upstream.port}"
                 writer.write(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
@@ -312,3 +326,51 @@ def test_an_inner_request_that_would_echo_the_secret_is_refused(method: str) -> 
     with pytest.raises(Refusal) as refused:
         _check_inner(request, tunnel)
     assert refused.value.status == status
+
+
+def _echo_in_header(request: bytes) -> list[bytes]:
+    """An upstream that sends the request's Authorization back in a header."""
+    value = next(
+        line.split(b":", 1)[1].strip() for line in request.split(b"\r\n") if line.lower().startswith(b"authorization:")
+    )
+    return [b"HTTP/1.1 200 OK\r\nX-Echo: " + value.upper() + b"\r\nContent-Length: 2\r\n\r\nok"]
+
+
+def _echo_in_body(request: bytes) -> list[bytes]:
+    """An upstream that sends the request head back as its body, in chunks that cut the secret
+    in two (each sent on its own)."""
+    cut = request.index(SECRET.encode()) + len(SECRET) // 2
+    first, second = request[:cut], request[cut:]
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    return [
+        head + b"%x\r\n%s\r\n" % (len(first), first),
+        b"%x\r\n%s\r\n" % (len(second), second) + b"0\r\n\r\n",
+    ]
+
+
+@pytest.mark.parametrize("respond", [_echo_in_header, _echo_in_body], ids=["header", "body"])
+def test_an_upstream_sending_the_secret_back_is_cut_off_before_the_client_sees_it(
+    tmp_path: Path, upstream_ca: trustme.CA, sandbox_ca: SandboxCA, respond: Callable[[bytes], list[bytes]]
+) -> None:
+    secret = _secret(tmp_path)
+
+    async def scenario() -> tuple[bytes, list[bytes]]:
+        async with _routed_tunnel(tmp_path, upstream_ca, sandbox_ca, lambda p: _policy(p, secret), respond) as tunnel:
+            tunnel.writer.write(_request(tunnel.port))
+            received = b""
+            with contextlib.suppress(ConnectionError, ssl.SSLError):
+                async with asyncio.timeout(WAIT):
+                    while data := await tunnel.reader.read(65536):
+                        received += data
+            return received, tunnel.seen
+
+    received, seen = asyncio.run(scenario())
+    assert SECRET.encode() in seen[0]  # the upstream had it, and sent it back
+    assert SECRET.lower().encode() not in received.lower()
+    assert SECRET[: len(SECRET) // 2].encode() in received or respond is _echo_in_header  # the body's first half came
+    text = report_text(tmp_path)
+    assert SECRET not in text
+    assert [line["reason"] for line in report_lines(tmp_path)] in (
+        ["upstream sent the route's secret back"],
+        ["closed: upstream sent the route's secret back"],
+    )

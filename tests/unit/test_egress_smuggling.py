@@ -14,7 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandboxer.service.egress.heads import MAX_HEAD, HttpPeer, Refusal, Target, request_target, split_authority
-from tests.unit.egress_servers import Holder, exchange, http_upstream, pinned, running_proxy, wait_until
+from tests.unit.egress_servers import (
+    Holder,
+    exchange,
+    http_upstream,
+    pinned,
+    report_lines,
+    report_text,
+    running_proxy,
+    wait_until,
+)
 
 CANARY = "X-Canary: s3cr3t-canary\r\n"
 
@@ -26,14 +35,14 @@ def _refused(tmp_path: Path, request: str | bytes) -> tuple[bytes, dict[str, obj
     async def scenario() -> tuple[bytes, list[bytes]]:
         async with http_upstream() as upstream:
             holder = Holder(pinned("web.test", upstream.port))
-            async with running_proxy(holder, tmp_path / "network.jsonl") as (_, port):
+            async with running_proxy(holder, tmp_path) as (_, port):
                 data = request.replace("{port}", str(upstream.port)).encode() if isinstance(request, str) else request
                 answer = await exchange(port, data)
-                await wait_until((tmp_path / "network.jsonl").exists)
+                await wait_until(lambda: report_lines(tmp_path))
                 return answer, upstream.seen
 
     answer, seen = asyncio.run(scenario())
-    text = (tmp_path / "network.jsonl").read_text()
+    text = report_text(tmp_path)
     assert "s3cr3t-canary" not in text
     (line,) = [json.loads(item) for item in text.splitlines()]
     assert line["decision"] == "refused"

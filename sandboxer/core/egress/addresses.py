@@ -3,7 +3,8 @@
 A name on the allowlist still must not lead into the host or its networks: a rebinding DNS
 answer, a typo'd internal name or a provider's metadata service would otherwise be one CONNECT
 away. Every address a name resolves to is checked here; the only exemption is a rule that names
-the exact address in its `addresses` (the owner saying "this test server on 127.0.0.1").
+the exact address in its `addresses` (the owner saying "this test server on 127.0.0.1"):
+policy.address_allowed.
 IPv6 forms that embed an IPv4 address (v4-mapped, v4-compatible, 6to4, Teredo, NAT64) are
 judged by the address they carry, since the kernel or a relay may deliver them there.
 """
@@ -11,10 +12,6 @@ judged by the address they carry, since the kernel or a relay may deliver them t
 from __future__ import annotations
 
 import ipaddress
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from sandboxer.core.egress.policy import EgressRule
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -81,19 +78,3 @@ def address_class(address: IPAddress) -> str | None:
         (not address.is_global, "not a global address"),
     )
     return next((reason for refused, reason in checks if refused), None)
-
-
-def address_allowed(rule: EgressRule, ip: str | IPAddress) -> str | None:
-    """None when a connection under `rule` may go to `ip`; else the reason it may not. An address
-    the rule names — in `addresses`, or as its host (an IP literal rule) — is always allowed
-    (that is how an owner opts into a private or loopback upstream); anything else must be a
-    global unicast address."""
-    address = ip if not isinstance(ip, str) else parse_address(ip)
-    if address is None:
-        return "unparsable address"
-    if parse_address(rule.host) == address or any(parse_address(listed) == address for listed in rule.addresses):
-        return None
-    found = address_class(address)
-    # The class, never the address: the answer reaches the sandbox, which should not learn where
-    # a listed name points inside the host's network.
-    return f"{found} not listed" if found else None

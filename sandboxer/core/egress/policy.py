@@ -21,7 +21,7 @@ import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from sandboxer.core.egress.addresses import IPAddress, parse_address
+from sandboxer.core.egress.addresses import IPAddress, address_class, parse_address
 
 MAX_NAME = 253
 _LABEL = re.compile(r"^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$")
@@ -162,3 +162,19 @@ def decide(policy: EgressPolicy, host: str, port: int, *, now: float | None = No
     if route is not None and route_expired(route, time.time() if now is None else now):
         return Decision(allowed=False, reason="route expired", host=name, rule=rule, route=route)
     return Decision(allowed=True, reason="listed", host=name, rule=rule, route=route)
+
+
+def address_allowed(rule: EgressRule, ip: str | IPAddress) -> str | None:
+    """None when a connection under `rule` may go to `ip`; else the reason it may not. An address
+    the rule names — in `addresses`, or as its host (an IP literal rule) — is always allowed
+    (that is how an owner opts into a private or loopback upstream); anything else must be a
+    global unicast address."""
+    address = ip if not isinstance(ip, str) else parse_address(ip)
+    if address is None:
+        return "unparsable address"
+    if parse_address(rule.host) == address or any(parse_address(listed) == address for listed in rule.addresses):
+        return None
+    found = address_class(address)
+    # The class, never the address: the answer reaches the sandbox, which should not learn where
+    # a listed name points inside the host's network.
+    return f"{found} not listed" if found else None

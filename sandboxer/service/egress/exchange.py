@@ -10,6 +10,8 @@ the policy re-read per request meaningful.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import h11
 
 from sandboxer.service.egress.heads import HttpPeer, Refusal
@@ -31,6 +33,7 @@ HOP_BY_HOP = frozenset(
 )
 
 Headers = list[tuple[bytes, bytes]]
+Screen = Callable[[bytes], None]  # sees each part of a response before the client does; raises Refusal
 MAX_UPSTREAM_HEAD = 64 * 1024
 
 
@@ -65,9 +68,12 @@ def upstream_request(
     return h11.Request(method=request.method, target=path, headers=[*headers, (b"connection", b"close")])
 
 
-async def relay(client: HttpPeer, upstream: HttpPeer, outgoing: h11.Request, *, keep_alive: bool) -> None:
-    """Send `outgoing` and the client's body upstream, then the upstream's response to the client.
-    `Refusal` before the response started (answerable), `ResponseStarted` after."""
+async def relay(
+    client: HttpPeer, upstream: HttpPeer, outgoing: h11.Request, *, keep_alive: bool, screen: Screen | None = None
+) -> None:
+    """Send `outgoing` and the client's body upstream, then the upstream's response to the client
+    (every part of it shown to `screen` first). `Refusal` before the response started
+    (answerable), `ResponseStarted` after."""
     if client.conn.client_is_waiting_for_100_continue:
         await client.send(h11.InformationalResponse(status_code=100, headers=[]))
     try:
@@ -76,7 +82,7 @@ async def relay(client: HttpPeer, upstream: HttpPeer, outgoing: h11.Request, *, 
         raise Refusal(502, "upstream failed") from None  # h11's message may quote a header value
     started: list[bool] = []
     try:
-        await _relay_response(client, upstream, started, keep_alive=keep_alive)
+        await _relay_response(client, upstream, started, keep_alive=keep_alive, screen=screen)
     except Refusal as exc:
         if started:
             raise ResponseStarted(exc.reason) from None
@@ -100,22 +106,31 @@ async def _send_body(client: HttpPeer, upstream: HttpPeer, outgoing: h11.Request
             raise Refusal(400, "request body ended early")
 
 
-async def _relay_response(client: HttpPeer, upstream: HttpPeer, started: list[bool], *, keep_alive: bool) -> None:
+async def _relay_response(
+    client: HttpPeer, upstream: HttpPeer, started: list[bool], *, keep_alive: bool, screen: Screen | None
+) -> None:
     """Relay the response; `started` gets an item once the client has its head."""
+    look = screen if screen is not None else _unscreened
     while True:
         event = await upstream.next_event()
         if isinstance(event, h11.InformationalResponse):
             continue  # 100 Continue was answered here; other 1xx are not passed on
         if isinstance(event, h11.Response):
             headers = _passed_on(list(event.headers))
+            look(b"\n".join([event.reason, *(key + b": " + value for key, value in headers)]))
             if not keep_alive:
                 headers.append((b"connection", b"close"))
             started.append(True)
             await client.send(h11.Response(status_code=event.status_code, headers=headers, reason=event.reason))
         elif isinstance(event, h11.Data):
+            look(bytes(event.data))
             await client.send(h11.Data(data=event.data))
         elif isinstance(event, h11.EndOfMessage):
             await client.send(h11.EndOfMessage())
             return
         else:
             raise Refusal(502, "upstream closed before its response")
+
+
+def _unscreened(_: bytes) -> None:
+    return None

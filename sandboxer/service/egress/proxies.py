@@ -25,7 +25,7 @@ import threading
 from concurrent.futures import Future
 
 from sandboxer.backends import Backends
-from sandboxer.commands.logs import ACCESS_LOG, has_egress
+from sandboxer.commands.logs import ACCESS_LOG, REFUSED_LOG, has_egress
 from sandboxer.core.approvals import Ledger, Status
 from sandboxer.core.configdir import load_extension, load_profile
 from sandboxer.core.egress.inside import EGRESS_PORT
@@ -102,7 +102,7 @@ class Proxies:
         ca = load_ca(directory)  # None when the profile has no routes
         proxy = EgressProxy(
             lambda: policy_of_profile(self.dirs, profile),
-            AccessLog(os.path.join(directory, ACCESS_LOG)),
+            AccessLog(os.path.join(directory, ACCESS_LOG), os.path.join(directory, REFUSED_LOG)),
             ca=ca,
         )
         await proxy.start(listener)

@@ -10,14 +10,16 @@ second resolution for a rebinding DNS server to answer differently). A CONNECT i
 `200 Connection established` and spliced both ways; to a host with a credential route it is
 terminated with TLS instead (routes.py). A plain `GET http://host/...` is forwarded in
 origin-form, one request per client connection. Limits (policy.limits): concurrent client
-connections, total bytes both ways, seconds per connection. Each connection is one line in the
-access report when it ends.
+connections, total bytes both ways, seconds per connection; new connections are paced and those
+past a limit turned away cheaply (admission.py). Each connection is one line in the access report
+when it ends (repeated refusals counted: report.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 import ssl
@@ -27,13 +29,14 @@ from typing import Protocol
 
 import h11
 
-from sandboxer.core.egress.addresses import address_allowed, parse_address
-from sandboxer.core.egress.policy import Decision, EgressPolicy, Limits, decide
+from sandboxer.core.egress.addresses import parse_address
+from sandboxer.core.egress.policy import Decision, EgressPolicy, Limits, address_allowed, decide
 from sandboxer.host.interfaces import HostAddresses
+from sandboxer.service.egress.admission import Pace, TurnAway, accept, answer_and_linger, reading, server_streams
 from sandboxer.service.egress.exchange import ResponseStarted, relay, upstream_connection, upstream_request
-from sandboxer.service.egress.heads import MAX_HEAD, READ_CHUNK, HttpPeer, LimitReached, Refusal, error_response
+from sandboxer.service.egress.heads import MAX_HEAD, HttpPeer, LimitReached, Refusal, error_response
 from sandboxer.service.egress.heads import request_target as read_target
-from sandboxer.service.egress.report import AccessLog
+from sandboxer.service.egress.report import REPEAT_SECONDS, Access, AccessLog
 from sandboxer.service.egress.routes import Tunnel, serve_routed
 from sandboxer.service.egress.session import Allowance, Session
 from sandboxer.service.egress.splice import splice
@@ -42,9 +45,9 @@ Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 HEAD_SECONDS = 10.0  # for the request head: a client that says nothing holds a connection slot
 CONNECT_SECONDS = 10.0  # resolution and each upstream connect
-LINGER_SECONDS = 1.0  # after a refusal, for the client to read it and close
 CLOSE_SECONDS = 1.0  # for a closed connection's last bytes to leave before it is aborted
 RESOLVING = 4  # lookups one sandbox's proxy runs at once
+ACCEPT_RETRY_SECONDS = 0.1  # after accept failed (no descriptor left): the connection stays queued
 
 
 NOTHING = EgressPolicy(rules=(), limits=Limits(connections=0, mib=0, seconds=1))
@@ -91,29 +94,39 @@ class EgressProxy:
         self.head_seconds = head_seconds
         self.connect_seconds = connect_seconds
         self.allowance = Allowance()
+        self.pace = Pace()
+        self.turn_away = TurnAway()
+        self._flush: asyncio.TimerHandle | None = None
+        self._accepting: asyncio.Task[None] | None = None
+        self._listener: socket.socket | None = None
         # The host's resolver runs on the service's shared executor: one sandbox's lookups (a slow
         # DNS server, a flood of names) take a few of its threads at most.
         self._resolving = asyncio.Semaphore(RESOLVING)
         self._sessions: set[Session] = set()
-        self._server: asyncio.Server | None = None
 
     async def start(self, listener: socket.socket) -> None:
         """Serve clients on `listener` (bound and listening; the proxy takes it over)."""
         listener.setblocking(False)
-        self._server = await asyncio.start_server(self._client, sock=listener, limit=MAX_HEAD * 2)
+        self._listener = listener
+        self._accepting = asyncio.create_task(self._accept(listener))
 
     async def close(self) -> None:
         """Stop listening and close every open connection (each is reported)."""
-        if self._server is not None:
-            self._server.close()
+        if self._accepting is not None:
+            self._accepting.cancel()
+            await asyncio.gather(self._accepting, return_exceptions=True)
+        if self._listener is not None:
+            self._listener.close()
         tasks = [s.task for s in self._sessions if s.task is not None]
         for session in self._sessions:
             session.closing = session.closing or "proxy stopped"
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
+        await asyncio.gather(*tasks, self.turn_away.close(), return_exceptions=True)
+        if self._flush is not None:
+            self._flush.cancel()
+        with contextlib.suppress(OSError):
+            self.report.close()
 
     def revoke_check(self) -> int:
         """Re-read the policy and close every open connection it no longer allows (a revoked or
@@ -147,15 +160,53 @@ class EgressProxy:
             _log.exception("egress policy unavailable; refusing everything")
             return NOTHING
 
-    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        policy = self._current_policy()
-        session = Session(self.allowance, policy.limits.mib, asyncio.current_task())
-        self._sessions.add(session)
+    async def _accept(self, listener: socket.socket) -> None:
+        """Take connections at the sandbox's pace; serve each, or turn it away past a limit."""
+        while True:
+            while (wait := self.pace.delay()) > 0:
+                await asyncio.sleep(wait)
+            try:
+                conn = await accept(listener)
+            except OSError as exc:
+                _log.warning("egress proxy cannot accept: %s", exc.strerror)
+                await asyncio.sleep(ACCEPT_RETRY_SECONDS)
+                continue
+            policy = self._current_policy()
+            try:
+                _admit(policy, len(self._sessions), self.allowance)
+            except Refusal as exc:
+                self.turn_away(conn, error_response(exc.status, exc.reason))
+                self._record(Access(host="", port=0, decision="refused", reason=exc.reason))
+                continue
+            session = Session(self.allowance, policy.limits.mib, None)
+            self._sessions.add(session)  # counted from now: the next accept sees it
+            session.task = asyncio.create_task(self._client(session, policy, conn))
+            session.task.add_done_callback(functools.partial(self._ended, conn, session))
+
+    def _ended(self, conn: socket.socket, session: Session, _: object) -> None:
+        """A client's task is done (even one cancelled before it ran): its socket is closed."""
+        conn.close()
+        self._sessions.discard(session)  # counted until its socket is gone
+
+    def _record(self, access: Access) -> None:
+        """Write `access` to the report; a refusal may only be counted, so a flush is due."""
+        with contextlib.suppress(OSError):  # the report's failure never keeps a socket open
+            self.report.write(access)
+        if access.decision == "refused" and self._flush is None:
+            self._flush = asyncio.get_running_loop().call_later(REPEAT_SECONDS, self._flush_report)
+
+    def _flush_report(self) -> None:
+        self._flush = None
+        with contextlib.suppress(OSError):
+            if self.report.flush_due():
+                self._flush = asyncio.get_running_loop().call_later(REPEAT_SECONDS, self._flush_report)
+
+    async def _client(self, session: Session, policy: EgressPolicy, conn: socket.socket) -> None:
+        reader, writer = await server_streams(conn, limit=MAX_HEAD * 2)
         try:
             await self._guarded(session, policy, reader, writer)
         finally:
-            with contextlib.suppress(OSError):  # the report's failure never keeps a socket open
-                self.report.write(session.access())  # before any await: a cancelled close still reports
+            self._record(session.access())  # before any await: a cancelled close still reports
             writer.close()
             try:
                 # A client that does not read holds our write buffer: give it a moment, then drop it.
@@ -165,8 +216,6 @@ class EgressProxy:
                 writer.transport.abort()
             except Exception:  # noqa: S110 - its end is all that is wanted of it
                 pass
-            finally:
-                self._sessions.discard(session)  # counted until its socket is gone
 
     async def _guarded(
         self, session: Session, policy: EgressPolicy, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -174,18 +223,12 @@ class EgressProxy:
         """Serve one connection, turning every way it can end into a reason and, while the
         client has no status line yet, an error answer."""
         try:
-            if policy is NOTHING:
-                raise Refusal(503, "policy unavailable")
-            if len(self._sessions) > policy.limits.connections:
-                raise Refusal(503, "connection limit")
-            if self.allowance.spent(policy.limits.mib):
-                raise Refusal(429, "byte limit")
             async with asyncio.timeout(policy.limits.seconds):
                 await self._serve(session, policy, reader, writer)
         except Refusal as exc:
             session.refuse(exc.reason)
             if not session.answered:
-                await _answer_and_linger(reader, writer, error_response(exc.status, exc.reason))
+                await answer_and_linger(reader, writer, error_response(exc.status, exc.reason))
         except LimitReached:
             session.end("byte limit")
         except TimeoutError:
@@ -229,7 +272,7 @@ class EgressProxy:
             # Nothing more is read until the tunnel is made: bytes sent after the head stay in
             # the kernel (the lookup below takes time), so they cannot be taken for the
             # plaintext inside a routed host's TLS; what came with the head is h11's, refused.
-            _reading(writer, on=False)
+            reading(writer, on=False)
         addresses = await self._addresses(decision, target.port)
         if not target.connect:
             upstream = await self._open(addresses, target.port)
@@ -248,7 +291,7 @@ class EgressProxy:
         upstream = await self._open(addresses, target.port)
         try:
             await self._established(client, session)
-            _reading(writer, on=True)
+            reading(writer, on=True)
             await splice(reader, writer, upstream, session)
         finally:
             upstream[1].close()
@@ -346,25 +389,11 @@ def _buffered(reader: asyncio.StreamReader) -> bool:
     return bool(getattr(reader, "_buffer", b""))  # asyncio keeps no public view of it
 
 
-def _reading(writer: asyncio.StreamWriter, *, on: bool) -> None:
-    """Resume or pause reading the client's socket (a stream's transport reads as well)."""
-    transport = writer.transport
-    if isinstance(transport, asyncio.ReadTransport):
-        if on:
-            transport.resume_reading()
-        else:
-            transport.pause_reading()
-
-
-async def _answer_and_linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answer: bytes) -> None:
-    """Write a refusal, end our side, and read what the client still sends until it closes (at
-    most LINGER_SECONDS): closing with its bytes unread would reset the connection, and the reset
-    can overtake the answer."""
-    with contextlib.suppress(OSError, RuntimeError, TimeoutError):
-        _reading(writer, on=True)
-        writer.write(answer)
-        if writer.can_write_eof():
-            writer.write_eof()
-        async with asyncio.timeout(LINGER_SECONDS):
-            while await reader.read(READ_CHUNK):
-                pass
+def _admit(policy: EgressPolicy, serving: int, allowance: Allowance) -> None:
+    """`Refusal` when a new connection is past the sandbox's limits (or its policy unavailable)."""
+    if policy is NOTHING:
+        raise Refusal(503, "policy unavailable")
+    if serving >= policy.limits.connections:
+        raise Refusal(503, "connection limit")
+    if allowance.spent(policy.limits.mib):
+        raise Refusal(429, "byte limit")

@@ -8,6 +8,12 @@ Host must be the tunnel's host (a tunnel to the routed host is no way to send it
 another), the secret is read from the owner's file at that moment, and the request goes to the
 real host over a new TLS connection verified against the host's trust store. The secret is never
 in an error, a reason or a log line: a bad secret file is reported by the route's name only.
+
+An upstream could send the secret back (an endpoint that echoes request headers, a debugging
+page): every response is screened (`SecretScreen`: its head, then its body through a window as
+long as the secret, ignoring case) before the client sees it, and the connection is cut where
+the secret appears. A secret the upstream transforms (encodes, compresses) is not recognised:
+the route's host is one the owner already trusts with it.
 """
 
 from __future__ import annotations
@@ -63,12 +69,23 @@ def read_secret(route: Route) -> bytes:
     return secret
 
 
-def route_header(route: Route, *, now: float) -> tuple[bytes, bytes]:
-    """(name, value) of the header the route sets, the secret in it; refused once expired."""
-    if route_expired(route, now):
-        raise Refusal(403, "route expired")
-    value = route.format.encode().replace(b"{secret}", read_secret(route))
-    return route.header.strip().lower().encode(), value
+def route_header(route: Route, secret: bytes) -> tuple[bytes, bytes]:
+    """(name, value) of the header the route sets, `secret` in it."""
+    return route.header.strip().lower().encode(), route.format.encode().replace(b"{secret}", secret)
+
+
+class SecretScreen:
+    """Looks at what an upstream sends back, in order, for the secret; `Refusal` where it appears."""
+
+    def __init__(self, secret: bytes) -> None:
+        self._secret = secret.lower()
+        self._tail = b""  # the last bytes seen, one fewer than the secret: it may straddle two parts
+
+    def __call__(self, part: bytes) -> None:
+        window = self._tail + part.lower()
+        if self._secret in window:
+            raise Refusal(502, "upstream sent the route's secret back")
+        self._tail = window[-(len(self._secret) - 1) :] if len(self._secret) > 1 else b""
 
 
 def _check_inner(request: h11.Request, tunnel: Tunnel) -> None:
@@ -109,16 +126,16 @@ async def serve_routed(
         decision = tunnel.recheck()
         if decision.route is None:  # recheck refuses a host without its route
             raise Refusal(403, "route removed")
-        header = route_header(decision.route, now=time.time())
+        if route_expired(decision.route, time.time()):
+            raise Refusal(403, "route expired")
+        secret = read_secret(decision.route)
+        outgoing = upstream_request(
+            event, event.target, host=f"{tunnel.host}:{tunnel.port}", set_header=route_header(decision.route, secret)
+        )
         upstream_reader, upstream_writer = await tunnel.connect(decision)
         upstream = HttpPeer(upstream_reader, upstream_writer, upstream_connection(), tunnel.session.count_received)
         try:
-            await relay(
-                client,
-                upstream,
-                upstream_request(event, event.target, host=f"{tunnel.host}:{tunnel.port}", set_header=header),
-                keep_alive=True,
-            )
+            await relay(client, upstream, outgoing, keep_alive=True, screen=SecretScreen(secret))
         finally:
             upstream_writer.close()
         if client.conn.our_state is not h11.DONE or client.conn.their_state is not h11.DONE:
