@@ -23,8 +23,8 @@ from sandboxer.service.egress.heads import READ_CHUNK
 
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
-ACCEPT_RATE = 100.0  # new connections a second, per sandbox
-ACCEPT_BURST = 100
+ACCEPT_RATE = 1000.0  # new connections a second, per sandbox
+ACCEPT_BURST = 200
 LINGERING = 8  # turned-away connections answered and drained at once, per sandbox
 LINGER_SECONDS = 1.0
 
@@ -92,20 +92,21 @@ async def server_streams(conn: socket.socket, *, limit: int = 2**16) -> Streams:
 
 async def accept(listener: socket.socket) -> socket.socket:
     """The next connection on `listener` (non-blocking), taken only once the caller will have it:
-    the accept happens after the wait, so a cancelled wait never loses an accepted connection
-    (as one can with loop.sock_accept, whose result may arrive together with the cancellation)."""
+    the accept is made synchronously (at once when one is queued, else after waiting for the
+    listener to be readable), so a cancelled wait never loses an accepted connection (as one can
+    with loop.sock_accept, whose result may arrive together with the cancellation)."""
     loop = asyncio.get_running_loop()
     while True:
-        readable: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(listener.fileno(), _settle, readable)
-        try:
-            await readable
-        finally:
-            loop.remove_reader(listener.fileno())
         try:
             conn, _ = listener.accept()
         except (BlockingIOError, InterruptedError):
-            continue  # another took it, or it was reset before it was accepted
+            readable: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(listener.fileno(), _settle, readable)
+            try:
+                await readable
+            finally:
+                loop.remove_reader(listener.fileno())
+            continue
         conn.setblocking(False)
         return conn
 
