@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from sandboxer.core.record_exec import ExecView
     from sandboxer.core.removal import Removal
     from sandboxer.execio.stdio import Stdio
+    from sandboxer.host.inside_sockets import InsideSockets
     from sandboxer.host.limit_events import LimitWatch
     from sandboxer.host.observe import MountSeen, ProbeSeen
 
@@ -180,6 +181,10 @@ class Lifecycle(Protocol):
         """A socket listening on `address` in the running sandbox's own network namespace, made by
         the broker from the host (the egress proxy's: docs/egress.md); BackendError when the
         sandbox is gone or the address is taken inside."""
+
+    def inside_sockets(self, record: SandboxRecord) -> InsideSockets:
+        """What makes sockets in the running sandbox's network namespace on demand (a published
+        port's inner side: docs/publish.md), until closed; BackendError when the sandbox is gone."""
 
 
 class Warming(Protocol):

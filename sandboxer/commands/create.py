@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -57,6 +58,29 @@ def create(
     )
     if request.profile.egress:
         services.egress.require(request.profile.name)  # before anything is made
+    manifest = None if request.assignment is None else request.assignment.manifest
+    published = () if manifest is None else manifest.published_ports
+    if published:
+        services.publish.require(request.profile.name)
+    # The host's ports first: a taken one refuses the create before anything is made.
+    listeners = services.publish.reserve(str(manifest.file), published) if manifest and published else []
+    try:
+        return _create(request, dirs, services, listeners, caller_uid=caller_uid, ttl=ttl)
+    except BaseException:
+        for listener in listeners:  # the service serves them only once the create is done
+            listener.close()
+        raise
+
+
+def _create(
+    request: CreateRequest,
+    dirs: Dirs,
+    services: Services,
+    listeners: list[socket.socket],
+    *,
+    caller_uid: int | None,
+    ttl: float | None,
+) -> Created:
     registry = Registry(dirs.state)
 
     warm_count = warm.wanted(request)  # 0 unless the backend keeps warm sandboxes for the profile
@@ -88,6 +112,8 @@ def create(
         record = _make(request, registry, record) if taken is None else warm.finish(request, registry, record, plan)
         if request.profile.egress:
             _serve_egress(request, record, services)
+        if listeners:
+            _serve_published(request, record, services, listeners)
         record = replace(record, state="ready")
         registry.write(record)
     except BaseException as exc:
@@ -95,6 +121,7 @@ def create(
         with contextlib.suppress(OSError, SandboxerError):
             registry.write(record)
         services.egress.close(record.id)
+        services.publish.close(record.id)
         residue = destroy(registry, record.id, record, backends=services.backends).residue
         if residue and isinstance(exc, SandboxerError):
             exc.message += f" (and cleanup left residue: {'; '.join(residue)})"
@@ -154,3 +181,13 @@ def _serve_egress(request: CreateRequest, record: SandboxRecord, services: Servi
     before("the egress proxy")
     listener = request.engine.listen_inside(record, ("127.0.0.1", EGRESS_PORT))
     services.egress.open(record.id, request.profile.name, listener)
+
+
+def _serve_published(
+    request: CreateRequest, record: SandboxRecord, services: Services, listeners: list[socket.socket]
+) -> None:
+    """The manifest's published ports: the reserved host listeners forwarded into the sandbox by
+    the service from now on (docs/publish.md)."""
+    before("the published ports")
+    ports = () if request.assignment is None else request.assignment.manifest.published_ports
+    services.publish.open(record.id, ports, listeners, request.engine.inside_sockets(record))

@@ -12,6 +12,7 @@ from sandboxer.commands.sites import site_of
 from sandboxer.core.plan import MIB, RUNTIME_TARGET, STATE_ROOT, TMP_TARGETS, MountKind
 from sandboxer.errors import BackendError
 from sandboxer.host.digest_cache import digest_runtime
+from sandboxer.host.interfaces import host_listeners
 from sandboxer.host.registry import Registry, check_id
 
 if TYPE_CHECKING:
@@ -38,6 +39,17 @@ def inspect(dirs: Dirs, sandbox_id: str, *, services: Services) -> Evidence:
     if has_egress(record):  # the proxy that is its only way out, and what it decided so far
         proxy = services.egress.status(sandbox_id) or "down (this process serves no egress: sandboxer serve does)"
         evidence["network"] = {**seen.network, "egress": {"proxy": proxy, **counts(dirs, sandbox_id)}}
+    published = () if record.manifest is None else record.manifest.published
+    if published:  # each mapping as the service forwards it, and the listener the host shows
+        served = services.publish.status(sandbox_id) or [
+            {"host": f"127.0.0.1:{host}", "runtime": runtime, "forwarder": "down (sandboxer serve forwards them)"}
+            for host, runtime in published
+        ]
+        listening = host_listeners()
+        evidence["network"] = {
+            **evidence["network"],
+            "published": [{**item, "listening": item["host"] in listening} for item in served],
+        }
     evidence["limits"].update(seen.limits)
     evidence.update(seen.sections)
     return Evidence.from_json(evidence)

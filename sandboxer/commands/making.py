@@ -158,7 +158,9 @@ class CreateRequest:
         self.profile_file, self.profile, self.extension, self.engine = _admit(dirs, profile_name, backends)
         self.backend = backend_name(self.extension)
         repository = self.profile.workspace.repository
-        self.assignment = _admit_manifest(dirs, manifest_path, engine=self.engine, repository=repository)
+        self.assignment = _admit_manifest(
+            dirs, manifest_path, engine=self.engine, repository=repository, publish=self.profile.publish == "loopback"
+        )
         self.delivery = _admit_bootstrap(bootstrap, self.assignment)
         image = self.assignment.image if self.assignment is not None else None
         self.image = image or str(self.extension.image)
@@ -285,7 +287,9 @@ def _with_suspend_dir(grants: Grants | None) -> Grants:
     return replace(base, mounts=(*base.mounts, Mount(kind=MountKind.DIR, target=SUSPEND_DIR, mode=0o700)))
 
 
-def _admit_manifest(dirs: Dirs, path: str | None, *, engine: Backend, repository: str) -> Assignment | None:
+def _admit_manifest(
+    dirs: Dirs, path: str | None, *, engine: Backend, repository: str, publish: bool
+) -> Assignment | None:
     """The lease manifest of a create, fully checked before anything is made (or None)."""
     if path is None:
         return None
@@ -295,6 +299,7 @@ def _admit_manifest(dirs: Dirs, path: str | None, *, engine: Backend, repository
         forbidden=(dirs.config, dirs.state),
         images_admitted=engine.admits_service_images(),
         repository=repository,
+        publish=publish,
     )
     registry = Registry(dirs.state)
     for other in registry.ids():  # a run is one sandbox: its spools, ledger and materializations are one

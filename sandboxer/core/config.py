@@ -257,6 +257,7 @@ def _parse_profile(doc: Doc, root: YNode, digest: str) -> Profile:
         exec_env=exec_env,
         routes=network.routes,
         egress_limits=network.limits,
+        publish=network.publish,
     )
 
 

@@ -11,7 +11,7 @@ import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from sandboxer.core.config_doc import Doc
 from sandboxer.core.egress.addresses import parse_address
@@ -50,12 +50,14 @@ class NetworkKeys:
     egress: tuple[EgressRule, ...] = ()
     routes: tuple[str, ...] = ()
     limits: Limits = DEFAULT_LIMITS
+    publish: Literal["none", "loopback"] = "none"
 
 
 def parse_network(doc: Doc, node: YNode, extension: str) -> NetworkKeys:
     """`network`: default (deny only), egress rules, the routes the profile opts into by name, the
-    proxy's limits, and publish (none only, for now). A well-formed setting nothing can honour is
-    recorded on `doc.forbidden` (exit 3), after every structural check."""
+    proxy's limits, and publish (none, or loopback: a manifest's published_ports). A well-formed
+    setting nothing can honour is recorded on `doc.forbidden` (exit 3), after every structural
+    check."""
     network = doc.mapping(node, "network", ("default", "egress"), ("routes", "limits", "publish"))
     default_node = network["default"]
     default = doc.string(default_node, "network.default")
@@ -70,14 +72,14 @@ def parse_network(doc: Doc, node: YNode, extension: str) -> NetworkKeys:
     egress = _egress(doc, network["egress"])
     routes = _route_names(doc, network["routes"]) if "routes" in network else ()
     limits = _limits(doc, network["limits"]) if "limits" in network else DEFAULT_LIMITS
+    publish: Literal["none", "loopback"] = "none"
     if "publish" in network:
         publish_node = network["publish"]
-        publish = doc.string(publish_node, "network.publish")
-        if publish not in PUBLISH_VALUES:
+        value = doc.string(publish_node, "network.publish")
+        if value not in PUBLISH_VALUES:
             raise doc.fail(publish_node.mark, "network.publish", "must be none or loopback")
-        if publish != "none":
-            doc.forbid(publish_node.mark, "network.publish", "must be none: publishing ports is not available yet")
-    return NetworkKeys(egress=egress, routes=routes, limits=limits)
+        publish = "loopback" if value == "loopback" else "none"
+    return NetworkKeys(egress=egress, routes=routes, limits=limits, publish=publish)
 
 
 def _host(doc: Doc, node: YNode, path: str, *, exact: bool) -> str:

@@ -119,6 +119,7 @@ class Profile:
     exec_env: tuple[tuple[str, str], ...] = ()  # exec.env: variables the owner sets in every exec
     routes: tuple[str, ...] = ()  # network.routes: the extension's credential routes it uses, by name
     egress_limits: EgressLimits = DEFAULT_EGRESS_LIMITS  # network.limits: the proxy's, per sandbox
+    publish: Literal["none", "loopback"] = "none"  # network.publish: loopback lets a manifest publish ports
 
     @property
     def has_egress(self) -> bool:
@@ -201,7 +202,7 @@ def meaning(item: OwnerFile) -> dict[str, Any]:
                     "mib": item.egress_limits.mib,
                     "seconds": item.egress_limits.seconds,
                 },
-                "publish": "none",
+                "publish": item.publish,
             },
             "setup": {"secrets": list(item.secrets)},
             "limits": {
@@ -279,6 +280,7 @@ def from_meaning(document: dict[str, Any], file_sha256: str) -> OwnerFile:
                 mib=int(egress_limits.get("mib", DEFAULT_EGRESS_LIMITS.mib)),
                 seconds=_seconds(egress_limits.get("seconds", DEFAULT_EGRESS_LIMITS.seconds)),
             ),
+            publish="loopback" if network.get("publish") == "loopback" else "none",
         )
     config = document["config"]
     return ExtensionConfig(

@@ -35,6 +35,7 @@ from sandboxer.core.plan import (
 from sandboxer.core.record import LeaseMount, LeaseRecord, ManifestRecord, Spool
 from sandboxer.errors import PolicyError
 
+MIN_PUBLISHED_PORT = 1024  # below it a port is privileged on the host: never published
 SPOOL_PENDING_FILES = 16
 SPOOL_REQUEST_BYTES = 256 * 1024
 SPOOL_TOTAL_BYTES = 1024 * 1024
@@ -84,14 +85,17 @@ class Assignment:
         return record(self.manifest, plan.mounts, owner=self.owner)
 
 
-def admit_assignment(path: str, *, forbidden: Sequence[str], images_admitted: bool, repository: str) -> Assignment:
+def admit_assignment(
+    path: str, *, forbidden: Sequence[str], images_admitted: bool, repository: str, publish: bool = False
+) -> Assignment:
     """The whole manifest check at create: ManifestError (2), LeaseExpiredError or PolicyError (3).
-    `images_admitted`: whether the backend honours service images."""
+    `images_admitted`: whether the backend honours service images; `publish`: whether the
+    profile lets it publish ports."""
     data, info = mf.read_assignment(path)
     checked = mf.parse(data, file=path)
     mf.check_sources(checked, owner=info.st_uid, forbidden=forbidden)
     mf.check_live(checked)
-    admit(checked, images_admitted=images_admitted, repository=repository, broker_uid=os.geteuid())
+    admit(checked, images_admitted=images_admitted, repository=repository, broker_uid=os.geteuid(), publish=publish)
     project_env = None
     capabilities: dict[str, bytes] = {}
     for lease in checked.leases:
@@ -102,13 +106,22 @@ def admit_assignment(path: str, *, forbidden: Sequence[str], images_admitted: bo
     return Assignment(manifest=checked, owner=info.st_uid, project_env=project_env, capabilities=capabilities)
 
 
-def admit(manifest: mf.Manifest, *, images_admitted: bool, repository: str, broker_uid: int) -> None:
-    """What this broker refuses of a valid manifest for this profile (PolicyError, exit 3)."""
+def admit(
+    manifest: mf.Manifest, *, images_admitted: bool, repository: str, broker_uid: int, publish: bool = False
+) -> None:
+    """What this broker refuses of a valid manifest for this profile (PolicyError, exit 3).
+    `publish`: the profile says network.publish: loopback."""
     file = manifest.file
     if os.path.realpath(manifest.repository_path) != os.path.realpath(repository):
         raise PolicyError(f"{file}: repository.path: is not the profile's workspace repository")
-    if manifest.published_ports:
-        raise PolicyError(f"{file}: published_ports: sandboxes are loopback-only; nothing is published")
+    if manifest.published_ports and not publish:
+        raise PolicyError(
+            f"{file}: published_ports: the profile does not publish ports",
+            hint="the owner allows it with network.publish: loopback in the profile",
+        )
+    for index, (host, _) in enumerate(manifest.published_ports):
+        if host < MIN_PUBLISHED_PORT:
+            raise PolicyError(f"{file}: published_ports[{index}].host: must be {MIN_PUBLISHED_PORT} or above")
     if manifest.service_images and not images_admitted:
         raise PolicyError(f"{file}: service_images: images need the Docker backend")
     clash = mf.targets_apart(manifest)
@@ -218,6 +231,7 @@ def record(manifest: mf.Manifest, plan_mounts: tuple[Mount, ...], *, owner: int)
         run_dir_identity=(info.st_dev, info.st_ino),
         version=manifest.version,
         run_id=manifest.run_id,
+        published=tuple(manifest.published_ports),
         task_branch=manifest.task_branch,
         revision=manifest.repository_revision,
         expiries=tuple(

@@ -198,6 +198,7 @@ class ManifestRecord:
     mounts: tuple[LeaseMount, ...]
     spools: tuple[Spool, ...]
     materializations: tuple[str, ...]
+    published: tuple[tuple[int, int], ...] = ()  # published_ports: (host port on 127.0.0.1, port inside)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -236,7 +236,7 @@ def _warm(part: _Reader) -> WarmStamp:
 
 def _manifest(part: _Reader) -> ManifestRecord:
     keys = {"file", "sha256", "owner_uid", "run_dir", "run_dir_identity", "version", "run_id", "task_branch"}
-    part.only(keys | {"revision", "expiries", "leases", "mounts", "spools", "materializations"})
+    part.only(keys | {"revision", "expiries", "leases", "mounts", "spools", "materializations", "published"})
     identity = part.items("run_dir_identity")
     if len(identity) != 2 or not all(type(value) is int for value in identity):
         raise RecordShapeError(part.path("run_dir_identity"))
@@ -274,6 +274,7 @@ def _manifest(part: _Reader) -> ManifestRecord:
             for item in part.objects("spools")
         ),
         materializations=part.texts("materializations"),
+        published=part.pairs("published", int, int) if part.raw("published") is not None else (),
     )
 
 

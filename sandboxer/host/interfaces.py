@@ -47,3 +47,14 @@ def _read() -> frozenset[IPAddress]:
             except ValueError:
                 continue
     return frozenset(found)
+
+
+def host_listeners() -> frozenset[str]:
+    """Every TCP socket listening on the host's IPv4 loopback, as `127.0.0.1:PORT` (the published
+    ports' evidence). psutil reads the calling process's network namespace: the host's, for the
+    broker."""
+    return frozenset(
+        f"{conn.laddr.ip}:{conn.laddr.port}"
+        for conn in psutil.net_connections(kind="tcp4")
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.ip == "127.0.0.1"
+    )

@@ -73,6 +73,18 @@ def listen_inside(
     must join first (an unprivileged broker). `still_theirs`: asked once the namespace is open,
     whether `pid` is still the sandbox's process. BackendError, saying why, when it cannot be made:
     the process is gone, or the address is taken inside."""
+    netns = open_namespace(pid, start, still_theirs=still_theirs)
+    try:
+        made = _by_child(netns, address) if join_user else _by_thread(netns, address)
+    finally:
+        os.close(netns)
+    made.setblocking(False)
+    return made
+
+
+def open_namespace(pid: int, start: int | None, *, still_theirs: Callable[[], bool] | None = None) -> int:
+    """A descriptor of the network namespace of process `pid` (started at `start`), checked to be
+    that process's still (and `still_theirs`) and never the broker's own; BackendError if not."""
     try:
         netns = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
@@ -81,13 +93,12 @@ def listen_inside(
         if not procs.alive(pid, start) or (still_theirs is not None and not still_theirs()):
             raise BackendError("the sandbox's process is gone: its network namespace cannot be named")
         opened, own = os.fstat(netns), os.stat("/proc/self/ns/net")
-        if (opened.st_dev, opened.st_ino) == (own.st_dev, own.st_ino):  # never a listener on the host's loopback
+        if (opened.st_dev, opened.st_ino) == (own.st_dev, own.st_ino):  # never a socket on the host's loopback
             raise BackendError("the process named is in the broker's own network namespace, not a sandbox's")
-        made = _by_child(netns, address) if join_user else _by_thread(netns, address)
-    finally:
+    except BaseException:
         os.close(netns)
-    made.setblocking(False)
-    return made
+        raise
+    return netns
 
 
 def _bound(address: tuple[str, int]) -> socket.socket:
@@ -105,7 +116,8 @@ def _bound(address: tuple[str, int]) -> socket.socket:
     return made
 
 
-def _setns(fd: int, kind: int) -> None:
+def setns(fd: int, kind: int) -> None:
+    """setns(2) for the calling thread (OSError on failure)."""
     if ctypes.CDLL(None, use_errno=True).setns(fd, kind) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, os.strerror(errno))
@@ -120,7 +132,7 @@ def _by_thread(netns: int, address: tuple[str, int]) -> socket.socket:
         # The thread never returns to the host's namespace: it ends here, and no other thread of
         # this process is moved.
         try:
-            _setns(netns, CLONE_NEWNET)
+            setns(netns, CLONE_NEWNET)
             made.append(_bound(address))
         except OSError as exc:
             failed.append(exc)

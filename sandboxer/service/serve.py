@@ -38,6 +38,7 @@ from sandboxer.service.connections import Activity, Connections
 from sandboxer.service.egress.proxies import Proxies
 from sandboxer.service.http import AUDIT, EXECS, HEAD_SECONDS, Protocol
 from sandboxer.service.lifetimes import KEEP_EXPORTS, REAP_EVERY, Reaper
+from sandboxer.service.publish.table import Publishers
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -171,12 +172,23 @@ def _stop_helpers(services: Services, fills: ThreadPoolExecutor) -> None:
     services.backends.serve(False)
 
 
-async def _stop_egress(stop: asyncio.Event, watcher: asyncio.Task[None], proxies: Proxies) -> None:
-    """The egress watch ends and every proxy closes (the sandboxes keep running, without egress)."""
+def _reopen(proxies: Proxies, publishers: Publishers) -> None:
+    """Serve live sandboxes' egress and published ports again (the service's start)."""
+    proxies.reopen()
+    publishers.reopen()
+
+
+async def _stop_network(
+    stop: asyncio.Event, watchers: list[asyncio.Task[None]], proxies: Proxies, publishers: Publishers
+) -> None:
+    """The watches end, every proxy and forwarder closes (the sandboxes keep running, without
+    egress or published ports)."""
     stop.set()
-    with contextlib.suppress(Exception):  # its passes log their own failures
-        await watcher
+    for watcher in watchers:
+        with contextlib.suppress(Exception):  # their passes log their own failures
+            await watcher
     await proxies.close_all()
+    await publishers.close_all()
 
 
 async def _http_server(app: web.Application) -> tuple[web.AppRunner, Callable[[], Protocol]]:
@@ -215,7 +227,8 @@ async def _run(
     loop = asyncio.get_running_loop()
     backends = Backends()
     proxies = Proxies(dirs, backends, loop)  # the egress of sandboxes that have it
-    services = Services.of(backends, egress=proxies)  # what every request of this service shares
+    publishers = Publishers(dirs, backends, loop)  # the published ports of sandboxes that have them
+    services = Services.of(backends, egress=proxies, publish=publishers)  # what every request shares
     app = make_app(dirs, services=services, workers=workers, slots=slots)
     lifetimes = Reaper(dirs, services, app[AUDIT], keep_exports=keep_exports)
     activity = Activity()
@@ -225,14 +238,15 @@ async def _run(
     runner, protocol = await _http_server(app)
     serving = Serving(dirs=dirs, services=services, audit=app[AUDIT], commands=commands)
     connections = Connections(listener, protocol, serving, activity=activity, slots=slots, workers=workers)
-    # Live sandboxes' egress is served again before the first client is: none finds it down.
-    await loop.run_in_executor(workers, proxies.reopen)
+    # Live sandboxes' egress and ports are served again before the first client is: none finds
+    # them down.
+    await loop.run_in_executor(workers, _reopen, proxies, publishers)
     acceptor = asyncio.create_task(connections.accept())
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     helpers = _start_helpers(services)
-    watcher = asyncio.create_task(proxies.watch(stop))
+    watchers = [asyncio.create_task(proxies.watch(stop)), asyncio.create_task(publishers.watch(stop))]
     sys.stderr.write(f"sandboxer: serving {dirs.state} on {listener.getsockname()}\n")
     sys.stderr.flush()
     try:
@@ -241,15 +255,17 @@ async def _run(
                 await asyncio.wait_for(stop.wait(), timeout=REAP_EVERY)
             await loop.run_in_executor(reaper, lifetimes.reap)
             await loop.run_in_executor(reaper, app[AUDIT].flush)  # suppressed refusals, counted
-            # A sandbox with egress has it only while the service runs: never idle then.
-            if idle_exit is not None and activity.idle_for() > idle_exit and not proxies.serving():
+            # A sandbox with egress or published ports has them only while the service runs:
+            # never idle then.
+            forwarding = proxies.serving() or publishers.serving()
+            if idle_exit is not None and activity.idle_for() > idle_exit and not forwarding:
                 sys.stderr.write("sandboxer: idle, exiting\n")
                 break
             if os.fstat(lock).st_nlink == 0:
                 sys.stderr.write("sandboxer: the state dir was removed, exiting\n")
                 break
     finally:
-        await _stop_egress(stop, watcher, proxies)
+        await _stop_network(stop, watchers, proxies, publishers)
         acceptor.cancel()
         for gone in app[EXECS].copy():  # an exec runs as long as its command: it is cancelled
             gone.set()

@@ -103,6 +103,11 @@ class FakeBackend:
         made.setblocking(False)
         return made
 
+    def inside_sockets(self, record: SandboxRecord) -> HostSockets:
+        """Sockets on the host (the fake has no namespace of its own)."""
+        self.calls.append(("inside_sockets", record.id))
+        return HostSockets()
+
     def observe(self, record: SandboxRecord, *, site: Site) -> Observed:
         raise BackendError("the fake backend observes nothing")
 
@@ -226,3 +231,16 @@ class FakeEgress:
 
     def status(self, sandbox_id: str) -> str | None:
         return "up" if ("open", sandbox_id) in self.calls else None
+
+
+class HostSockets:
+    """The fake backend's inside sockets: plain sockets of the host's namespace."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def socket(self) -> socket.socket:
+        return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+
+    def close(self) -> None:
+        self.closed = True

@@ -23,6 +23,7 @@ from sandboxer.core.removal import Removal
 from sandboxer.errors import BackendError
 from sandboxer.host import limits, netns, procs, staging, workspace
 from sandboxer.host.fstree import remove_tree
+from sandboxer.host.inside_sockets import InsideSockets, inside_sockets
 from sandboxer.host.lease_mounts import unmount_below
 from sandboxer.host.observe import differences, read_mountinfo
 
@@ -158,6 +159,13 @@ class BwrapBackend(BwrapExecution):
         if processes is None or processes.holder_pid is None:
             raise BackendError("the sandbox's record names no process")
         return netns.listen_inside(processes.holder_pid, processes.holder_start, address, join_user=os.geteuid() != 0)
+
+    def inside_sockets(self, record: SandboxRecord) -> InsideSockets:
+        processes = record.processes
+        if processes is None or processes.holder_pid is None:
+            raise BackendError("the sandbox's record names no process")
+        namespace = netns.open_namespace(processes.holder_pid, processes.holder_start)
+        return inside_sockets(namespace, join_user=os.geteuid() != 0)
 
     def observe(self, record: SandboxRecord, *, site: Site) -> Observed:
 

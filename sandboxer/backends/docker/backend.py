@@ -30,6 +30,7 @@ from sandboxer.core.record import LimitsRecord, PlanShare, SeccompRecord
 from sandboxer.core.removal import Removal
 from sandboxer.errors import BackendError, UsageError
 from sandboxer.host import lease_mounts, netns, procs, staging
+from sandboxer.host.inside_sockets import InsideSockets, inside_sockets
 from sandboxer.host.lease_mounts import staged_mismatches
 from sandboxer.host.observe import parse_mountinfo, parse_probe, process_differences
 from sandboxer.host.staging import runtime_mismatches
@@ -252,6 +253,15 @@ class DockerBackend(DockerExecution):
             join_user=False,
             still_theirs=lambda: _running_pid(container_id) == pid,
         )
+
+    def inside_sockets(self, record: SandboxRecord) -> InsideSockets:
+        container_id = record.container_id or ""
+        pid = _running_pid(container_id)
+        if pid is None:
+            raise BackendError("the sandbox's container is not running")
+        still_theirs = lambda: _running_pid(container_id) == pid  # noqa: E731 - as listen_inside's
+        namespace = netns.open_namespace(pid, procs.start_time(pid), still_theirs=still_theirs)
+        return inside_sockets(namespace, join_user=False)
 
     def observe(self, record: SandboxRecord, *, site: Site) -> Observed:
         """What the Engine shows and what the container itself shows."""

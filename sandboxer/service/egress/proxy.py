@@ -39,7 +39,7 @@ from sandboxer.service.egress.heads import request_target as read_target
 from sandboxer.service.egress.report import REPEAT_SECONDS, Access, AccessLog
 from sandboxer.service.egress.routes import Tunnel, serve_routed
 from sandboxer.service.egress.session import Allowance, Session
-from sandboxer.service.egress.splice import splice
+from sandboxer.service.splice import splice
 
 Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -292,7 +292,7 @@ class EgressProxy:
         try:
             await self._established(client, session)
             reading(writer, on=True)
-            await splice(reader, writer, upstream, session)
+            await splice((reader, writer), upstream, sent=session.count_sent, received=session.count_received)
         finally:
             upstream[1].close()
 

@@ -1,5 +1,6 @@
-"""A CONNECT tunnel's bytes, copied both ways between the sandbox's connection and the upstream,
-each counted against the sandbox's allowance (session.py) as it passes."""
+"""A connection's bytes, copied both ways between two streams, each direction counted as it
+passes: a CONNECT tunnel's against the sandbox's allowance (session.py), a published port's
+(sandboxer/service/publish/)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,23 @@ import asyncio
 from collections.abc import Callable
 
 from sandboxer.service.egress.heads import READ_CHUNK
-from sandboxer.service.egress.session import Session
 
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 async def splice(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, upstream: Streams, session: Session
+    client: Streams,
+    upstream: Streams,
+    *,
+    sent: Callable[[int], None] = lambda _: None,
+    received: Callable[[int], None] = lambda _: None,
 ) -> None:
-    """Copy both ways until both sides are done; each direction's end is passed on as EOF. The
-    first failure (a limit, a reset) ends both and is raised as itself, not in a group."""
+    """Copy both ways until both sides are done (`sent`: each count of bytes from the client,
+    `received`: from the upstream); each direction's end is passed on as EOF. The first failure
+    (a limit, a reset) ends both and is raised as itself, not in a group."""
     tasks = {
-        asyncio.create_task(_pipe(reader, upstream[1], session.count_sent)),
-        asyncio.create_task(_pipe(upstream[0], writer, session.count_received)),
+        asyncio.create_task(_pipe(client[0], upstream[1], sent)),
+        asyncio.create_task(_pipe(upstream[0], client[1], received)),
     }
     try:
         pending = tasks

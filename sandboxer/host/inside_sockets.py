@@ -1,0 +1,168 @@
+"""Sockets made inside a sandbox's network namespace on demand: the inner side of a published port.
+
+A published port forwards each connection the host's 127.0.0.1:HOST accepts to 127.0.0.1:RUNTIME
+inside the sandbox. A socket belongs to the namespace it was made in, so the inner socket is made
+there and then connected from the service's event loop like any other. Making one must be cheap
+(once per connection), so the namespace is joined once per sandbox, not once per connection:
+
+- a root broker keeps one thread per sandbox that joined the sandbox's network namespace
+  (setns(2) moves that thread only) and makes sockets when asked;
+- an ordinary user's sandbox namespace belongs to a user namespace of that user's, which only a
+  single-threaded process may join: one small child process per sandbox joins it and the network
+  namespace and hands a fresh socket back over a socket pair (SCM_RIGHTS) per request. It is
+  not dumpable, lives in the host's pid namespace (no sandboxed process can name it) and ends
+  when the pair closes: when the sandbox's ports are closed, or the service ends.
+
+Either holds the namespace open while it lives, so `close` is called when the sandbox ends
+(teardown, the service's watch). Nothing here connects anywhere: the caller does.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+from typing import Protocol
+
+from sandboxer.errors import BackendError
+from sandboxer.host.netns import CLONE_NEWNET, HELPER_SECONDS, setns
+
+ANSWER_SECONDS = 5.0
+
+# The child an unprivileged broker keeps per sandbox, given the network namespace's descriptor and
+# its end of the pair. Standard library only, no site: it starts in a few milliseconds.
+_HELPER = """
+import ctypes, fcntl, os, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no process of the sandbox's user may trace it
+def join(fd, kind):
+    if libc.setns(fd, kind) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
+netns, pair = int(sys.argv[1]), socket.socket(fileno=int(sys.argv[2]))
+join(fcntl.ioctl(netns, 0xB701), 0x10000000)
+join(netns, 0x40000000)
+os.close(netns)
+pair.sendall(b"r")
+while pair.recv(1):
+    made = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    socket.send_fds(pair, [b"s"], [made.fileno()])
+    made.close()
+"""
+
+
+class InsideSockets(Protocol):
+    """Makes unconnected TCP sockets in one sandbox's network namespace until closed."""
+
+    def socket(self) -> socket.socket:
+        """A new TCP socket (blocking) in the sandbox's namespace; BackendError when none can be made."""
+        ...
+
+    def close(self) -> None:
+        """Let the namespace go."""
+        ...
+
+
+class ThreadSockets:
+    """A root broker's: one thread of ours joined the namespace and makes the sockets."""
+
+    def __init__(self, netns: int) -> None:
+        """Takes `netns` (an open descriptor of the namespace; closed here)."""
+        self._requests: queue.SimpleQueue[Future[socket.socket] | None] = queue.SimpleQueue()
+        joined: Future[None] = Future()
+        self._thread = threading.Thread(target=self._run, args=(netns, joined), name="sandboxer-inside", daemon=True)
+        self._thread.start()
+        joined.result(timeout=HELPER_SECONDS)
+
+    def _run(self, netns: int, joined: Future[None]) -> None:
+        # The thread never returns to the host's namespace: it serves requests until closed and
+        # ends there; no other thread of this process is moved.
+        try:
+            setns(netns, CLONE_NEWNET)
+        except OSError as exc:
+            joined.set_exception(BackendError(f"the sandbox's network namespace cannot be joined: {exc.strerror}"))
+            return
+        finally:
+            os.close(netns)
+        joined.set_result(None)
+        while (request := self._requests.get()) is not None:
+            try:
+                request.set_result(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            except OSError as exc:
+                request.set_exception(BackendError(f"no socket inside the sandbox: {exc.strerror}"))
+
+    def socket(self) -> socket.socket:
+        if not self._thread.is_alive():
+            raise BackendError("the sandbox's network namespace is no longer held")
+        request: Future[socket.socket] = Future()
+        self._requests.put(request)
+        return request.result(timeout=ANSWER_SECONDS)
+
+    def close(self) -> None:
+        self._requests.put(None)
+
+
+class ChildSockets:
+    """An unprivileged broker's: a child of ours in the sandbox's user and network namespaces."""
+
+    def __init__(self, netns: int) -> None:
+        """Takes `netns` (an open descriptor of the namespace; closed here)."""
+        self._lock = threading.Lock()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with theirs:
+                argv = [sys.executable, "-S", "-I", "-c", _HELPER, str(netns), str(theirs.fileno())]
+                self._child = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    pass_fds=(netns, theirs.fileno()),
+                    env={"PATH": "/usr/bin:/bin"},
+                )
+            ours.settimeout(HELPER_SECONDS)
+            if ours.recv(1) != b"r":
+                raise OSError("no answer")
+        except OSError as exc:
+            ours.close()
+            self._stop()
+            raise BackendError(f"the sandbox's network namespace cannot be joined: {exc}") from None
+        finally:
+            os.close(netns)
+        ours.settimeout(ANSWER_SECONDS)
+        self._pair = ours
+
+    def socket(self) -> socket.socket:
+        with self._lock:
+            try:
+                self._pair.sendall(b"s")
+                _, fds, _, _ = socket.recv_fds(self._pair, 1, 1)
+            except OSError as exc:
+                raise BackendError(f"no socket inside the sandbox: {exc}") from None
+        if not fds:
+            raise BackendError("no socket inside the sandbox: its helper ended")
+        return socket.socket(fileno=fds[0])
+
+    def close(self) -> None:
+        self._pair.close()  # the child reads EOF and ends
+        self._stop()
+
+    def _stop(self) -> None:
+        child = getattr(self, "_child", None)
+        if child is None:
+            return
+        try:
+            child.wait(timeout=HELPER_SECONDS)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def inside_sockets(netns: int, *, join_user: bool) -> InsideSockets:
+    """Sockets made in the namespace `netns` (an open, checked descriptor: netns.open_namespace;
+    taken over). `join_user`: an unprivileged broker's namespace, joined by a child."""
+    return ChildSockets(netns) if join_user else ThreadSockets(netns)

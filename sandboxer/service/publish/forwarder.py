@@ -1,0 +1,123 @@
+"""One published port: a listener on the host's 127.0.0.1:HOST whose every connection is forwarded
+to 127.0.0.1:RUNTIME inside one sandbox's network namespace.
+
+The inner socket is made in the sandbox's namespace (host/inside_sockets.py) and connected from
+here; the bytes are copied both ways (splice.py) and counted. A connection that finds nothing
+listening inside is closed at once (the client sees its connection end, as it would when
+connecting to a closed port through any proxy). At most MAX_CONNECTIONS at a time per port; new
+ones are paced (admission.py): the host's other users share the service with the sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import socket
+
+from sandboxer.errors import BackendError
+from sandboxer.host.inside_sockets import InsideSockets
+from sandboxer.service.egress.admission import Pace, accept
+from sandboxer.service.splice import splice
+
+MAX_CONNECTIONS = 256
+CONNECT_SECONDS = 5.0
+ACCEPT_RETRY_SECONDS = 0.1
+log = logging.getLogger(__name__)
+
+
+class PortForwarder:
+    """Forwards `listener`'s connections (the host side, bound and listening) to `runtime` inside."""
+
+    def __init__(self, listener: socket.socket, runtime: int, inside: InsideSockets) -> None:
+        self.listener = listener
+        self.host = int(listener.getsockname()[1])
+        self.runtime = runtime
+        self.inside = inside
+        self.pace = Pace()
+        self.forwarded = 0  # connections that reached the port inside
+        self.refused = 0  # connections that found nothing listening inside, or came past the limit
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._accepting: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Serve from now on (on the running loop)."""
+        self.listener.setblocking(False)
+        self._accepting = asyncio.create_task(self._accept())
+
+    async def close(self) -> None:
+        """Stop listening; every open connection is closed."""
+        if self._accepting is not None:
+            self._accepting.cancel()
+            await asyncio.gather(self._accepting, return_exceptions=True)
+        self.listener.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    @property
+    def open_connections(self) -> int:
+        """Connections being forwarded now."""
+        return len(self._tasks)
+
+    async def _accept(self) -> None:
+        while True:
+            while (wait := self.pace.delay()) > 0:
+                await asyncio.sleep(wait)
+            try:
+                conn = await accept(self.listener)
+            except OSError as exc:
+                log.warning("published port %d cannot accept: %s", self.host, exc.strerror)
+                await asyncio.sleep(ACCEPT_RETRY_SECONDS)
+                continue
+            if len(self._tasks) >= MAX_CONNECTIONS:
+                self.refused += 1
+                conn.close()
+                continue
+            task = asyncio.create_task(self._forward(conn))
+            self._tasks.add(task)
+            task.add_done_callback(functools.partial(self._ended, conn))
+
+    def _ended(self, conn: socket.socket, task: asyncio.Task[None]) -> None:
+        conn.close()
+        self._tasks.discard(task)
+
+    async def _forward(self, conn: socket.socket) -> None:
+        inner = await self._connect_inside()
+        if inner is None:
+            self.refused += 1
+            return
+        self.forwarded += 1
+        client = await asyncio.open_connection(sock=conn)
+        try:
+            upstream = await asyncio.open_connection(sock=inner)
+        except BaseException:
+            inner.close()
+            client[1].close()
+            raise
+        try:
+            with contextlib.suppress(OSError):
+                await splice(client, upstream)
+        finally:
+            for _, writer in (client, upstream):
+                writer.transport.abort()
+
+    async def _connect_inside(self) -> socket.socket | None:
+        """A socket connected to 127.0.0.1:runtime inside, or None when nothing answers there."""
+        try:
+            inner = self.inside.socket()
+        except BackendError as exc:
+            log.warning("published port %d: %s", self.host, exc.message)
+            return None
+        inner.setblocking(False)
+        try:
+            async with asyncio.timeout(CONNECT_SECONDS):
+                await asyncio.get_running_loop().sock_connect(inner, ("127.0.0.1", self.runtime))
+        except (OSError, TimeoutError):
+            inner.close()
+            return None
+        except BaseException:
+            inner.close()
+            raise
+        return inner
