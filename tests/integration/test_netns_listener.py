@@ -17,6 +17,7 @@ import pytest
 
 from sandboxer.errors import BackendError
 from sandboxer.host import netns, procs
+from sandboxer.host.inside_sockets import inside_sockets
 
 pytestmark = [
     pytest.mark.integration,
@@ -146,4 +147,70 @@ def test_an_ordinary_user_makes_it_through_a_child_in_its_user_namespace(account
         assert inside.returncode == 0
         assert server.stdout.readline().strip() == "hi"
         assert server.wait(timeout=10) == 0
+        server.stdout.close()
+
+
+SERVE = (
+    "import socket,sys; s=socket.create_server(('127.0.0.1', int(sys.argv[1]))); print('up', flush=True)\n"
+    "for _ in range(int(sys.argv[2])):\n    c,_=s.accept(); c.sendall(b'inside:'+c.recv(16)); c.close()"
+)
+
+
+def _server_inside(pid: int, port: int, *enter: str, count: int = 1) -> subprocess.Popen[str]:
+    """A server of `count` connections on 127.0.0.1:`port` in the namespace of `pid`, listening."""
+    server = subprocess.Popen(
+        ["nsenter", "-t", str(pid), *enter, sys.executable, "-S", "-c", SERVE, str(port), str(count)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert server.stdout is not None
+    assert server.stdout.readline().strip() == "up"
+    return server
+
+
+def test_root_makes_sockets_inside_that_reach_only_the_namespace(root_netns: int) -> None:
+    """One thread joined the namespace makes every socket; each connects to the namespace's
+    loopback, not the host's."""
+    with socket.create_server(("127.0.0.1", 0)) as on_host:  # a port the host has and the namespace lacks
+        host_only = on_host.getsockname()[1]
+        made = inside_sockets(netns.open_namespace(root_netns, procs.start_time(root_netns)), join_user=False)
+        try:
+            server = _server_inside(root_netns, 3131, "-n")
+            with made.socket() as inner:
+                inner.settimeout(10)
+                inner.connect(("127.0.0.1", 3131))
+                inner.sendall(b"hi")
+                assert inner.recv(32) == b"inside:hi"
+            assert server.wait(timeout=10) == 0
+            assert server.stdout is not None
+            server.stdout.close()
+            with made.socket() as inner, pytest.raises(ConnectionRefusedError):
+                inner.connect(("127.0.0.1", host_only))
+        finally:
+            made.close()
+
+
+def test_an_ordinary_user_makes_sockets_inside_through_one_child(account: pwd.struct_passwd) -> None:
+    as_user = ["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--clear-groups"]
+    script = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from sandboxer.host import netns, procs\n"
+        "from sandboxer.host.inside_sockets import inside_sockets\n"
+        "pid = int(sys.argv[1])\n"
+        "made = inside_sockets(netns.open_namespace(pid, procs.start_time(pid)), join_user=True)\n"
+        "for word in (b'one', b'two'):\n"
+        "    s = made.socket(); s.settimeout(10); s.connect(('127.0.0.1', int(sys.argv[2])))\n"
+        "    s.sendall(word); print(s.recv(32).decode(), flush=True); s.close()\n"
+        "made.close()\n"
+    )
+    up = ["sh", "-c", 'ip link set lo up && exec "$0" "$@"']
+    for pid in _holder(*as_user, "unshare", "--user", "--map-root-user", "--net", "--", *up):
+        server = _server_inside(pid, 3132, "-U", "-n", "--preserve-credentials", count=2)
+        argv = [*as_user, sys.executable, "-c", script, str(pid), "3132"]
+        client = subprocess.run(argv, capture_output=True, text=True, cwd="/", timeout=30, check=False)
+        assert client.returncode == 0, client.stderr
+        assert client.stdout.split() == ["inside:one", "inside:two"]
+        assert server.wait(timeout=10) == 0
+        assert server.stdout is not None
         server.stdout.close()

@@ -1,0 +1,226 @@
+"""Published ports (docs/publish.md): a lease manifest's `published_ports` answer on the host's
+127.0.0.1 only and reach a server on 127.0.0.1 inside the sandbox, through the service, on bwrap
+(root and an ordinary user) and Docker; refusals leave nothing; teardown and a restarted service
+do what they must. Loopback only: every connection here is to the host's 127.0.0.1 or made inside
+the sandbox."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import Result
+from tests.integration.conftest import (
+    SandboxBroker,
+    _bwrap_broker,
+    _ready,
+    _require_tools,
+    _serve,
+    add_docker,
+    backend_profile_text,
+    make_broker,
+)
+from tests.integration.services import UNPRIVILEGED_UID
+
+pytestmark = pytest.mark.integration
+
+RUNTIME_PORT = 8000
+# Serves `count` connections on 127.0.0.1:PORT inside, answering each with "pong:" and what it got.
+SERVER = (
+    "import socket, sys\n"
+    "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(8); s.settimeout(60)\n"
+    "print('listening', flush=True)\n"
+    "for _ in range(int(sys.argv[2])):\n"
+    "    c, _ = s.accept(); data = c.recv(64); c.sendall(b'pong:' + data); c.close()\n"
+)
+
+
+@pytest.fixture(params=["bwrap-root-service", "bwrap-user", "docker-service"])
+def pb(request: pytest.FixtureRequest, runtime_dir: Path) -> Iterator[SandboxBroker]:
+    """A broker whose CLI is a client of a service (published ports need one), on each backend."""
+    _require_tools()
+    if request.param == "docker-service":
+        image = request.getfixturevalue("base_image")
+        broker = make_broker(runtime_dir, as_user=False)
+        add_docker(broker, image)
+        _serve(broker)
+    else:
+        broker = _bwrap_broker(runtime_dir, as_user=request.param == "bwrap-user")
+        if request.param == "bwrap-root-service":
+            _serve(broker)
+    with _ready(broker):
+        yield broker
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _publishing_profile(broker: SandboxBroker, name: str = "pub", publish: str = "loopback") -> str:
+    text = backend_profile_text(broker, name, broker.repo)
+    text = text.replace("network:\n  default: deny\n", f"network:\n  default: deny\n  publish: {publish}\n")
+    assert f"publish: {publish}" in text, text
+    broker.write_profile(name, text)
+    broker.approve(name)
+    return name
+
+
+def _manifest(broker: SandboxBroker, ports: list[tuple[int, int]]) -> Path:
+    """A version-1 assignment with no leases, publishing `ports`, in a run directory of its own
+    (owned by the broker's user)."""
+    run_id = f"run-{uuid.uuid4().hex[:12]}"
+    run_dir = broker.root / "managed" / run_id
+    run_dir.mkdir(parents=True, mode=0o700)
+    head = subprocess.run(
+        ["git", "-C", str(broker.repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    document = {
+        "version": "1",
+        "run_id": run_id,
+        "lease_id": "assignment-1",
+        "outer_runtime_id": "outer-1",
+        "workspace": "/srv/work/published",
+        "repository": {"path": str(broker.repo), "revision": head},
+        "task_branch": "task/published",
+        "tunnel_placement": "outer",
+        "published_ports": [{"host": host, "runtime": runtime} for host, runtime in ports],
+        "leases": [],
+    }
+    path = run_dir / "assignment.json"
+    path.write_text(json.dumps(document))
+    path.chmod(0o600)
+    if broker.as_user:
+        for owned in (run_dir.parent, run_dir, path):
+            os.chown(owned, UNPRIVILEGED_UID, UNPRIVILEGED_UID)
+    return path
+
+
+def _create(broker: SandboxBroker, profile: str, manifest: Path) -> Result:
+    result = broker.run("create", "--profile", profile, "--manifest", str(manifest))
+    if result.status == 0:
+        broker.created.append(result.stdout.strip())
+    return result
+
+
+def _serve_inside(broker: SandboxBroker, sandbox_id: str, count: int) -> threading.Thread:
+    """Start the test server inside (an exec, on a thread of its own) and wait until it listens."""
+    ran: list[Result] = []
+    thread = threading.Thread(
+        target=lambda: ran.append(broker.exec(sandbox_id, "python3", "-c", SERVER, str(RUNTIME_PORT), str(count))),
+        daemon=True,
+    )
+    thread.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        probe = broker.exec(
+            sandbox_id, "python3", "-c", f"import socket; socket.create_connection(('127.0.0.1', {RUNTIME_PORT}), 2)"
+        )
+        if probe.status == 0:  # the probe took one of its connections
+            return thread
+        time.sleep(0.2)
+    raise AssertionError(f"the server inside never listened: {ran}")
+
+
+def _ask(port: int, payload: bytes = b"ping") -> bytes:
+    """Connect to the host's 127.0.0.1:`port`, send `payload`, read the answer until the end."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(payload)
+        answer = b""
+        while data := conn.recv(4096):
+            answer += data
+        return answer
+
+
+def _listening(port: int) -> list[str]:
+    """Every address of the host that has a TCP listener on `port` (this namespace's)."""
+    return sorted(
+        str(conn.laddr.ip)
+        for conn in psutil.net_connections(kind="inet")
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port
+    )
+
+
+def test_a_published_port_answers_on_the_hosts_loopback_only_and_closes_at_teardown(pb: SandboxBroker) -> None:
+    host_port = _free_port()
+    sandbox_id_result = _create(pb, _publishing_profile(pb), _manifest(pb, [(host_port, RUNTIME_PORT)]))
+    assert sandbox_id_result.status == 0, sandbox_id_result.stderr
+    sandbox_id = sandbox_id_result.stdout.strip()
+    assert _listening(host_port) == ["127.0.0.1"]  # absent from every other host address
+
+    server = _serve_inside(pb, sandbox_id, count=3)  # the readiness probe, then two requests
+    assert _ask(host_port, b"one") == b"pong:one"
+    assert _ask(host_port, b"two") == b"pong:two"
+    server.join(timeout=30)
+
+    inspected = json.loads(pb.run("inspect", sandbox_id, "--json").stdout)["network"]["published"]
+    (mapping,) = inspected
+    assert mapping["host"] == f"127.0.0.1:{host_port}"
+    assert (mapping["runtime"], mapping["forwarder"], mapping["listening"]) == (RUNTIME_PORT, "up", True)
+    assert mapping["forwarded"] >= 2
+
+    # Nothing listens inside any more: the connection is closed without an answer.
+    assert _ask(host_port) == b""
+
+    torn = pb.run("teardown", "--discard", sandbox_id)
+    assert torn.status == 0, torn.stderr
+    pb.created.remove(sandbox_id)
+    assert _listening(host_port) == []
+    with pytest.raises(ConnectionRefusedError):
+        _ask(host_port)
+
+
+def test_a_taken_host_port_refuses_the_create_and_leaves_nothing(pb: SandboxBroker) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = int(taken.getsockname()[1])
+        free = _free_port()
+        refused = _create(pb, _publishing_profile(pb), _manifest(pb, [(free, 80), (port, 81)]))
+    assert refused.status == 3, refused.stderr
+    assert f"published_ports[1].host: 127.0.0.1:{port} is taken" in refused.stderr
+    assert json.loads(pb.run("list", "--json").stdout)["sandboxes"] == []
+    assert _listening(free) == []  # the port reserved before it was let go
+
+
+def test_without_the_profiles_consent_or_below_1024_nothing_is_published(pb: SandboxBroker) -> None:
+    closed = _create(pb, _publishing_profile(pb, "closed", publish="none"), _manifest(pb, [(_free_port(), 80)]))
+    assert closed.status == 3
+    assert "published_ports: the profile does not publish ports" in closed.stderr
+    assert "network.publish: loopback" in closed.stderr  # the hint names the owner's key
+    low = _create(pb, _publishing_profile(pb), _manifest(pb, [(80, 80)]))
+    assert low.status == 3
+    assert "published_ports[0].host: must be 1024 or above" in low.stderr
+    assert json.loads(pb.run("list", "--json").stdout)["sandboxes"] == []
+
+
+def test_published_ports_survive_a_service_restart(runtime_dir: Path) -> None:
+    """Sandboxes outlive their service: the next `serve` binds each live sandbox's ports again."""
+    _require_tools()
+    broker = make_broker(runtime_dir, as_user=False)
+    _serve(broker)
+    with _ready(broker):
+        host_port = _free_port()
+        created = _create(broker, _publishing_profile(broker), _manifest(broker, [(host_port, RUNTIME_PORT)]))
+        assert created.status == 0, created.stderr
+        sandbox_id = created.stdout.strip()
+        assert broker.service is not None
+        broker.service.stop()
+        assert _listening(host_port) == []  # the forwarders went with the service
+        _serve(broker)
+        assert _listening(host_port) == ["127.0.0.1"]
+        server = _serve_inside(broker, sandbox_id, count=2)
+        assert _ask(host_port, b"again") == b"pong:again"
+        server.join(timeout=30)
