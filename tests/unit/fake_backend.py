@@ -13,7 +13,7 @@ import os
 import shlex
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,9 @@ from sandboxer.core.record_exec import ExecView
 from sandboxer.core.removal import Removal
 from sandboxer.errors import BackendError, EntryError, ExecUsage
 from sandboxer.execio.stdio import CALLER_GONE, TIMED_OUT, Stdio
+from sandboxer.host.inside_sockets import InsideSockets
 from sandboxer.host.limit_events import LimitWatch
+from sandboxer.service.publish.table import reserve
 
 NO_WARM = "the fake backend keeps no warm sandboxes"
 
@@ -244,3 +246,39 @@ class HostSockets:
 
     def close(self) -> None:
         self.closed = True
+
+
+class FakePublish:
+    """A Publish (sandboxer.commands.services) that reserves the host's ports for real and records
+    the rest: the core's part of published ports tested without a service. What it is handed is
+    closed at once."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+        self.reserved: list[socket.socket] = []
+
+    def require(self, profile: str) -> None:
+        self.calls.append(("require", profile))
+
+    def reserve(self, file: str, ports: Sequence[tuple[int, int]]) -> list[socket.socket]:
+        self.calls.append(("reserve", tuple(ports)))
+        self.reserved = reserve(file, ports)
+        return self.reserved
+
+    def open(
+        self,
+        sandbox_id: str,
+        ports: Sequence[tuple[int, int]],
+        listeners: Sequence[socket.socket],
+        inside: InsideSockets,
+    ) -> None:
+        self.calls.append(("open", sandbox_id))
+        for listener in listeners:
+            listener.close()
+        inside.close()
+
+    def close(self, sandbox_id: str) -> None:
+        self.calls.append(("close", sandbox_id))
+
+    def status(self, sandbox_id: str) -> list[dict[str, object]] | None:
+        return None

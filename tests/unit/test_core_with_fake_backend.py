@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +25,7 @@ from sandboxer.backends.bwrap.backend import BwrapBackend
 from sandboxer.backends.docker.backend import DockerBackend
 from sandboxer.commands import owner, teardown, warm
 from sandboxer.commands.dispatch import dispatch
+from sandboxer.commands.services import Services
 from sandboxer.commands.teardown import receipt_of, residue_error
 from sandboxer.core import leases
 from sandboxer.core import manifest as mf
@@ -36,7 +38,7 @@ from sandboxer.service.lifetimes import RETRY_EXPORT, Reaper
 from tests.conftest import make_repository, make_runtime
 from tests.manifest_samples import IMAGE_APP, REQUEST, RUN_ID, Run, build_run, fake_document, render
 from tests.samples import profile_yaml
-from tests.unit.fake_backend import FakeBackend
+from tests.unit.fake_backend import FakeBackend, FakePublish
 
 
 @pytest.fixture
@@ -350,3 +352,67 @@ def test_residue_is_one_error_carrying_its_receipt() -> None:
     error = residue_error(receipt)
     assert (error.exit_status, error.receipt) == (6, receipt)
     assert str(error) == f"teardown of {'a' * 24} left residue: mount /x; cgroup y"
+
+
+# ------------------------------------------------------------------ published ports: the core's part
+
+
+def _publishing(broker: Broker, tmp_path: Path) -> None:
+    text = profile_yaml("p", str(tmp_path / "repo")).replace(
+        "  default: deny\n", "  default: deny\n  publish: loopback\n"
+    )
+    (Path(broker.config_dir) / "profiles" / "p.yaml").write_text(text)
+    broker.owner.approve("p")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_published_ports_are_reserved_first_and_handed_over_once_the_sandbox_runs(
+    run: Run, broker: Broker, fake: FakeBackend, tmp_path: Path, spools: list[str]
+) -> None:
+    _publishing(broker, tmp_path)
+    port = _free_port()
+    run.doc["published_ports"] = [{"host": port, "runtime": 8000}]
+    run.save()
+    publish = FakePublish()
+    broker.services = Services.of(broker.services.backends, publish=publish)
+    if os.geteuid() != 0:
+        pytest.skip("the sample run's request spool needs a root broker")
+    sandbox = broker.create("p", manifest=str(run.assignment))
+    assert [verb for verb, _ in publish.calls] == ["require", "reserve", "open"]
+    assert ("inside_sockets", sandbox.id) in fake.calls
+    assert fake.calls.index(("inside_sockets", sandbox.id)) > [verb for verb, _ in fake.calls].index("start")
+    sandbox.teardown(discard=True)
+    assert publish.calls[-1] == ("close", sandbox.id)
+
+
+def test_a_taken_port_refuses_before_anything_is_made(
+    run: Run, broker: Broker, fake: FakeBackend, tmp_path: Path
+) -> None:
+    _publishing(broker, tmp_path)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        run.doc["published_ports"] = [{"host": port, "runtime": 8000}]
+        run.save()
+        broker.services = Services.of(broker.services.backends, publish=FakePublish())
+        with pytest.raises(PolicyError, match=rf"published_ports\[0\]\.host: 127\.0\.0\.1:{port} is taken"):
+            broker.create("p", manifest=str(run.assignment))
+    assert "start" not in [verb for verb, _ in fake.calls]
+    assert _left(broker) == []
+
+
+def test_in_process_a_create_that_publishes_is_refused_with_a_hint(
+    run: Run, broker: Broker, fake: FakeBackend, tmp_path: Path
+) -> None:
+    _publishing(broker, tmp_path)
+    run.doc["published_ports"] = [{"host": _free_port(), "runtime": 8000}]
+    run.save()
+    with pytest.raises(PolicyError, match="publishes ports, which only the service forwards") as refused:
+        broker.create("p", manifest=str(run.assignment))
+    assert "sandboxer serve" in str(refused.value.hint)
+    assert "start" not in [verb for verb, _ in fake.calls]
+    assert _left(broker) == []
