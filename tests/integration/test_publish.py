@@ -224,3 +224,50 @@ def test_published_ports_survive_a_service_restart(runtime_dir: Path) -> None:
         server = _serve_inside(broker, sandbox_id, count=2)
         assert _ask(host_port, b"again") == b"pong:again"
         server.join(timeout=30)
+
+
+def test_a_service_killed_mid_create_leaves_no_listener_after_gc(runtime_dir: Path) -> None:
+    """SIGKILL of the service once the host's port is reserved (the create under way), then `gc`
+    in-process: no sandbox, no listener."""
+    _require_tools()
+    broker = make_broker(runtime_dir, as_user=False)
+    _serve(broker)
+    with _ready(broker):
+        host_port = _free_port()
+        profile, assignment = _publishing_profile(broker), _manifest(broker, [(host_port, RUNTIME_PORT)])
+        client = subprocess.Popen(
+            broker.argv("create", "--profile", profile, "--manifest", str(assignment)),
+            env=broker.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 60
+        while _listening(host_port) != ["127.0.0.1"]:
+            assert client.poll() is None, client.communicate()
+            assert time.monotonic() < deadline, "the port was never reserved"
+            time.sleep(0.005)
+        assert broker.service is not None
+        assert broker.service.process is not None
+        broker.service.process.kill()
+        broker.service.process.wait(timeout=30)
+        client.communicate(timeout=60)
+        broker.service = None  # killed: _ready has no service to find running
+        assert _listening(host_port) == []
+        collected = subprocess.run(
+            broker.argv("gc", "--json"),
+            env={**broker.env(), "SANDBOXER_NO_SERVICE": "1"},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert collected.returncode == 0, collected.stderr
+        assert all(receipt["residue"] == [] for receipt in json.loads(collected.stdout)["collected"])
+        listed = subprocess.run(
+            broker.argv("list", "--json"),
+            env={**broker.env(), "SANDBOXER_NO_SERVICE": "1"},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert json.loads(listed.stdout)["sandboxes"] == []
+        assert _listening(host_port) == []
