@@ -171,8 +171,13 @@ def test_a_published_port_answers_on_the_hosts_loopback_only_and_closes_at_teard
     assert (mapping["runtime"], mapping["forwarder"], mapping["listening"]) == (RUNTIME_PORT, "up", True)
     assert mapping["forwarded"] >= 2
 
-    # Nothing listens inside any more: the connection is closed without an answer.
-    assert _ask(host_port) == b""
+    # Nothing listens inside any more: the connection is closed without an answer (a reset when
+    # our bytes had arrived, as a closed port's would be).
+    try:
+        unanswered = _ask(host_port)
+    except ConnectionResetError:
+        unanswered = b""
+    assert unanswered == b""
 
     torn = pb.run("teardown", "--discard", sandbox_id)
     assert torn.status == 0, torn.stderr

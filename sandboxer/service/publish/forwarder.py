@@ -3,8 +3,8 @@ to 127.0.0.1:RUNTIME inside one sandbox's network namespace.
 
 The inner socket is made in the sandbox's namespace (host/inside_sockets.py) and connected from
 here; the bytes are copied both ways (splice.py) and counted. A connection that finds nothing
-listening inside is closed at once (the client sees its connection end, as it would when
-connecting to a closed port through any proxy). At most MAX_CONNECTIONS at a time per port; new
+listening inside is closed at once (the client sees a reset, as it would connecting to a closed
+port). At most MAX_CONNECTIONS at a time per port; new
 ones are paced (admission.py): the host's other users share the service with the sandbox.
 """
 
