@@ -23,13 +23,12 @@ import os
 import queue
 import socket
 import subprocess
-import sys
 import threading
 from concurrent.futures import Future
 from typing import Protocol
 
 from sandboxer.errors import BackendError
-from sandboxer.host.netns import CLONE_NEWNET, HELPER_SECONDS, setns
+from sandboxer.host.netns import CLONE_NEWNET, HELPER_SECONDS, setns, spawn_helper
 
 ANSWER_SECONDS = 5.0
 
@@ -115,15 +114,7 @@ class ChildSockets:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with theirs:
-                argv = [sys.executable, "-S", "-I", "-c", _HELPER, str(netns), str(theirs.fileno())]
-                self._child = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    pass_fds=(netns, theirs.fileno()),
-                    env={"PATH": "/usr/bin:/bin"},
-                )
+                self._child = spawn_helper(_HELPER, netns, theirs, stderr=subprocess.DEVNULL)
             ours.settimeout(HELPER_SECONDS)
             if ours.recv(1) != b"r":
                 raise OSError("no answer")

@@ -372,6 +372,24 @@ def sbx_root(request: pytest.FixtureRequest, runtime_dir: Path) -> Iterator[Sand
         _cleanup(broker)
 
 
+@pytest.fixture(params=["bwrap-root-service", "bwrap-user", "docker-service"])
+def eb(request: pytest.FixtureRequest, runtime_dir: Path) -> Iterator[SandboxBroker]:
+    """A broker whose CLI is a client of a service (egress and published ports need one), on
+    each backend: bwrap as root, bwrap as an ordinary user (its private service), Docker."""
+    _require_tools()
+    if request.param == "docker-service":
+        image = request.getfixturevalue("base_image")
+        broker = make_broker(runtime_dir, as_user=False)
+        add_docker(broker, image)
+        _serve(broker)
+    else:
+        broker = _bwrap_broker(runtime_dir, as_user=request.param == "bwrap-user")
+        if request.param == "bwrap-root-service":
+            _serve(broker)
+    with _ready(broker):
+        yield broker
+
+
 def backend_profile_text(broker: SandboxBroker, name: str, repo: Path, extra: str = "") -> str:
     """A profile for `repo` on the broker's backend (`ext.bwrap` or `ext.docker`)."""
     return profile_text(name, repo, extra).replace("ext.bwrap", f"ext.{broker.backend}")

@@ -29,7 +29,6 @@ import trustme
 from tests.conftest import settled
 from tests.integration.conftest import (
     SandboxBroker,
-    _bwrap_broker,
     _ready,
     _require_tools,
     _serve,
@@ -84,23 +83,6 @@ def upstream() -> Iterator[Upstream]:
     served = Upstream()
     yield served
     served.close()
-
-
-@pytest.fixture(params=["bwrap-root-service", "bwrap-user", "docker-service"])
-def eb(request: pytest.FixtureRequest, runtime_dir: Path) -> Iterator[SandboxBroker]:
-    """A broker whose CLI is a client of a service (egress needs one), on each backend."""
-    _require_tools()
-    if request.param == "docker-service":
-        image = request.getfixturevalue("base_image")
-        broker = make_broker(runtime_dir, as_user=False)
-        add_docker(broker, image)
-        _serve(broker)
-    else:
-        broker = _bwrap_broker(runtime_dir, as_user=request.param == "bwrap-user")
-        if request.param == "bwrap-root-service":
-            _serve(broker)
-    with _ready(broker):
-        yield broker
 
 
 def _egress_profile(broker: SandboxBroker, name: str, network: str) -> str:

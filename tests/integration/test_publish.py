@@ -13,7 +13,6 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -22,11 +21,9 @@ import pytest
 from tests.conftest import Result
 from tests.integration.conftest import (
     SandboxBroker,
-    _bwrap_broker,
     _ready,
     _require_tools,
     _serve,
-    add_docker,
     backend_profile_text,
     make_broker,
 )
@@ -44,23 +41,6 @@ SERVER = (
     "for _ in range(int(sys.argv[2])):\n"
     "    c, _ = s.accept(); data = c.recv(64); c.sendall(b'pong:' + data); c.close()\n"
 )
-
-
-@pytest.fixture(params=["bwrap-root-service", "bwrap-user", "docker-service"])
-def pb(request: pytest.FixtureRequest, runtime_dir: Path) -> Iterator[SandboxBroker]:
-    """A broker whose CLI is a client of a service (published ports need one), on each backend."""
-    _require_tools()
-    if request.param == "docker-service":
-        image = request.getfixturevalue("base_image")
-        broker = make_broker(runtime_dir, as_user=False)
-        add_docker(broker, image)
-        _serve(broker)
-    else:
-        broker = _bwrap_broker(runtime_dir, as_user=request.param == "bwrap-user")
-        if request.param == "bwrap-root-service":
-            _serve(broker)
-    with _ready(broker):
-        yield broker
 
 
 def _free_port() -> int:
@@ -144,6 +124,12 @@ def _ask(port: int, payload: bytes = b"ping") -> bytes:
         return answer
 
 
+def _in_process(broker: SandboxBroker, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI in its own process, with no service (none is started on demand)."""
+    env = {**broker.env(), "SANDBOXER_NO_SERVICE": "1"}
+    return subprocess.run(broker.argv(*args), env=env, capture_output=True, text=True, check=False, timeout=120)
+
+
 def _listening(port: int) -> list[str]:
     """Every address of the host that has a TCP listener on `port` (this namespace's)."""
     return sorted(
@@ -153,19 +139,19 @@ def _listening(port: int) -> list[str]:
     )
 
 
-def test_a_published_port_answers_on_the_hosts_loopback_only_and_closes_at_teardown(pb: SandboxBroker) -> None:
+def test_a_published_port_answers_on_the_hosts_loopback_only_and_closes_at_teardown(eb: SandboxBroker) -> None:
     host_port = _free_port()
-    sandbox_id_result = _create(pb, _publishing_profile(pb), _manifest(pb, [(host_port, RUNTIME_PORT)]))
+    sandbox_id_result = _create(eb, _publishing_profile(eb), _manifest(eb, [(host_port, RUNTIME_PORT)]))
     assert sandbox_id_result.status == 0, sandbox_id_result.stderr
     sandbox_id = sandbox_id_result.stdout.strip()
     assert _listening(host_port) == ["127.0.0.1"]  # absent from every other host address
 
-    server = _serve_inside(pb, sandbox_id, count=3)  # the readiness probe, then two requests
+    server = _serve_inside(eb, sandbox_id, count=3)  # the readiness probe, then two requests
     assert _ask(host_port, b"one") == b"pong:one"
     assert _ask(host_port, b"two") == b"pong:two"
     server.join(timeout=30)
 
-    inspected = json.loads(pb.run("inspect", sandbox_id, "--json").stdout)["network"]["published"]
+    inspected = json.loads(eb.run("inspect", sandbox_id, "--json").stdout)["network"]["published"]
     (mapping,) = inspected
     assert mapping["host"] == f"127.0.0.1:{host_port}"
     assert (mapping["runtime"], mapping["forwarder"], mapping["listening"]) == (RUNTIME_PORT, "up", True)
@@ -179,36 +165,36 @@ def test_a_published_port_answers_on_the_hosts_loopback_only_and_closes_at_teard
         unanswered = b""
     assert unanswered == b""
 
-    torn = pb.run("teardown", "--discard", sandbox_id)
+    torn = eb.run("teardown", "--discard", sandbox_id)
     assert torn.status == 0, torn.stderr
-    pb.created.remove(sandbox_id)
+    eb.created.remove(sandbox_id)
     assert _listening(host_port) == []
     with pytest.raises(ConnectionRefusedError):
         _ask(host_port)
 
 
-def test_a_taken_host_port_refuses_the_create_and_leaves_nothing(pb: SandboxBroker) -> None:
+def test_a_taken_host_port_refuses_the_create_and_leaves_nothing(eb: SandboxBroker) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = int(taken.getsockname()[1])
         free = _free_port()
-        refused = _create(pb, _publishing_profile(pb), _manifest(pb, [(free, 80), (port, 81)]))
+        refused = _create(eb, _publishing_profile(eb), _manifest(eb, [(free, 80), (port, 81)]))
     assert refused.status == 3, refused.stderr
     assert f"published_ports[1].host: 127.0.0.1:{port} is taken" in refused.stderr
-    assert json.loads(pb.run("list", "--json").stdout)["sandboxes"] == []
+    assert json.loads(eb.run("list", "--json").stdout)["sandboxes"] == []
     assert _listening(free) == []  # the port reserved before it was let go
 
 
-def test_without_the_profiles_consent_or_below_1024_nothing_is_published(pb: SandboxBroker) -> None:
-    closed = _create(pb, _publishing_profile(pb, "closed", publish="none"), _manifest(pb, [(_free_port(), 80)]))
+def test_without_the_profiles_consent_or_below_1024_nothing_is_published(eb: SandboxBroker) -> None:
+    closed = _create(eb, _publishing_profile(eb, "closed", publish="none"), _manifest(eb, [(_free_port(), 80)]))
     assert closed.status == 3
     assert "published_ports: the profile does not publish ports" in closed.stderr
     assert "network.publish: loopback" in closed.stderr  # the hint names the owner's key
-    low = _create(pb, _publishing_profile(pb), _manifest(pb, [(80, 80)]))
+    low = _create(eb, _publishing_profile(eb), _manifest(eb, [(80, 80)]))
     assert low.status == 3
     assert "published_ports[0].host: must be 1024 or above" in low.stderr
-    assert json.loads(pb.run("list", "--json").stdout)["sandboxes"] == []
+    assert json.loads(eb.run("list", "--json").stdout)["sandboxes"] == []
 
 
 def test_published_ports_survive_a_service_restart(runtime_dir: Path) -> None:
@@ -258,21 +244,8 @@ def test_a_service_killed_mid_create_leaves_no_listener_after_gc(runtime_dir: Pa
         client.communicate(timeout=60)
         broker.service = None  # killed: _ready has no service to find running
         assert _listening(host_port) == []
-        collected = subprocess.run(
-            broker.argv("gc", "--json"),
-            env={**broker.env(), "SANDBOXER_NO_SERVICE": "1"},
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        collected = _in_process(broker, "gc", "--json")
         assert collected.returncode == 0, collected.stderr
         assert all(receipt["residue"] == [] for receipt in json.loads(collected.stdout)["collected"])
-        listed = subprocess.run(
-            broker.argv("list", "--json"),
-            env={**broker.env(), "SANDBOXER_NO_SERVICE": "1"},
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        assert json.loads(listed.stdout)["sandboxes"] == []
+        assert json.loads(_in_process(broker, "list", "--json").stdout)["sandboxes"] == []
         assert _listening(host_port) == []
