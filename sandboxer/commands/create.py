@@ -120,8 +120,9 @@ def _create(
         record = replace(record, state="failed")
         with contextlib.suppress(OSError, SandboxerError):
             registry.write(record)
-        services.egress.close(record.id)
-        services.publish.close(record.id)
+        for close in (services.egress.close, services.publish.close):
+            with contextlib.suppress(Exception):  # whatever they do, the sandbox is destroyed
+                close(record.id)
         residue = destroy(registry, record.id, record, backends=services.backends).residue
         if residue and isinstance(exc, SandboxerError):
             exc.message += f" (and cleanup left residue: {'; '.join(residue)})"
@@ -190,4 +191,9 @@ def _serve_published(
     the service from now on (docs/publish.md)."""
     before("the published ports")
     ports = () if request.assignment is None else request.assignment.manifest.published_ports
-    services.publish.open(record.id, ports, listeners, request.engine.inside_sockets(record))
+    inside = request.engine.inside_sockets(record)
+    try:
+        services.publish.open(record.id, ports, listeners, inside)
+    except BaseException:
+        inside.close()  # a second close (the table's own, on its failure) is harmless
+        raise

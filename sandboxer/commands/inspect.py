@@ -12,7 +12,7 @@ from sandboxer.commands.sites import site_of
 from sandboxer.core.plan import MIB, RUNTIME_TARGET, STATE_ROOT, TMP_TARGETS, MountKind
 from sandboxer.errors import BackendError
 from sandboxer.host.digest_cache import digest_runtime
-from sandboxer.host.interfaces import host_listeners
+from sandboxer.host.interfaces import own_listeners
 from sandboxer.host.registry import Registry, check_id
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ def inspect(dirs: Dirs, sandbox_id: str, *, services: Services) -> Evidence:
             {"host": f"127.0.0.1:{host}", "runtime": runtime, "forwarder": "down (sandboxer serve forwards them)"}
             for host, runtime in published
         ]
-        listening = host_listeners()
+        listening = own_listeners()
         evidence["network"] = {
             **evidence["network"],
             "published": [{**item, "listening": item["host"] in listening} for item in served],

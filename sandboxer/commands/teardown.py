@@ -51,9 +51,11 @@ def teardown(dirs: Dirs, sandbox_id: str, *, services: Services, keep_work: bool
             record = replace(record, state="tearing-down", consumed=record.consumed or record.state == "ready")
             with contextlib.suppress(OSError, SandboxerError):
                 registry.write(record)
-        services.publish.close(sandbox_id)  # its ports stop forwarding before its processes go
+        with contextlib.suppress(Exception):  # whatever it does, the sandbox is destroyed
+            services.publish.close(sandbox_id)  # its ports stop forwarding before its processes go
         done = destroy(registry, sandbox_id, record, backends=services.backends)
-        services.egress.close(sandbox_id)  # its listener went with its namespace; its proxy goes too
+        with contextlib.suppress(Exception):  # the watch closes what this could not
+            services.egress.close(sandbox_id)  # its listener went with its namespace; its proxy goes too
     finally:
         os.close(lock)
     if record is not None and record.warm_profile:

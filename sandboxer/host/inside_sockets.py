@@ -19,6 +19,7 @@ Either holds the namespace open while it lives, so `close` is called when the sa
 
 from __future__ import annotations
 
+import asyncio
 import os
 import queue
 import socket
@@ -57,8 +58,9 @@ while pair.recv(1):
 class InsideSockets(Protocol):
     """Makes unconnected TCP sockets in one sandbox's network namespace until closed."""
 
-    def socket(self) -> socket.socket:
-        """A new TCP socket (blocking) in the sandbox's namespace; BackendError when none can be made."""
+    async def socket(self) -> socket.socket:
+        """A new TCP socket in the sandbox's namespace, without blocking the event loop;
+        BackendError when none can be made (within ANSWER_SECONDS)."""
         ...
 
     def close(self) -> None:
@@ -66,12 +68,16 @@ class InsideSockets(Protocol):
         ...
 
 
+Request = tuple[asyncio.AbstractEventLoop, "asyncio.Future[socket.socket]"]
+
+
 class ThreadSockets:
     """A root broker's: one thread of ours joined the namespace and makes the sockets."""
 
     def __init__(self, netns: int) -> None:
         """Takes `netns` (an open descriptor of the namespace; closed here)."""
-        self._requests: queue.SimpleQueue[Future[socket.socket] | None] = queue.SimpleQueue()
+        self._requests: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
+        self._closed = False
         joined: Future[None] = Future()
         self._thread = threading.Thread(target=self._run, args=(netns, joined), name="sandboxer-inside", daemon=True)
         self._thread.start()
@@ -89,28 +95,57 @@ class ThreadSockets:
             os.close(netns)
         joined.set_result(None)
         while (request := self._requests.get()) is not None:
+            loop, answer = request
+            made: socket.socket | BackendError
             try:
-                request.set_result(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                made = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             except OSError as exc:
-                request.set_exception(BackendError(f"no socket inside the sandbox: {exc.strerror}"))
+                made = BackendError(f"no socket inside the sandbox: {exc.strerror}")
+            try:
+                loop.call_soon_threadsafe(_settle, answer, made)
+            except RuntimeError:  # the loop is closed: nobody waits for it
+                if isinstance(made, socket.socket):
+                    made.close()
 
-    def socket(self) -> socket.socket:
-        if not self._thread.is_alive():
+    async def socket(self) -> socket.socket:
+        if self._closed or not self._thread.is_alive():
             raise BackendError("the sandbox's network namespace is no longer held")
-        request: Future[socket.socket] = Future()
-        self._requests.put(request)
-        return request.result(timeout=ANSWER_SECONDS)
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[socket.socket] = loop.create_future()
+        self._requests.put((loop, answer))
+        try:
+            async with asyncio.timeout(ANSWER_SECONDS):
+                return await answer
+        except TimeoutError:
+            raise BackendError("no socket inside the sandbox: its thread did not answer") from None
 
     def close(self) -> None:
+        self._closed = True
         self._requests.put(None)
 
 
+def _settle(answer: asyncio.Future[socket.socket], made: socket.socket | BackendError) -> None:
+    """Hand a made socket (or the failure) to its waiter, on the waiter's loop; a socket nobody
+    waits for any more is closed."""
+    if answer.done():
+        if isinstance(made, socket.socket):
+            made.close()
+    elif isinstance(made, socket.socket):
+        answer.set_result(made)
+    else:
+        answer.set_exception(made)
+
+
 class ChildSockets:
-    """An unprivileged broker's: a child of ours in the sandbox's user and network namespaces."""
+    """An unprivileged broker's: a child of ours in the sandbox's user and network namespaces. One
+    request at a time; a request that fails or takes too long leaves the helper unusable (its
+    answers could no longer be matched to requests): that sandbox's ports then refuse until the
+    service starts again."""
 
     def __init__(self, netns: int) -> None:
         """Takes `netns` (an open descriptor of the namespace; closed here)."""
-        self._lock = threading.Lock()
+        self._lock = asyncio.Lock()
+        self._broken = False
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with theirs:
@@ -124,17 +159,23 @@ class ChildSockets:
             raise BackendError(f"the sandbox's network namespace cannot be joined: {exc}") from None
         finally:
             os.close(netns)
-        ours.settimeout(ANSWER_SECONDS)
+        ours.setblocking(False)
         self._pair = ours
 
-    def socket(self) -> socket.socket:
-        with self._lock:
+    async def socket(self) -> socket.socket:
+        async with self._lock:
+            if self._broken:
+                raise BackendError("no socket inside the sandbox: its helper failed earlier")
+            loop = asyncio.get_running_loop()
             try:
-                self._pair.sendall(b"s")
-                _, fds, _, _ = socket.recv_fds(self._pair, 1, 1)
-            except OSError as exc:
-                raise BackendError(f"no socket inside the sandbox: {exc}") from None
+                async with asyncio.timeout(ANSWER_SECONDS):
+                    await loop.sock_sendall(self._pair, b"s")
+                    fds = await _receive_fds(loop, self._pair)
+            except (OSError, TimeoutError) as exc:
+                self._broken = True
+                raise BackendError(f"no socket inside the sandbox: {exc or 'its helper did not answer'}") from None
         if not fds:
+            self._broken = True
             raise BackendError("no socket inside the sandbox: its helper ended")
         return socket.socket(fileno=fds[0])
 
@@ -151,6 +192,27 @@ class ChildSockets:
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
+
+
+async def _receive_fds(loop: asyncio.AbstractEventLoop, pair: socket.socket) -> list[int]:
+    """One message's descriptors from the non-blocking `pair`, waiting for it on the loop."""
+    while True:
+        try:
+            _, fds, _, _ = socket.recv_fds(pair, 1, 1)
+        except BlockingIOError:
+            readable: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(pair.fileno(), _readable, readable)
+            try:
+                await readable
+            finally:
+                loop.remove_reader(pair.fileno())
+            continue
+        return fds
+
+
+def _readable(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def inside_sockets(netns: int, *, join_user: bool) -> InsideSockets:

@@ -6,6 +6,7 @@ firewall between the host and its network (docs/egress.md). Read with psutil, ag
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import threading
 import time
@@ -49,12 +50,12 @@ def _read() -> frozenset[IPAddress]:
     return frozenset(found)
 
 
-def host_listeners() -> frozenset[str]:
-    """Every TCP socket listening on the host's IPv4 loopback, as `127.0.0.1:PORT` (the published
-    ports' evidence). psutil reads the calling process's network namespace: the host's, for the
-    broker."""
+def own_listeners() -> frozenset[str]:
+    """Every TCP socket this process listens on at the host's IPv4 loopback, as `127.0.0.1:PORT`
+    (the published ports' evidence: the service's own listener, not another's on that port).
+    psutil reads the calling process's network namespace: the host's, for the broker."""
     return frozenset(
         f"{conn.laddr.ip}:{conn.laddr.port}"
         for conn in psutil.net_connections(kind="tcp4")
-        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.ip == "127.0.0.1"
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.ip == "127.0.0.1" and conn.pid == os.getpid()
     )

@@ -4,6 +4,7 @@ makes its own namespaces (unshare) and connects only to their loopback."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pwd
 import socket
@@ -176,7 +177,7 @@ def test_root_makes_sockets_inside_that_reach_only_the_namespace(root_netns: int
         made = inside_sockets(netns.open_namespace(root_netns, procs.start_time(root_netns)), join_user=False)
         try:
             server = _server_inside(root_netns, 3131, "-n")
-            with made.socket() as inner:
+            with asyncio.run(made.socket()) as inner:
                 inner.settimeout(10)
                 inner.connect(("127.0.0.1", 3131))
                 inner.sendall(b"hi")
@@ -184,7 +185,7 @@ def test_root_makes_sockets_inside_that_reach_only_the_namespace(root_netns: int
             assert server.wait(timeout=10) == 0
             assert server.stdout is not None
             server.stdout.close()
-            with made.socket() as inner, pytest.raises(ConnectionRefusedError):
+            with asyncio.run(made.socket()) as inner, pytest.raises(ConnectionRefusedError):
                 inner.connect(("127.0.0.1", host_only))
         finally:
             made.close()
@@ -193,14 +194,16 @@ def test_root_makes_sockets_inside_that_reach_only_the_namespace(root_netns: int
 def test_an_ordinary_user_makes_sockets_inside_through_one_child(account: pwd.struct_passwd) -> None:
     as_user = ["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--clear-groups"]
     script = (
-        "import sys\n"
+        "import asyncio, sys\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
         "from sandboxer.host import netns, procs\n"
         "from sandboxer.host.inside_sockets import inside_sockets\n"
         "pid = int(sys.argv[1])\n"
         "made = inside_sockets(netns.open_namespace(pid, procs.start_time(pid)), join_user=True)\n"
-        "for word in (b'one', b'two'):\n"
-        "    s = made.socket(); s.settimeout(10); s.connect(('127.0.0.1', int(sys.argv[2])))\n"
+        "async def both():\n"
+        "    return [await made.socket() for _ in range(2)]\n"
+        "for word, s in zip((b'one', b'two'), asyncio.run(both())):\n"
+        "    s.setblocking(True); s.settimeout(10); s.connect(('127.0.0.1', int(sys.argv[2])))\n"
         "    s.sendall(word); print(s.recv(32).decode(), flush=True); s.close()\n"
         "made.close()\n"
     )

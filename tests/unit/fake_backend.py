@@ -241,7 +241,7 @@ class HostSockets:
     def __init__(self) -> None:
         self.closed = False
 
-    def socket(self) -> socket.socket:
+    async def socket(self) -> socket.socket:
         return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 
     def close(self) -> None:

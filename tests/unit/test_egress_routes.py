@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import json
 import ssl
 import time
@@ -374,3 +375,38 @@ def test_an_upstream_sending_the_secret_back_is_cut_off_before_the_client_sees_i
         ["upstream sent the route's secret back"],
         ["closed: upstream sent the route's secret back"],
     )
+
+
+def _echo_gzipped(request: bytes) -> list[bytes]:
+    """An upstream that compresses its echo of the request (as one would when asked to)."""
+    body = gzip.compress(request)
+    return [b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)]
+
+
+def test_a_routed_request_asks_for_a_plain_whole_response_and_an_encoded_one_is_cut(
+    tmp_path: Path, upstream_ca: trustme.CA, sandbox_ca: SandboxCA
+) -> None:
+    secret = _secret(tmp_path)
+
+    async def scenario() -> tuple[bytes, list[bytes]]:
+        async with _routed_tunnel(
+            tmp_path, upstream_ca, sandbox_ca, lambda p: _policy(p, secret), _echo_gzipped
+        ) as tunnel:
+            head = f"GET /v1 HTTP/1.1\r\nHost: {HOST}:{tunnel.port}\r\nAccept-Encoding: gzip\r\nRange: bytes=0-9\r\n"
+            tunnel.writer.write((head + "If-Range: x\r\n\r\n").encode())
+            received = b""
+            with contextlib.suppress(ConnectionError, ssl.SSLError):
+                async with asyncio.timeout(WAIT):
+                    while data := await tunnel.reader.read(65536):
+                        received += data
+            return received, tunnel.seen
+
+    received, seen = asyncio.run(scenario())
+    asked = seen[0].lower()
+    assert b"accept-encoding: identity\r\n" in asked
+    assert b"gzip" not in asked
+    assert b"range:" not in asked
+    assert received.startswith(b"HTTP/1.1 502 ")
+    assert [line["reason"] for line in report_lines(tmp_path)] == [
+        "upstream sent an encoded response to a routed request"
+    ]

@@ -54,13 +54,13 @@ def upstream_connection() -> h11.Connection:
 
 
 def upstream_request(
-    request: h11.Request, path: bytes, *, host: str, set_header: tuple[bytes, bytes] | None = None
+    request: h11.Request, path: bytes, *, host: str, set_headers: tuple[tuple[bytes, bytes], ...] = ()
 ) -> h11.Request:
-    """The request as sent upstream: origin-form `path`, end-to-end headers, `set_header`
+    """The request as sent upstream: origin-form `path`, end-to-end headers, each of `set_headers`
     replacing every header of its name, a Host (`host` when the client sent none, as HTTP/1.0
     may) and `Connection: close`."""
     headers = _passed_on(list(request.headers))
-    if set_header is not None:
+    for set_header in set_headers:
         name = set_header[0].lower()
         headers = [(key, value) for key, value in headers if key != name] + [set_header]
     if not any(key == b"host" for key, _ in headers):

@@ -12,14 +12,17 @@ in an error, a reason or a log line: a bad secret file is reported by the route'
 An upstream could send the secret back (an endpoint that echoes request headers, a debugging
 page): every response is screened (`SecretScreen`: its head, then its body through a window as
 long as the secret, ignoring case) before the client sees it, and the connection is cut where
-the secret appears. A secret the upstream transforms (encodes, compresses) is not recognised:
-the route's host is one the owner already trusts with it.
+the secret appears. So that the sandbox cannot have the echo come back in a form the screen does
+not read, a routed request asks for no encoding (`Accept-Encoding: identity`) and no range
+(`Range`, `If-Range` dropped), and an encoded response is cut. A secret the upstream transforms
+of its own accord is not recognised: the route's host is one the owner already trusts with it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -33,6 +36,10 @@ from sandboxer.service.egress.heads import MAX_HEAD, HttpPeer, Refusal, split_au
 from sandboxer.service.egress.session import Session
 
 HANDSHAKE_SECONDS = 10.0
+# A response head's Content-Encoding other than identity (the screen sees "name: value" lines).
+_ENCODED = re.compile(rb"(?m)^content-encoding:[ \t]*(?!identity[ \t]*$)\S")
+# What a routed request may not ask of the upstream: a form of the response the screen cannot read.
+_UNREADABLE = (b"range", b"if-range")
 MAX_SECRET = 64 * 1024
 # Control characters (but tab) cannot be in a header value: CR and LF would inject headers, and
 # h11 refuses the rest with a message that quotes the value, secret and all.
@@ -80,9 +87,14 @@ class SecretScreen:
     def __init__(self, secret: bytes) -> None:
         self._secret = secret.lower()
         self._tail = b""  # the last bytes seen, one fewer than the secret: it may straddle two parts
+        self._head_seen = False
 
     def __call__(self, part: bytes) -> None:
         window = self._tail + part.lower()
+        if not self._head_seen:  # the first part is the response's head (exchange.relay)
+            self._head_seen = True
+            if _ENCODED.search(window):
+                raise Refusal(502, "upstream sent an encoded response to a routed request")
         if self._secret in window:
             raise Refusal(502, "upstream sent the route's secret back")
         self._tail = window[-(len(self._secret) - 1) :] if len(self._secret) > 1 else b""
@@ -129,8 +141,17 @@ async def serve_routed(
         if route_expired(decision.route, time.time()):
             raise Refusal(403, "route expired")
         secret = read_secret(decision.route)
+        asked = h11.Request(
+            method=event.method,
+            target=event.target,
+            headers=[(key, value) for key, value in event.headers if key not in _UNREADABLE],
+        )
+        plain = (b"accept-encoding", b"identity")
         outgoing = upstream_request(
-            event, event.target, host=f"{tunnel.host}:{tunnel.port}", set_header=route_header(decision.route, secret)
+            asked,
+            event.target,
+            host=f"{tunnel.host}:{tunnel.port}",
+            set_headers=(plain, route_header(decision.route, secret)),
         )
         upstream_reader, upstream_writer = await tunnel.connect(decision)
         upstream = HttpPeer(upstream_reader, upstream_writer, upstream_connection(), tunnel.session.count_received)

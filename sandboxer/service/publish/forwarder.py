@@ -106,7 +106,7 @@ class PortForwarder:
     async def _connect_inside(self) -> socket.socket | None:
         """A socket connected to 127.0.0.1:runtime inside, or None when nothing answers there."""
         try:
-            inner = self.inside.socket()
+            inner = await self.inside.socket()
         except BackendError as exc:
             log.warning("published port %d: %s", self.host, exc.message)
             return None

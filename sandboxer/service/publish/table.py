@@ -49,10 +49,10 @@ def reserve(file: str, ports: Sequence[PortMapping]) -> list[socket.socket]:
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 listener.bind((LOOPBACK, host))
+                listener.listen(LISTEN_BACKLOG)  # may find the port taken too, by a racing listener
             except OSError as exc:
                 why = "is taken" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
                 raise PolicyError(f"{file}: published_ports[{index}].host: {LOOPBACK}:{host} {why}") from None
-            listener.listen(LISTEN_BACKLOG)
     except BaseException:
         for listener in made:
             listener.close()
@@ -85,16 +85,25 @@ class Publishers:
         done: Future[None] = asyncio.run_coroutine_threadsafe(
             self._start(sandbox_id, ports, listeners, inside), self.loop
         )
-        done.result(timeout=OPEN_SECONDS)
+        try:
+            done.result(timeout=OPEN_SECONDS)
+        except BaseException:
+            done.cancel()  # not started yet: it never will be; started: _start undoes itself
+            raise
 
     async def _start(
         self, sandbox_id: str, ports: Sequence[PortMapping], listeners: Sequence[socket.socket], inside: InsideSockets
     ) -> None:
-        forwarders = [
-            PortForwarder(listener, runtime, inside) for listener, (_, runtime) in zip(listeners, ports, strict=True)
-        ]
-        for forwarder in forwarders:
-            forwarder.start()
+        try:
+            pairs = zip(listeners, ports, strict=True)
+            forwarders = [PortForwarder(listener, runtime, inside) for listener, (_, runtime) in pairs]
+            for forwarder in forwarders:
+                forwarder.start()
+        except BaseException:
+            for listener in listeners:
+                listener.close()
+            await asyncio.to_thread(inside.close)
+            raise
         with self._lock:
             old = self._forwarders.pop(sandbox_id, None)
             self._forwarders[sandbox_id] = (forwarders, inside)
@@ -147,10 +156,17 @@ class Publishers:
                 continue
             try:
                 inside = self.backends.backend(record.backend).inside_sockets(record)
+            except (SandboxerError, OSError) as exc:
+                for listener in listeners:
+                    listener.close()
+                self._mark_down(sandbox_id, ports, exc.message if isinstance(exc, SandboxerError) else str(exc))
+                continue
+            try:
                 self.open(sandbox_id, ports, listeners, inside)
             except (SandboxerError, OSError, TimeoutError) as exc:
                 for listener in listeners:
                     listener.close()
+                inside.close()
                 self._mark_down(sandbox_id, ports, exc.message if isinstance(exc, SandboxerError) else str(exc))
 
     def _mark_down(self, sandbox_id: str, ports: Sequence[PortMapping], why: str) -> None:
