@@ -36,6 +36,7 @@ from sandboxer.core.record import LeaseMount, LeaseRecord, ManifestRecord, Spool
 from sandboxer.errors import PolicyError
 
 MIN_PUBLISHED_PORT = 1024  # below it a port is privileged on the host: never published
+MAX_PUBLISHED_PORTS = 16  # each is a listener and up to 256 connections in the service
 SPOOL_PENDING_FILES = 16
 SPOOL_REQUEST_BYTES = 256 * 1024
 SPOOL_TOTAL_BYTES = 1024 * 1024
@@ -114,14 +115,7 @@ def admit(
     file = manifest.file
     if os.path.realpath(manifest.repository_path) != os.path.realpath(repository):
         raise PolicyError(f"{file}: repository.path: is not the profile's workspace repository")
-    if manifest.published_ports and not publish:
-        raise PolicyError(
-            f"{file}: published_ports: the profile does not publish ports",
-            hint="the owner allows it with network.publish: loopback in the profile",
-        )
-    for index, (host, _) in enumerate(manifest.published_ports):
-        if host < MIN_PUBLISHED_PORT:
-            raise PolicyError(f"{file}: published_ports[{index}].host: must be {MIN_PUBLISHED_PORT} or above")
+    _admit_ports(manifest, publish=publish)
     if manifest.service_images and not images_admitted:
         raise PolicyError(f"{file}: service_images: images need the Docker backend")
     clash = mf.targets_apart(manifest)
@@ -144,6 +138,21 @@ def admit(
             raise PolicyError(
                 f"{file}: {lease.field}: a request spool needs a root broker (its files must not be the consumer's)"
             )
+
+
+def _admit_ports(manifest: mf.Manifest, *, publish: bool) -> None:
+    """published_ports: only with the profile's consent, at most MAX_PUBLISHED_PORTS, none privileged."""
+    file = manifest.file
+    if manifest.published_ports and not publish:
+        raise PolicyError(
+            f"{file}: published_ports: the profile does not publish ports",
+            hint="the owner allows it with network.publish: loopback in the profile",
+        )
+    if len(manifest.published_ports) > MAX_PUBLISHED_PORTS:
+        raise PolicyError(f"{file}: published_ports: at most {MAX_PUBLISHED_PORTS} ports are published per sandbox")
+    for index, (host, _) in enumerate(manifest.published_ports):
+        if host < MIN_PUBLISHED_PORT:
+            raise PolicyError(f"{file}: published_ports[{index}].host: must be {MIN_PUBLISHED_PORT} or above")
 
 
 def service_image(manifest: mf.Manifest, name: str = "app") -> str | None:

@@ -249,3 +249,28 @@ def test_a_service_killed_mid_create_leaves_no_listener_after_gc(runtime_dir: Pa
         assert all(receipt["residue"] == [] for receipt in json.loads(collected.stdout)["collected"])
         assert json.loads(_in_process(broker, "list", "--json").stdout)["sandboxes"] == []
         assert _listening(host_port) == []
+
+
+def test_more_than_sixteen_ports_are_refused(eb: SandboxBroker) -> None:
+    many = [(20000 + index, 8000 + index) for index in range(17)]
+    refused = _create(eb, _publishing_profile(eb), _manifest(eb, many))
+    assert refused.status == 3
+    assert "published_ports: at most 16 ports are published per sandbox" in refused.stderr
+    assert all(_listening(host) == [] for host, _ in many)
+
+
+def test_the_owner_closing_the_profile_unpublishes_a_live_sandbox(eb: SandboxBroker) -> None:
+    host_port = _free_port()
+    created = _create(eb, _publishing_profile(eb), _manifest(eb, [(host_port, RUNTIME_PORT)]))
+    assert created.status == 0, created.stderr
+    sandbox_id = created.stdout.strip()
+    assert _listening(host_port) == ["127.0.0.1"]
+    text = (eb.config / "profiles" / "pub.yaml").read_text().replace("publish: loopback", "publish: none")
+    eb.write_profile("pub", text)  # edited, not approved again: revoked until it is
+    deadline = time.monotonic() + 10
+    while _listening(host_port) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _listening(host_port) == []
+    mapping = json.loads(eb.run("inspect", sandbox_id, "--json").stdout)["network"]["published"][0]
+    assert mapping["forwarder"].startswith("down (revoked: ")
+    assert mapping["listening"] is False

@@ -371,9 +371,10 @@ def test_an_upstream_sending_the_secret_back_is_cut_off_before_the_client_sees_i
     assert SECRET[: len(SECRET) // 2].encode() in received or respond is _echo_in_header  # the body's first half came
     text = report_text(tmp_path)
     assert SECRET not in text
-    assert [line["reason"] for line in report_lines(tmp_path)] in (
-        ["upstream sent the route's secret back"],
-        ["closed: upstream sent the route's secret back"],
+    # The upstream's bytes had come: the line stays an allowed connection's, closed by the cut.
+    assert [(line["decision"], line["reason"]) for line in report_lines(tmp_path)] in (
+        [("allowed", "closed: refused (upstream sent the route's secret back)")],
+        [("allowed", "closed: upstream sent the route's secret back")],
     )
 
 
@@ -408,5 +409,5 @@ def test_a_routed_request_asks_for_a_plain_whole_response_and_an_encoded_one_is_
     assert b"range:" not in asked
     assert received.startswith(b"HTTP/1.1 502 ")
     assert [line["reason"] for line in report_lines(tmp_path)] == [
-        "upstream sent an encoded response to a routed request"
+        "closed: refused (upstream sent an encoded response to a routed request)"
     ]

@@ -146,15 +146,19 @@ def _valid_branch(name: str) -> bool:
 
 def _ports(r: Reader, value: Any) -> tuple[tuple[int, int], ...]:
     ports: list[tuple[int, int]] = []
+    hosts: set[int] = set()
+    runtimes: set[int] = set()
     for i, entry in enumerate(r.array(value, "published_ports")):
         path = f"published_ports[{i}]"
         pair = r.obj(entry, path, required=("host", "runtime"))
         host = r.integer(pair["host"], f"{path}.host", 1, 65535)
         runtime = r.integer(pair["runtime"], f"{path}.runtime", 1, 65535)
-        if any(host == h for h, _ in ports):
+        if host in hosts:
             r.fail(f"{path}.host", "host ports must be unique")
-        if any(runtime == p for _, p in ports):
+        if runtime in runtimes:
             r.fail(f"{path}.runtime", "runtime ports must be unique")
+        hosts.add(host)
+        runtimes.add(runtime)
         ports.append((host, runtime))
     return tuple(ports)
 

@@ -131,7 +131,7 @@ class Proxies:
 
     async def watch(self, stop: asyncio.Event) -> None:
         """Until `stop`: revoke what the owner's files no longer allow, close ended sandboxes'."""
-        seen = _owner_files_state(self.dirs.config)
+        seen = owner_files_state(self.dirs.config)
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=WATCH_SECONDS)
@@ -142,7 +142,7 @@ class Proxies:
 
     async def _watch_once(self, seen: tuple[tuple[str, int, int], ...]) -> tuple[tuple[str, int, int], ...]:
         """One pass: revoke on a change of the owner's files, close the proxies of ended sandboxes."""
-        now = await asyncio.to_thread(_owner_files_state, self.dirs.config)
+        now = await asyncio.to_thread(owner_files_state, self.dirs.config)
         if now != seen:
             for proxy in self._snapshot().values():
                 proxy.revoke_check()
@@ -178,7 +178,7 @@ class Proxies:
         return ended
 
 
-def _owner_files_state(config_dir: str) -> tuple[tuple[str, int, int], ...]:
+def owner_files_state(config_dir: str) -> tuple[tuple[str, int, int], ...]:
     """What changes when an owner edits, approves or revokes: each owner file's and the ledger's
     name, size and modification time (nanoseconds)."""
     found: list[tuple[str, int, int]] = []

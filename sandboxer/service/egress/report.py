@@ -69,6 +69,7 @@ class _Repeats:
     until: float
     count: int = 0
     sent: int = 0
+    received: int = 0
 
 
 class AccessLog:
@@ -81,7 +82,7 @@ class AccessLog:
         self.refused_path = refused_path
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
-        self._repeats: dict[tuple[str, int, str], _Repeats] = {}
+        self._repeats: dict[tuple[str, int, str, str | None], _Repeats] = {}
 
     def write(self, access: Access) -> None:
         """Record one ended connection (a refusal like a recent one only counted)."""
@@ -90,11 +91,12 @@ class AccessLog:
             if access.decision == "allowed":
                 self._append(self.allowed_path, access)
                 return
-            key = (access.host, access.port, access.reason)
+            key = (access.host, access.port, access.reason, access.route)
             repeats = self._repeats.get(key)
             if repeats is not None and now < repeats.until:
                 repeats.count += 1
                 repeats.sent += access.sent
+                repeats.received += access.received
                 return
             self._write_repeats(now, force=False)  # this key's too, when its window has ended
             if len(self._repeats) >= MAX_REPEATING:
@@ -117,10 +119,11 @@ class AccessLog:
         for key in [key for key, repeats in self._repeats.items() if force or now >= repeats.until]:
             self._write_one(key)
 
-    def _write_one(self, key: tuple[str, int, str]) -> None:
+    def _write_one(self, key: tuple[str, int, str, str | None]) -> None:
         repeats = self._repeats.pop(key)
         if repeats.count:
-            self._append(self.refused_path, replace(repeats.first, count=repeats.count, sent=repeats.sent))
+            merged = replace(repeats.first, count=repeats.count, sent=repeats.sent, received=repeats.received)
+            self._append(self.refused_path, merged)
 
     def _append(self, path: str, access: Access) -> None:
         line = (access.to_json(datetime.datetime.now(datetime.UTC)) + "\n").encode()

@@ -65,8 +65,13 @@ class Session:
         self.decision, self.reason = "allowed", reason
 
     def refuse(self, reason: str) -> None:
-        """The connection (or a request on it) is refused."""
-        self.decision, self.reason = "refused", reason
+        """The connection (or a request on it) is refused. A connection that already carried an
+        upstream's bytes stays allowed, closed by the refusal: its line stays with the allowed
+        ones, where a flood of refusals cannot rotate it away."""
+        if self.decision == "allowed" and self.received:
+            self.reason = f"closed: refused ({reason})"
+        else:
+            self.decision, self.reason = "refused", reason
 
     def end(self, reason: str) -> None:
         """An allowed connection was cut short (a limit, a revocation, the upstream)."""

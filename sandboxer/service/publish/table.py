@@ -21,10 +21,14 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 
 from sandboxer.backends import Backends
+from sandboxer.core.approvals import Ledger, Status
+from sandboxer.core.configdir import load_profile
 from sandboxer.dirs import Dirs
 from sandboxer.errors import PolicyError, SandboxerError
 from sandboxer.host.inside_sockets import InsideSockets
+from sandboxer.host.parse_cache import ParseCache
 from sandboxer.host.registry import Registry
+from sandboxer.service.egress.proxies import owner_files_state
 from sandboxer.service.publish.forwarder import PortForwarder
 
 log = logging.getLogger(__name__)
@@ -58,6 +62,18 @@ def reserve(file: str, ports: Sequence[PortMapping]) -> list[socket.socket]:
             listener.close()
         raise
     return made
+
+
+def publishing_refused(dirs: Dirs, profile_name: str) -> str | None:
+    """None when `profile_name` is approved as it is now and says network.publish: loopback; else
+    why its sandboxes may not publish (the owner edited, revoked or closed it)."""
+    try:
+        _, profile = load_profile(dirs.config, profile_name, cache=ParseCache.of_state(dirs.state))
+    except SandboxerError as exc:
+        return exc.message
+    if Ledger(dirs.config).status(profile.name, profile.file_sha256) is not Status.APPROVED:
+        return f"profile {profile_name} is not approved as it is now"
+    return None if profile.publish == "loopback" else f"profile {profile_name} no longer publishes ports"
 
 
 class Publishers:
@@ -149,6 +165,10 @@ class Publishers:
             if record is None or record.state != "ready" or record.manifest is None or not record.manifest.published:
                 continue
             ports = record.manifest.published
+            refused = publishing_refused(self.dirs, record.profile)
+            if refused is not None:
+                self._mark_down(sandbox_id, ports, f"revoked: {refused}")
+                continue
             try:
                 listeners = reserve(record.manifest.file, ports)
             except PolicyError as exc:
@@ -175,18 +195,39 @@ class Publishers:
         log.warning("published ports of sandbox %s are down: %s", sandbox_id, why)
 
     async def watch(self, stop: asyncio.Event) -> None:
-        """Until `stop`: close the forwarders of sandboxes that ended elsewhere."""
+        """Until `stop`: close the forwarders of sandboxes that ended elsewhere, and, when the
+        owner's files change, of those whose profile no longer publishes (approved as it is)."""
+        seen = owner_files_state(self.dirs.config)
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=WATCH_SECONDS)
             try:
-                for sandbox_id in await asyncio.to_thread(self._ended):
+                now = await asyncio.to_thread(owner_files_state, self.dirs.config)
+                revoked = await asyncio.to_thread(self._revoked) if now != seen else {}
+                seen = now
+                for sandbox_id, why in [*revoked.items(), *((i, None) for i in await asyncio.to_thread(self._ended))]:
                     with self._lock:
                         entry = self._forwarders.pop(sandbox_id, None)
                     if entry is not None:
                         await _close(*entry)
+                        if why is not None:
+                            ports = [(forwarder.host, forwarder.runtime) for forwarder in entry[0]]
+                            self._mark_down(sandbox_id, ports, f"revoked: {why}")
             except Exception:  # one bad pass is logged; the watch goes on
                 log.exception("the published ports' watch failed a pass")
+
+    def _revoked(self) -> dict[str, str]:
+        """The served sandboxes whose profile no longer lets them publish: id -> why."""
+        registry = Registry(self.dirs.state)
+        with self._lock:
+            ids = list(self._forwarders)
+        found: dict[str, str] = {}
+        for sandbox_id in ids:
+            record = registry.read_or_none(sandbox_id)
+            why = None if record is None else publishing_refused(self.dirs, record.profile)
+            if why is not None:
+                found[sandbox_id] = why
+        return found
 
     async def close_all(self) -> None:
         """The service stops: every forwarder closes (the sandboxes keep running, unpublished)."""
