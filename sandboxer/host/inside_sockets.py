@@ -200,17 +200,24 @@ async def _receive_fds(loop: asyncio.AbstractEventLoop, pair: socket.socket) -> 
         try:
             _, fds, _, _ = socket.recv_fds(pair, 1, 1)
         except BlockingIOError:
-            readable: asyncio.Future[None] = loop.create_future()
-            loop.add_reader(pair.fileno(), _readable, readable)
-            try:
-                await readable
-            finally:
-                loop.remove_reader(pair.fileno())
+            await readable(pair)
             continue
         return fds
 
 
-def _readable(future: asyncio.Future[None]) -> None:
+async def readable(sock: socket.socket) -> None:
+    """Until `sock` has something to read (or an error to report), on the running loop; nothing
+    is read, so a wait that is cancelled takes nothing away from the caller."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+    loop.add_reader(sock.fileno(), _settle_ready, ready)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(sock.fileno())
+
+
+def _settle_ready(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
 

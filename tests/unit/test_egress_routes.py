@@ -329,6 +329,16 @@ def test_an_inner_request_that_would_echo_the_secret_is_refused(method: str) -> 
     assert refused.value.status == status
 
 
+async def _read_to_end(reader: asyncio.StreamReader) -> bytes:
+    """What the client receives until the proxy closes (or cuts) the tunnel."""
+    received = b""
+    with contextlib.suppress(ConnectionError, ssl.SSLError):
+        async with asyncio.timeout(WAIT):
+            while data := await reader.read(65536):
+                received += data
+    return received
+
+
 def _echo_in_header(request: bytes) -> list[bytes]:
     """An upstream that sends the request's Authorization back in a header."""
     value = next(
@@ -358,12 +368,7 @@ def test_an_upstream_sending_the_secret_back_is_cut_off_before_the_client_sees_i
     async def scenario() -> tuple[bytes, list[bytes]]:
         async with _routed_tunnel(tmp_path, upstream_ca, sandbox_ca, lambda p: _policy(p, secret), respond) as tunnel:
             tunnel.writer.write(_request(tunnel.port))
-            received = b""
-            with contextlib.suppress(ConnectionError, ssl.SSLError):
-                async with asyncio.timeout(WAIT):
-                    while data := await tunnel.reader.read(65536):
-                        received += data
-            return received, tunnel.seen
+            return await _read_to_end(tunnel.reader), tunnel.seen
 
     received, seen = asyncio.run(scenario())
     assert SECRET.encode() in seen[0]  # the upstream had it, and sent it back
@@ -395,12 +400,7 @@ def test_a_routed_request_asks_for_a_plain_whole_response_and_an_encoded_one_is_
         ) as tunnel:
             head = f"GET /v1 HTTP/1.1\r\nHost: {HOST}:{tunnel.port}\r\nAccept-Encoding: gzip\r\nRange: bytes=0-9\r\n"
             tunnel.writer.write((head + "If-Range: x\r\n\r\n").encode())
-            received = b""
-            with contextlib.suppress(ConnectionError, ssl.SSLError):
-                async with asyncio.timeout(WAIT):
-                    while data := await tunnel.reader.read(65536):
-                        received += data
-            return received, tunnel.seen
+            return await _read_to_end(tunnel.reader), tunnel.seen
 
     received, seen = asyncio.run(scenario())
     asked = seen[0].lower()

@@ -19,6 +19,7 @@ import socket
 import time
 from collections.abc import Callable
 
+from sandboxer.host.inside_sockets import readable
 from sandboxer.service.egress.heads import READ_CHUNK
 
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -95,17 +96,11 @@ async def accept(listener: socket.socket) -> socket.socket:
     the accept is made synchronously (at once when one is queued, else after waiting for the
     listener to be readable), so a cancelled wait never loses an accepted connection (as one can
     with loop.sock_accept, whose result may arrive together with the cancellation)."""
-    loop = asyncio.get_running_loop()
     while True:
         try:
             conn, _ = listener.accept()
         except (BlockingIOError, InterruptedError):
-            readable: asyncio.Future[None] = loop.create_future()
-            loop.add_reader(listener.fileno(), _settle, readable)
-            try:
-                await readable
-            finally:
-                loop.remove_reader(listener.fileno())
+            await readable(listener)
             continue
         conn.setblocking(False)
         return conn
@@ -154,8 +149,3 @@ def _close_at_once(conn: socket.socket, answer: bytes) -> None:
             conn.recv(READ_CHUNK)
         conn.send(answer)
         conn.shutdown(socket.SHUT_WR)
-
-
-def _settle(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
