@@ -81,6 +81,7 @@ def _create(
     caller_uid: int | None,
     ttl: float | None,
 ) -> Created:
+    """The create once its host ports are reserved (`listeners`, handed to the service at the end)."""
     registry = Registry(dirs.state)
 
     warm_count = warm.wanted(request)  # 0 unless the backend keeps warm sandboxes for the profile

@@ -240,26 +240,12 @@ class DockerBackend(DockerExecution):
 
     def listen_inside(self, record: SandboxRecord, address: tuple[str, int]) -> socket.socket:
         # The container keeps `network none`: its namespace has loopback alone, and root joins it
-        # from a thread (host/netns.py). The Engine names the pid; once its namespace is open the
-        # Engine is asked again, so a container that ended (its pid reused) in between is caught.
-        container_id = record.container_id or ""
-        pid = _running_pid(container_id)
-        if pid is None:
-            raise BackendError("the sandbox's container is not running")
-        return netns.listen_inside(
-            pid,
-            procs.start_time(pid),
-            address,
-            join_user=False,
-            still_theirs=lambda: _running_pid(container_id) == pid,
-        )
+        # from a thread (host/netns.py).
+        pid, still_theirs = container.namespace_process(record.container_id or "")
+        return netns.listen_inside(pid, procs.start_time(pid), address, join_user=False, still_theirs=still_theirs)
 
     def inside_sockets(self, record: SandboxRecord) -> InsideSockets:
-        container_id = record.container_id or ""
-        pid = _running_pid(container_id)
-        if pid is None:
-            raise BackendError("the sandbox's container is not running")
-        still_theirs = lambda: _running_pid(container_id) == pid  # noqa: E731 - as listen_inside's
+        pid, still_theirs = container.namespace_process(record.container_id or "")
         namespace = netns.open_namespace(pid, procs.start_time(pid), still_theirs=still_theirs)
         return inside_sockets(namespace, join_user=False)
 
@@ -394,10 +380,3 @@ class DockerBackend(DockerExecution):
             if removal.removed or removal.residue:
                 collected[sandbox_id] = collected.get(sandbox_id, Removal()) + removal
         return collected
-
-
-def _running_pid(container_id: str) -> int | None:
-    """The pid of the container's first process, as the Engine has it; None unless it runs."""
-    state = (container.inspect(container_id).get("State") or {}) if container_id else {}
-    pid = state.get("Pid")
-    return pid if isinstance(pid, int) and pid > 0 and state.get("Running") else None

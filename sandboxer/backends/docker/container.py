@@ -16,6 +16,7 @@ import os
 import pwd
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -343,3 +344,20 @@ def labelled(state_dir: str) -> dict[str, str]:
         if sandbox_id:
             found[str(sandbox_id)] = str(container["Id"])
     return found
+
+
+def namespace_process(container_id: str) -> tuple[int, Callable[[], bool]]:
+    """The pid of the running container's first process, whose network namespace is the
+    sandbox's, and what asks the Engine again once that namespace is open (a container that
+    ended in between, its pid reused, is caught: host/netns.py); BackendError unless it runs."""
+    pid = _running_pid(container_id)
+    if pid is None:
+        raise BackendError("the sandbox's container is not running")
+    return pid, lambda: _running_pid(container_id) == pid
+
+
+def _running_pid(container_id: str) -> int | None:
+    """The pid of the container's first process, as the Engine has it; None unless it runs."""
+    state = (inspect(container_id).get("State") or {}) if container_id else {}
+    pid = state.get("Pid")
+    return pid if isinstance(pid, int) and pid > 0 and state.get("Running") else None
