@@ -161,7 +161,9 @@ def _make(request: CreateRequest, registry: Registry, record: SandboxRecord) -> 
     before("the clone")
     record = replace(record, work=clone_workspace(request, plan))
     if assignment is not None:
-        record = replace(record, manifest=assignment.record(plan))
+        image_user = request.extension.service_user == "image"
+        services = assignment.services(record.id, state_dir=request.state_dir, image_user=image_user)
+        record = replace(record, manifest=assignment.record(plan), services=services)
         registry.write(record)
         make_spools(assignment, plan, backend, request.state_dir, consumer=(plan.host_uid, plan.host_gid))
     before("the start")

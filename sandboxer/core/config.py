@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from typing import Literal
 
 from sandboxer.core.config_doc import Doc
 from sandboxer.core.config_egress import parse_network, parse_routes
@@ -90,7 +91,7 @@ def _parse_extension(doc: Doc, root: YNode, digest: str) -> ExtensionConfig:
     doc.own_name(top["extension"], "extension", extension)
     needs_image = extension == "ext.docker"
     required = ("runtime", "image") if needs_image else ("runtime",)
-    body = doc.mapping(top["config"], "config", required, ("warm", "routes"))
+    body = doc.mapping(top["config"], "config", required, ("warm", "routes", "service_user"))
     runtime = doc.mapping(body["runtime"], "config.runtime", ("path", "sha256"))
     image = None
     if needs_image:
@@ -111,7 +112,24 @@ def _parse_extension(doc: Doc, root: YNode, digest: str) -> ExtensionConfig:
     )
     warm = doc.integer(body["warm"], "config.warm", WARM_RANGE) if "warm" in body else 0
     routes = parse_routes(doc, body["routes"]) if "routes" in body else no_routes()
-    return ExtensionConfig(extension=extension, runtime=pin, image=image, file_sha256=digest, warm=warm, routes=routes)
+    service_user: Literal["sandbox", "image"] = "sandbox"
+    if "service_user" in body:
+        node = body["service_user"]
+        if not needs_image:
+            raise doc.fail(node.mark, "config.service_user", "only ext.docker runs service containers")
+        value = doc.string(node, "config.service_user")
+        if value not in ("sandbox", "image"):
+            raise doc.fail(node.mark, "config.service_user", "must be sandbox or image")
+        service_user = "image" if value == "image" else "sandbox"
+    return ExtensionConfig(
+        extension=extension,
+        runtime=pin,
+        image=image,
+        file_sha256=digest,
+        warm=warm,
+        routes=routes,
+        service_user=service_user,
+    )
 
 
 def _exec_section(doc: Doc, node: YNode | None) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:

@@ -53,6 +53,9 @@ class ExtensionConfig:
     warm: int = 0  # sandboxes kept started ahead for each of its profiles (sandboxer.commands.warmpool)
     # config.routes: the credential routes a profile may opt into by name (network.routes)
     routes: Mapping[str, Route] = field(default_factory=no_routes)
+    # config.service_user (ext.docker): a service container runs as the sandbox's user ("sandbox"),
+    # or as its image's own user ("image"), which the owner allows for images that need it
+    service_user: Literal["sandbox", "image"] = "sandbox"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -221,6 +224,7 @@ def meaning(item: OwnerFile) -> dict[str, Any]:
     if item.image is not None:
         config["image"] = item.image
     config["warm"] = item.warm
+    config["service_user"] = item.service_user
     config["routes"] = {name: _route_meaning(route) for name, route in item.routes.items()}
     return {"kind": "extension", "extension": item.extension, "config": config}
 
@@ -289,6 +293,7 @@ def from_meaning(document: dict[str, Any], file_sha256: str) -> OwnerFile:
         image=str(config["image"]) if "image" in config else None,
         file_sha256=file_sha256,
         warm=int(config.get("warm", 0)),
+        service_user="image" if config.get("service_user") == "image" else "sandbox",
         routes=types.MappingProxyType(
             {str(name): _route(str(name), route) for name, route in config.get("routes", {}).items()}
         ),

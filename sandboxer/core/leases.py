@@ -32,7 +32,15 @@ from sandboxer.core.plan import (
     MountKind,
     Plan,
 )
-from sandboxer.core.record import LeaseMount, LeaseRecord, ManifestRecord, Spool
+from sandboxer.core.record import (
+    APP_SERVICE,
+    LeaseMount,
+    LeaseRecord,
+    ManifestRecord,
+    ServiceRecord,
+    ServicesRecord,
+    Spool,
+)
 from sandboxer.errors import PolicyError
 
 MIN_PUBLISHED_PORT = 1024  # below it a port is privileged on the host: never published
@@ -84,6 +92,9 @@ class Assignment:
 
     def record(self, plan: Plan) -> ManifestRecord:
         return record(self.manifest, plan.mounts, owner=self.owner)
+
+    def services(self, sandbox_id: str, *, state_dir: str, image_user: bool) -> ServicesRecord | None:
+        return services(self.manifest, sandbox_id=sandbox_id, state_dir=state_dir, image_user=image_user)
 
 
 def admit_assignment(
@@ -155,9 +166,28 @@ def _admit_ports(manifest: mf.Manifest, *, publish: bool) -> None:
             raise PolicyError(f"{file}: published_ports[{index}].host: must be {MIN_PUBLISHED_PORT} or above")
 
 
-def service_image(manifest: mf.Manifest, name: str = "app") -> str | None:
+def service_image(manifest: mf.Manifest, name: str = APP_SERVICE) -> str | None:
     """The sandbox image a manifest assigns (Docker), if any."""
     return dict(manifest.service_images).get(name)
+
+
+def services(manifest: mf.Manifest, *, sandbox_id: str, state_dir: str, image_user: bool) -> ServicesRecord | None:
+    """A Docker sandbox's service containers as planned (backends/docker/services.py): every
+    service_images entry but APP_SERVICE is a sidecar on a network of the sandbox's own (named by
+    its id and its broker's state dir: two brokers' sandboxes never share one), and its published
+    ports go through port proxies of port_proxy_image; None without service_images."""
+    if not manifest.service_images:
+        return None
+    sidecars = tuple(
+        ServiceRecord(name=name, image=image) for name, image in manifest.service_images if name != APP_SERVICE
+    )
+    digest = hashlib.sha256(state_dir.encode()).hexdigest()[:8]
+    return ServicesRecord(
+        network=f"sandboxer-{digest}-{sandbox_id}" if sidecars else None,
+        image_user=image_user,
+        sidecars=sidecars,
+        proxy_image=manifest.port_proxy_image if manifest.published_ports else None,
+    )
 
 
 def grants(manifest: mf.Manifest, *, spool_place: SpoolPlace, project_env: bytes | None) -> Grants:

@@ -115,6 +115,32 @@ class Processes:
     pid_namespace: int | None
 
 
+APP_SERVICE = "app"  # service_images' name for the sandbox itself; every other entry is a sidecar
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServiceRecord:
+    """One service container of a Docker sandbox (a sidecar, service_images), once started."""
+
+    name: str  # its service name: its name on the sandbox's network
+    image: str  # the manifest's immutable reference
+    container_id: str | None = None
+    address: str | None = None  # its IPv4 address on the sandbox's network
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServicesRecord:
+    """A Docker sandbox's service containers (docs/services.md): its internal network, the
+    sidecars on it, and the port proxies that publish its ports from `proxy_image`."""
+
+    network: str | None  # the per-sandbox internal network's name (None: no sidecars)
+    image_user: bool  # the owner lets each sidecar run as its image's own user (config.service_user)
+    sidecars: tuple[ServiceRecord, ...]
+    proxy_image: str | None = None
+    proxies: tuple[tuple[int, str], ...] = ()  # (port inside, container id) of each port proxy
+    proxy_sockets: str | None = None  # the host directory of the port proxies' Unix sockets
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WarmStamp:
     """What a warm sandbox was made from and what it showed when it started (warmpool)."""
@@ -227,6 +253,7 @@ class SandboxRecord:
     processes: Processes | None = None  # bwrap
     image: str | None = None  # Docker
     container_id: str | None = None  # Docker
+    services: ServicesRecord | None = None  # Docker: service containers (service_images)
     warm: WarmStamp | None = None  # a warm container's stamp (warmpool)
 
     @property
@@ -263,6 +290,7 @@ class SandboxRecord:
             ("limits", self.limits),
             ("seccomp", self.seccomp),
             ("warm", self.warm),
+            ("services", self.services),
         ):
             if part is not None:
                 data[name] = _plain(part)

@@ -22,6 +22,8 @@ from sandboxer.core.record import (
     RecordShapeError,
     SandboxRecord,
     SeccompRecord,
+    ServiceRecord,
+    ServicesRecord,
     Spool,
     WarmStamp,
     WorkRecord,
@@ -66,6 +68,7 @@ def read_record(data: object) -> SandboxRecord:
         image=top.maybe_text("image"),
         container_id=top.maybe_text("container_id"),
         warm=top.part("warm", _warm),
+        services=top.part("services", _services),
     )
 
 
@@ -73,6 +76,7 @@ _TOP_KEYS = {
     "format", "id", "profile", "backend", "state", "created_at", "owner_pid", "owner_start", "caller_uid",
     "expires_at", "idle_seconds", "warm_profile",
     "consumed", "workspace_fs", "work", "manifest", "bootstrap", "limits", "seccomp", "image", "container_id", "warm",
+    "services",
 }  # fmt: skip
 _PLAN_KEYS = {
     "uid",
@@ -231,6 +235,29 @@ def _warm(part: _Reader) -> WarmStamp:
         started_at=part.maybe_text("started_at"),
         since=part.number("since"),
         workspace_refs=part.maybe_text("workspace_refs") or "",  # a record from before: stale when taken
+    )
+
+
+def _services(part: _Reader) -> ServicesRecord:
+    part.only({"network", "image_user", "sidecars", "proxy_image", "proxies", "proxy_sockets"})
+    sidecars = []
+    for item in part.objects("sidecars"):
+        item.only({"name", "image", "container_id", "address"})
+        sidecars.append(
+            ServiceRecord(
+                name=item.text("name"),
+                image=item.text("image"),
+                container_id=item.maybe_text("container_id"),
+                address=item.maybe_text("address"),
+            )
+        )
+    return ServicesRecord(
+        network=part.maybe_text("network"),
+        image_user=part.flag("image_user"),
+        sidecars=tuple(sidecars),
+        proxy_image=part.maybe_text("proxy_image"),
+        proxies=part.pairs("proxies", int, str) if part.raw("proxies") is not None else (),
+        proxy_sockets=part.maybe_text("proxy_sockets"),
     )
 
 

@@ -32,6 +32,7 @@ from sandboxer.errors import BackendError
 from sandboxer.host.netns import CLONE_NEWNET, HELPER_SECONDS, setns, spawn_helper
 
 ANSWER_SECONDS = 5.0
+CONNECT_SECONDS = 5.0
 
 # The child an unprivileged broker keeps per sandbox, given the network namespace's descriptor and
 # its end of the pair. Standard library only, no site: it starts in a few milliseconds.
@@ -56,11 +57,12 @@ while pair.recv(1):
 
 
 class InsideSockets(Protocol):
-    """Makes unconnected TCP sockets in one sandbox's network namespace until closed."""
+    """Connects to ports on the sandbox's 127.0.0.1 until closed."""
 
-    async def socket(self) -> socket.socket:
-        """A new TCP socket in the sandbox's namespace, without blocking the event loop;
-        BackendError when none can be made (within ANSWER_SECONDS)."""
+    async def connect(self, port: int) -> socket.socket:
+        """A socket connected to 127.0.0.1:`port` inside the sandbox, without blocking the event
+        loop; OSError or TimeoutError when nothing answers there (within CONNECT_SECONDS),
+        BackendError when no socket can be made."""
         ...
 
     def close(self) -> None:
@@ -68,10 +70,50 @@ class InsideSockets(Protocol):
         ...
 
 
+class _Namespaced:
+    """Sockets made in the sandbox's namespace (`socket`, by a subclass), connected from here."""
+
+    async def connect(self, port: int) -> socket.socket:
+        return await connected(await self.socket(), ("127.0.0.1", port))
+
+    async def socket(self) -> socket.socket:
+        """A new TCP socket in the sandbox's namespace, without blocking the event loop;
+        BackendError when none can be made (within ANSWER_SECONDS)."""
+        raise NotImplementedError
+
+
+async def connected(made: socket.socket, address: str | tuple[str, int]) -> socket.socket:
+    """`made`, connected to `address` from the running loop (closed when that fails)."""
+    made.setblocking(False)
+    try:
+        async with asyncio.timeout(CONNECT_SECONDS):
+            await asyncio.get_running_loop().sock_connect(made, address)
+    except BaseException:
+        made.close()
+        raise
+    return made
+
+
+class ProxySockets:
+    """A Docker sandbox's with service containers: each port is reached through its port proxy
+    (backends/docker/services.py), a Unix socket in `directory` per port inside. The proxy
+    accepts before it connects inside, so a port where nothing listens closes at once."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    async def connect(self, port: int) -> socket.socket:
+        made = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        return await connected(made, os.path.join(self.directory, f"{port}.sock"))
+
+    def close(self) -> None:
+        """Nothing to let go: the proxies are the sandbox's containers."""
+
+
 Request = tuple[asyncio.AbstractEventLoop, "asyncio.Future[socket.socket]"]
 
 
-class ThreadSockets:
+class ThreadSockets(_Namespaced):
     """A root broker's: one thread of ours joined the namespace and makes the sockets."""
 
     def __init__(self, netns: int) -> None:
@@ -136,7 +178,7 @@ def _settle(answer: asyncio.Future[socket.socket], made: socket.socket | Backend
         answer.set_exception(made)
 
 
-class ChildSockets:
+class ChildSockets(_Namespaced):
     """An unprivileged broker's: a child of ours in the sandbox's user and network namespaces. One
     request at a time; a request that fails or takes too long leaves the helper unusable (its
     answers could no longer be matched to requests): that sandbox's ports then refuse until the

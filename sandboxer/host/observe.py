@@ -175,11 +175,16 @@ def differences(
     return _mount_differences(plan, mounts, backend_files) + process_differences(plan, interfaces, probe)
 
 
-def process_differences(plan: Plan, interfaces: list[str], probe: ProbeSeen) -> list[str]:
-    """How what a probe process saw differs from the plan: network, user, privileges, environment."""
+def process_differences(
+    plan: Plan, interfaces: list[str], probe: ProbeSeen, *, network: tuple[str, ...] = ()
+) -> list[str]:
+    """How what a probe process saw differs from the plan: network, user, privileges, environment.
+    `network`: the interfaces besides lo its backend gave it (a Docker sandbox's own network of
+    service containers)."""
     problems: list[str] = []
-    if interfaces != ["lo"]:
-        problems.append(f"network: interfaces are {', '.join(interfaces) or 'none'}, planned only lo")
+    planned = sorted(("lo", *network))
+    if interfaces != planned:
+        problems.append(f"network: interfaces are {', '.join(interfaces) or 'none'}, planned {', '.join(planned)}")
     if (probe.uid, probe.gid) != (plan.uid, plan.gid):
         problems.append(f"user: uid/gid {probe.uid}/{probe.gid}, planned {plan.uid}/{plan.gid}")
     if probe.uid == 0:

@@ -27,7 +27,7 @@ from sandboxer.core.record_exec import ExecView
 from sandboxer.core.removal import Removal
 from sandboxer.errors import BackendError, EntryError, ExecUsage
 from sandboxer.execio.stdio import CALLER_GONE, TIMED_OUT, Stdio
-from sandboxer.host.inside_sockets import InsideSockets
+from sandboxer.host.inside_sockets import InsideSockets, connected
 from sandboxer.host.limit_events import LimitWatch
 from sandboxer.service.publish.table import reserve
 
@@ -241,8 +241,8 @@ class HostSockets:
     def __init__(self) -> None:
         self.closed = False
 
-    async def socket(self) -> socket.socket:
-        return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    async def connect(self, port: int) -> socket.socket:
+        return await connected(socket.socket(socket.AF_INET, socket.SOCK_STREAM), ("127.0.0.1", port))
 
     def close(self) -> None:
         self.closed = True

@@ -34,7 +34,7 @@ def engine_says(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(docker, "_LEARNT", docker.Learnt())
 
     def say(info: dict[str, Any]) -> None:
-        monkeypatch.setattr(docker, "_engine", lambda method, path, body=None: (200, info))
+        monkeypatch.setattr(docker, "engine_call", lambda method, path, body=None: (200, info))
 
     return say
 

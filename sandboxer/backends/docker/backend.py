@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from sandboxer.backends.docker import container, engine, execs, warm
+from sandboxer.backends.docker import container, engine, warm
 from sandboxer.backends.docker import container as docker_backend
+from sandboxer.backends.docker import services as docker_services
 from sandboxer.backends.docker.engine import SOCKET, remove_labelled
 from sandboxer.backends.docker.enter import DockerExecution
-from sandboxer.backends.docker.render import LABEL, PROBE_FILES, STATE_LABEL, short_option
+from sandboxer.backends.docker.probe import docker_probe, parse_docker_probe
+from sandboxer.backends.docker.render import LABEL, STATE_LABEL, short_option
 from sandboxer.backends.docker.volumes import (
     create_volume,
     orphan_volumes,
@@ -30,9 +31,9 @@ from sandboxer.core.record import LimitsRecord, PlanShare, SeccompRecord
 from sandboxer.core.removal import Removal
 from sandboxer.errors import BackendError, UsageError
 from sandboxer.host import lease_mounts, netns, procs, staging
-from sandboxer.host.inside_sockets import InsideSockets, inside_sockets
+from sandboxer.host.inside_sockets import InsideSockets, ProxySockets, inside_sockets
 from sandboxer.host.lease_mounts import staged_mismatches
-from sandboxer.host.observe import parse_mountinfo, parse_probe, process_differences
+from sandboxer.host.observe import process_differences
 from sandboxer.host.staging import runtime_mismatches
 
 # teardown, list and gc ask only is_running, stop and release: the plan and the config (YAML)
@@ -43,8 +44,8 @@ if TYPE_CHECKING:
     from sandboxer.backends.protocol import Note, Site
     from sandboxer.core.config_types import ExtensionConfig
     from sandboxer.core.plan import Plan
-    from sandboxer.core.record import SandboxRecord
-    from sandboxer.host.observe import MountSeen, ProbeSeen
+    from sandboxer.core.record import SandboxRecord, ServicesRecord
+    from sandboxer.host.observe import ProbeSeen
 
 
 def start_docker(
@@ -56,7 +57,9 @@ def start_docker(
     pid 1 saw (the probe and the interfaces)."""
 
     etc_dir = site.path("etc")
+    docker_backend.require_image(image)
     staged = _staged(plan, site, record)
+    leases_staged = staged is not plan
     record = replace(
         record,
         limits=LimitsRecord(mechanism="docker", memory_mib=plan.limits.memory_mib, pids=plan.limits.pids),
@@ -67,20 +70,62 @@ def start_docker(
         plan=PlanShare.of(staged),  # what the Engine is asked for, and shows
     )
     note(record)
-    container_id, output = docker_backend.start(staged, image=image, etc_dir=etc_dir, state_dir=site.state_dir)
+    network = record.services.network if record.services else None
+    services = record.services
+    if services is not None:
+        services = _start_sidecars(record, services, plan, site=site)
+        record = replace(record, services=services)
+        note(record)
+        staged = docker_services.with_hosts(staged, services)
+    container_id, output = docker_backend.start(
+        staged, image=image, etc_dir=etc_dir, state_dir=site.state_dir, network=network
+    )
     record = replace(record, container_id=container_id)
     note(record)
-    problems = docker_backend.check(container_id, staged, etc_dir=etc_dir)
-    probe, interfaces, mounts, _ = _parse_docker_probe(output)
-    problems += process_differences(plan, interfaces, probe)
+    problems = docker_backend.check(container_id, staged, etc_dir=etc_dir, network=network)
+    probe, interfaces, mounts, _ = parse_docker_probe(output)
+    problems += process_differences(plan, interfaces, probe, network=("eth0",) if network else ())
 
-    if staged is not plan:
+    if leases_staged:
         problems += staged_mismatches(staged, mounts)
     problems += spool_mismatches(plan, mounts)
     problems += runtime_mismatches(site.directory, mounts)
+    if services is not None:
+        services = _start_proxies(record, services, plan, site=site)
+        record = replace(record, services=services)
+        note(record)
+        problems += docker_services.problems(
+            services, plan, app_id=container_id, sandbox_id=record.id, state_dir=site.state_dir
+        )
     if problems:
         raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))
     return record, probe, interfaces
+
+
+def _start_sidecars(record: SandboxRecord, services: ServicesRecord, plan: Plan, *, site: Site) -> ServicesRecord:
+    """Every image the services name checked (none is pulled), then their network and sidecars."""
+    file = record.manifest.file if record.manifest else "the lease manifest"
+    images = docker_services.check_images(services, file=file)
+    if services.network is None:
+        return services
+    docker_services.create_network(services, sandbox_id=record.id, state_dir=site.state_dir)
+    return docker_services.start_sidecars(services, plan, images=images, sandbox_id=record.id, state_dir=site.state_dir)
+
+
+def _start_proxies(record: SandboxRecord, services: ServicesRecord, plan: Plan, *, site: Site) -> ServicesRecord:
+    """The port proxies of a sandbox with services that publishes ports."""
+    ports = record.manifest.published if record.manifest else ()
+    if services.proxy_image is None or not ports:
+        return services
+    return docker_services.start_proxies(
+        services,
+        plan,
+        app_id=str(record.container_id),
+        ports=ports,
+        socket_dir=site.path("publish"),
+        sandbox_id=record.id,
+        state_dir=site.state_dir,
+    )
 
 
 def _staged(plan: Plan, site: Site, record: SandboxRecord) -> Plan:
@@ -93,46 +138,6 @@ def _staged(plan: Plan, site: Site, record: SandboxRecord) -> Plan:
 
     owner = record.manifest.owner_uid if record.manifest else -1
     return lease_mounts.stage(plan, site.directory, owner=owner)
-
-
-def docker_probe(container_id: str, plan: Plan) -> tuple[ProbeSeen, list[str], list[MountSeen], list[dict[str, str]]]:
-    """The probe run as an exec is (inspect's view): one `cat` of what a process reads about
-    itself — environment, status, cgroups, mounts, interfaces."""
-
-    try:
-        data = execs.capture(container_id, ["cat", *PROBE_FILES], env=dict(plan.env), user=f"{plan.uid}:{plan.gid}")
-    except (OSError, engine.EngineError) as exc:
-        raise BackendError(f"docker: the probe failed ({exc})") from None
-    return _parse_docker_probe(data)
-
-
-def _parse_docker_probe(data: bytes) -> tuple[ProbeSeen, list[str], list[MountSeen], list[dict[str, str]]]:
-    """The probe's output, its parts told apart by their fixed shapes."""
-
-    split = data.find(b"\0Name:\t")
-    if split < 0:
-        raise BackendError("docker: the probe's output has an unexpected shape")
-    environ, text = data[: split + 1], data[split + 1 :].decode(errors="replace")
-    head, _, netdev = text.partition("Inter-|")
-    status_lines, cgroup_lines, mount_lines = [], [], []
-    for line in head.splitlines():
-        if re.match(r"^[A-Za-z_]+:\s", line):
-            status_lines.append(line)
-        elif re.match(r"^\d+:[^:]*:/", line):
-            cgroup_lines.append(line)
-        elif line.strip():
-            mount_lines.append(line)
-    probe = parse_probe("\n".join(status_lines), environ, "\n".join(cgroup_lines))
-    netdev, _, route_text = netdev.partition("Iface\t")
-    interfaces = sorted(line.split(":", 1)[0].strip() for line in netdev.splitlines()[2:] if ":" in line)
-    routes = []
-    for line in route_text.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) == 10 and len(fields[0]) == 32:  # /proc/net/ipv6_route
-            routes.append({"family": "inet6", "dst": f"{fields[0]}/{int(fields[1], 16)}", "dev": fields[9]})
-        elif len(fields) >= 8:  # /proc/net/route: Iface Destination Gateway … Mask
-            routes.append({"family": "inet", "dst": fields[1], "dev": fields[0]})
-    return probe, interfaces, parse_mountinfo("\n".join(mount_lines)), routes
 
 
 class DockerBackend(DockerExecution):
@@ -205,6 +210,8 @@ class DockerBackend(DockerExecution):
         recording it)."""
 
         stopped = procs.stop_sandbox(record.id, record.processes)
+        if record.services is not None:  # its service containers first: a port proxy shares its network
+            stopped += docker_services.remove_containers(record.id, site.state_dir)
         container_id = record.container_id
         if not container_id:
             container_id = container.labelled(site.state_dir).get(record.id)
@@ -216,6 +223,8 @@ class DockerBackend(DockerExecution):
                 stopped += Removal(removed=(f"container {str(container_id)[:12]}",))
             else:
                 stopped += Removal(residue=(f"container {str(container_id)[:12]}: {problem}",))
+        if record.services is not None:
+            stopped += docker_services.remove_networks(record.id, site.state_dir)
         if not stopped.clean:
             return stopped
         # No container holds them now: its runtime image and /etc tmpfs go.
@@ -245,6 +254,9 @@ class DockerBackend(DockerExecution):
         return netns.listen_inside(pid, procs.start_time(pid), address, join_user=False, still_theirs=still_theirs)
 
     def inside_sockets(self, record: SandboxRecord) -> InsideSockets:
+        services = record.services
+        if services is not None and services.proxies and services.proxy_sockets:
+            return ProxySockets(services.proxy_sockets)  # through the port proxies (services.py)
         pid, still_theirs = container.namespace_process(record.container_id or "")
         namespace = netns.open_namespace(pid, procs.start_time(pid), still_theirs=still_theirs)
         return inside_sockets(namespace, join_user=False)
@@ -257,8 +269,14 @@ class DockerBackend(DockerExecution):
         plan = replace(record.plan_for(site.path("workspace")), allow_ptrace=allow_ptrace)
         probe, interfaces, mounts, routes = docker_probe(container_id, plan)
         attrs = container.inspect(container_id)
-        problems = container.check(container_id, plan, etc_dir=site.path("etc"))
-        problems += process_differences(plan, interfaces, probe)
+        services = record.services
+        network = services.network if services else None
+        problems = container.check(container_id, plan, etc_dir=site.path("etc"), network=network)
+        problems += process_differences(plan, interfaces, probe, network=("eth0",) if network else ())
+        if services is not None:
+            problems += docker_services.problems(
+                services, plan, app_id=container_id, sandbox_id=record.id, state_dir=site.state_dir
+            )
         if os.path.isdir(site.path("leases")):
             problems += staged_mismatches(plan, mounts)
         problems += spool_mismatches(plan, mounts)
@@ -292,6 +310,7 @@ class DockerBackend(DockerExecution):
                     "host_uid": seen.uid if seen else None,
                     "host_gid": seen.gid if seen else None,
                     "userns_mode": host.get("UsernsMode") or None,
+                    "services": None if services is None else docker_services.evidence(services),
                 },
             },
         )
@@ -372,6 +391,8 @@ class DockerBackend(DockerExecution):
             volumes = orphan_volumes(state_dir, present)
         except Exception:  # as above
             volumes = []
+        for sandbox_id, removal in docker_services.orphans(state_dir, present).items():
+            collected[sandbox_id] = collected.get(sandbox_id, Removal()) + removal
         for volume, sandbox_id in volumes:
             try:
                 removal = self.remove_spool(volume, sandbox_id=sandbox_id)

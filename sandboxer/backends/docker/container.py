@@ -105,7 +105,7 @@ def remap() -> Remap:
 
 def _learn_remap() -> Remap:
     """remap(), asking the daemon."""
-    status, info = _engine("GET", "/info")
+    status, info = engine_call("GET", "/info")
     if status != 200 or not isinstance(info, dict):
         raise BackendError(f"docker: the Engine's /info answered HTTP {status}")
     if "name=userns" not in (info.get("SecurityOptions") or []):
@@ -186,13 +186,19 @@ def host_view(pid: object) -> HostView | None:
 def host_problems(attrs: dict[str, Any], plan: Plan) -> list[str]:
     """The container's pid 1 as the host sees it: the plan's remapped host ids, no account's, and
     under a seccomp filter (mode 2)."""
+    return pid1_problems(attrs, (plan.host_uid, plan.host_gid))
+
+
+def pid1_problems(attrs: dict[str, Any], planned: tuple[int, int] | None) -> list[str]:
+    """host_problems for a container whose host ids are `planned` (None: any of the remapping's,
+    no account's)."""
     view = host_view((attrs.get("State") or {}).get("Pid"))
     if view is None:
         return ["the container's pid 1 cannot be read on the host"]
     problems = []
-    if (view.uid, view.gid) != (plan.host_uid, plan.host_gid):
+    if planned is not None and (view.uid, view.gid) != planned:
         problems.append(
-            f"the container's pid 1 is host uid {view.uid} gid {view.gid}, planned {plan.host_uid}:{plan.host_gid}"
+            f"the container's pid 1 is host uid {view.uid} gid {view.gid}, planned {planned[0]}:{planned[1]}"
         )
     problems += account_problems(view.uid, view.gid)
     if view.seccomp != 2:
@@ -218,7 +224,7 @@ def write_etc(plan: Plan, etc_dir: str, *, owner: tuple[int, int]) -> None:
                 os.close(fd)
 
 
-def _engine(method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+def engine_call(method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
     """One Engine API call over the fixed socket: (status, decoded JSON body or None)."""
 
     try:
@@ -236,33 +242,38 @@ def _message(document: Any) -> str:
     return str(text or "no explanation")[:300]
 
 
-def start(plan: Plan, *, image: str, etc_dir: str, state_dir: str) -> tuple[str, bytes]:
-    """Create and start the container; returns its id and what its probe printed. Raises
-    BackendError on any Engine error, and then leaves no container behind.
-
-    The create hot path speaks the Engine API itself: importing the SDK costs ~70 ms here,
-    more than creating the container does.
-    """
-    status, document = _engine("GET", f"/images/{quote(image, safe='/:@')}/json")
+def require_image(image: str) -> None:
+    """BackendError unless the Engine has `image` (images are never pulled)."""
+    status, document = engine_call("GET", f"/images/{quote(image, safe='/:@')}/json")
     if status == 404:
         raise BackendError(f"image {image}: not present locally (images are never pulled)")
     if status != 200:
         raise BackendError(f"image {image}: the Engine answered HTTP {status} ({_message(document)})")
 
+
+def start(plan: Plan, *, image: str, etc_dir: str, state_dir: str, network: str | None = None) -> tuple[str, bytes]:
+    """Create and start the container (on `network`, the sandbox's own network of service
+    containers, if any: render.create_body) from `image` (require_image first); returns its id and
+    what its probe printed. Raises BackendError on any Engine error, and then leaves no container
+    behind.
+
+    The create hot path speaks the Engine API itself: importing the SDK costs ~70 ms here,
+    more than creating the container does.
+    """
     # The runtime from its image, the /etc files on a tmpfs: no host path in the container's
     # mount table (host/staging.py); teardown unmounts them (DockerBackend.stop).
     staging.stage_runtime(plan, state_dir, os.path.dirname(etc_dir))
     staging.mount_etc(os.path.dirname(etc_dir))
     write_etc(plan, etc_dir, owner=remap().root)
-    body = create_body(plan, image=image, etc_dir=etc_dir, state_dir=state_dir)
-    status, document = _engine("POST", "/containers/create", body)
+    body = create_body(plan, image=image, etc_dir=etc_dir, state_dir=state_dir, network=network)
+    status, document = engine_call("POST", "/containers/create", body)
     if status != 201 or not isinstance(document, dict) or not isinstance(document.get("Id"), str):
         raise BackendError(f"docker: the container could not be created ({_message(document)})")
     container_id = str(document["Id"])
 
     try:
         attached = engine.attach(container_id)
-        status, document = _engine("POST", f"/containers/{container_id}/start")
+        status, document = engine_call("POST", f"/containers/{container_id}/start")
         if status not in (204, 304):
             attached[0].close()
             raise BackendError(f"docker: the container could not be started ({_message(document)})")
@@ -305,7 +316,7 @@ def deliver(container_id: str, plan: Plan, data: bytes, target: str) -> None:
 
 def inspect(container_id: str) -> dict[str, Any]:
     """The Engine's inspect document of the container."""
-    status, document = _engine("GET", f"/containers/{container_id}/json")
+    status, document = engine_call("GET", f"/containers/{container_id}/json")
     if status == 404:
         raise BackendError(f"container {container_id[:12]}: gone")
     if status != 200 or not isinstance(document, dict):
@@ -313,10 +324,10 @@ def inspect(container_id: str) -> dict[str, Any]:
     return document
 
 
-def check(container_id: str, plan: Plan, *, etc_dir: str) -> list[str]:
+def check(container_id: str, plan: Plan, *, etc_dir: str, network: str | None = None) -> list[str]:
     """Final inspection: every way the running container differs from its plan."""
     attrs = inspect(container_id)
-    problems = verify(attrs, plan, etc_dir=etc_dir) + host_problems(attrs, plan)
+    problems = verify(attrs, plan, etc_dir=etc_dir, network=network) + host_problems(attrs, plan)
     if not (attrs.get("State") or {}).get("Running"):
         problems.append("the container is not running")
     return problems

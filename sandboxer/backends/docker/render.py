@@ -17,6 +17,7 @@ from typing import Any
 
 from sandboxer.core import seccomp
 from sandboxer.core.plan import RUNTIME_TARGET, STATE_ROOT, MountKind, Plan
+from sandboxer.core.record import APP_SERVICE
 from sandboxer.host.staging import RUNTIME_POINT
 
 LABEL = "io.sandboxer.sandbox"
@@ -83,11 +84,11 @@ def tmpfs(plan: Plan) -> dict[str, str]:
     return mounts
 
 
-def security_options(plan: Plan) -> list[str]:
+def security_options(*, allow_ptrace: bool) -> list[str]:
     """`no-new-privileges` and the project's syscall policy as a seccomp profile: exactly these,
     never `unconfined` and never Docker's default profile."""
 
-    return ["no-new-privileges:true", f"seccomp={seccomp.docker_profile_json(allow_ptrace=plan.allow_ptrace)}"]
+    return ["no-new-privileges:true", f"seccomp={seccomp.docker_profile_json(allow_ptrace=allow_ptrace)}"]
 
 
 def short_option(option: object) -> object:
@@ -98,8 +99,10 @@ def short_option(option: object) -> object:
     return option
 
 
-def create_body(plan: Plan, *, image: str, etc_dir: str, state_dir: str) -> dict[str, Any]:
-    """The Engine API's `POST /containers/create` body for this plan."""
+def create_body(plan: Plan, *, image: str, etc_dir: str, state_dir: str, network: str | None = None) -> dict[str, Any]:
+    """The Engine API's `POST /containers/create` body for this plan; `network`: the sandbox's
+    internal network of service containers (backends/docker/services.py), which it joins as
+    APP_SERVICE, else none at all."""
     memory = plan.limits.memory_mib * 1024 * 1024
     mounts: list[dict[str, Any]] = [
         {"Type": "bind", "Source": b.source, "Target": b.target, "ReadOnly": b.read_only}
@@ -109,7 +112,7 @@ def create_body(plan: Plan, *, image: str, etc_dir: str, state_dir: str) -> dict
         {"Type": "volume", "Source": name, "Target": target, "ReadOnly": False, "VolumeOptions": {"NoCopy": True}}
         for target, name in volumes(plan)
     ]
-    return {
+    body: dict[str, Any] = {
         "Image": image,
         "Cmd": holder(plan),
         "User": f"{plan.uid}:{plan.gid}",
@@ -123,10 +126,10 @@ def create_body(plan: Plan, *, image: str, etc_dir: str, state_dir: str) -> dict
         "OpenStdin": False,
         "Tty": False,
         "HostConfig": {
-            "NetworkMode": "none",
+            "NetworkMode": network or "none",
             "ReadonlyRootfs": True,
             "CapDrop": ["ALL"],
-            "SecurityOpt": security_options(plan),
+            "SecurityOpt": security_options(allow_ptrace=plan.allow_ptrace),
             "Privileged": False,
             "PidsLimit": plan.limits.pids,
             "Memory": memory,
@@ -137,39 +140,64 @@ def create_body(plan: Plan, *, image: str, etc_dir: str, state_dir: str) -> dict
             "Mounts": mounts,
         },
     }
+    if network:
+        body["NetworkingConfig"] = {"EndpointsConfig": {network: {"Aliases": [APP_SERVICE]}}}
+    return body
 
 
-def verify(attrs: dict[str, Any], plan: Plan, *, etc_dir: str) -> list[str]:
-    """Compare Docker's inspect output with the plan; empty when they match."""
-    return _host_problems(attrs, plan) + _mount_problems(attrs, plan, etc_dir=etc_dir)
+def verify(attrs: dict[str, Any], plan: Plan, *, etc_dir: str, network: str | None = None) -> list[str]:
+    """Compare Docker's inspect output with the plan (on `network`, as create_body renders it);
+    empty when they match."""
+    planned = Hardening(
+        user=f"{plan.uid}:{plan.gid}",
+        network=network or "none",
+        pids=plan.limits.pids,
+        memory_mib=plan.limits.memory_mib,
+        allow_ptrace=plan.allow_ptrace,
+    )
+    return hardening_problems(attrs, planned) + _mount_problems(attrs, plan, etc_dir=etc_dir)
 
 
-def _host_problems(attrs: dict[str, Any], plan: Plan) -> list[str]:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hardening:
+    """What every container of a sandbox is held to (its own and its service containers)."""
+
+    user: str
+    network: str  # its NetworkMode
+    pids: int
+    memory_mib: int
+    allow_ptrace: bool
+
+
+def hardening_problems(attrs: dict[str, Any], planned: Hardening) -> list[str]:
+    """How a container's inspect document departs from `planned`: read-only root, no
+    capabilities, exactly the project's security options, private namespaces, the planned user,
+    network and limits, no devices."""
     problems: list[str] = []
     host = attrs.get("HostConfig") or {}
     config = attrs.get("Config") or {}
     if not host.get("ReadonlyRootfs"):
         problems.append("root filesystem is writable")
-    if host.get("NetworkMode") != "none":
-        problems.append(f"network mode is {host.get('NetworkMode')}, planned none")
+    if host.get("NetworkMode") != planned.network:
+        problems.append(f"network mode is {host.get('NetworkMode')}, planned {planned.network}")
     if host.get("Privileged"):
         problems.append("privileged")
     if sorted(host.get("CapDrop") or []) != ["ALL"] or host.get("CapAdd"):
         problems.append("capabilities are not all dropped")
-    problems += _mode_problems(host, plan)
-    if config.get("User") != f"{plan.uid}:{plan.gid}":
-        problems.append(f"user is {config.get('User')!r}, planned {plan.uid}:{plan.gid}")
+    problems += _mode_problems(host, allow_ptrace=planned.allow_ptrace)
+    if config.get("User") != planned.user:
+        problems.append(f"user is {config.get('User')!r}, planned {planned.user}")
     if host.get("Devices"):
         problems.append("devices are passed in")
-    if host.get("PidsLimit") != plan.limits.pids or host.get("Memory") != plan.limits.memory_mib * 1024 * 1024:
+    if host.get("PidsLimit") != planned.pids or host.get("Memory") != planned.memory_mib * 1024 * 1024:
         problems.append("pids or memory limit differs from the plan")
     return problems
 
 
-def _same_security(seen: list[Any], plan: Plan) -> bool:
+def _same_security(seen: list[Any], *, allow_ptrace: bool) -> bool:
     """Whether the Engine's SecurityOpt is exactly what `security_options` renders: the same
     options, the seccomp profile the same JSON document (the Engine keeps it as it was sent)."""
-    wanted = security_options(plan)
+    wanted = security_options(allow_ptrace=allow_ptrace)
     if len(seen) != len(wanted) or not all(isinstance(opt, str) for opt in seen):
         return False
     if seen[0].replace("=", ":", 1) != wanted[0]:
@@ -182,11 +210,11 @@ def _same_security(seen: list[Any], plan: Plan) -> bool:
         return False
 
 
-def _mode_problems(host: dict[str, Any], plan: Plan) -> list[str]:
+def _mode_problems(host: dict[str, Any], *, allow_ptrace: bool) -> list[str]:
     problems: list[str] = []
     # Exactly what we render: any other option (another seccomp profile, Docker's default, label=disable,
     # apparmor=...) is a change of policy, whatever it says.
-    if not _same_security(list(host.get("SecurityOpt") or []), plan):
+    if not _same_security(list(host.get("SecurityOpt") or []), allow_ptrace=allow_ptrace):
         problems.append("security options differ from the plan (no-new-privileges and the project's seccomp profile)")
     expected_modes = {"PidMode": "", "IpcMode": "private", "UTSMode": "", "CgroupnsMode": "private", "UsernsMode": ""}
     for key, value in expected_modes.items():

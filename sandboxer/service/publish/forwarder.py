@@ -22,7 +22,6 @@ from sandboxer.service.egress.admission import Pace, accept
 from sandboxer.service.splice import splice
 
 MAX_CONNECTIONS = 256
-CONNECT_SECONDS = 5.0
 ACCEPT_RETRY_SECONDS = 0.1
 log = logging.getLogger(__name__)
 
@@ -106,18 +105,9 @@ class PortForwarder:
     async def _connect_inside(self) -> socket.socket | None:
         """A socket connected to 127.0.0.1:runtime inside, or None when nothing answers there."""
         try:
-            inner = await self.inside.socket()
+            return await self.inside.connect(self.runtime)
         except BackendError as exc:
             log.warning("published port %d: %s", self.host, exc.message)
-            return None
-        inner.setblocking(False)
-        try:
-            async with asyncio.timeout(CONNECT_SECONDS):
-                await asyncio.get_running_loop().sock_connect(inner, ("127.0.0.1", self.runtime))
         except (OSError, TimeoutError):
-            inner.close()
-            return None
-        except BaseException:
-            inner.close()
-            raise
-        return inner
+            pass
+        return None
