@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from sandboxer.backends.docker import container, engine, warm
+from sandboxer.backends.docker import container, engine, service_checks, warm
 from sandboxer.backends.docker import container as docker_backend
 from sandboxer.backends.docker import services as docker_services
 from sandboxer.backends.docker.engine import SOCKET, remove_labelled
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from sandboxer.backends.protocol import Note, Site
     from sandboxer.core.config_types import ExtensionConfig
     from sandboxer.core.plan import Plan
-    from sandboxer.core.record import SandboxRecord, ServicesRecord
+    from sandboxer.core.record import SandboxRecord
     from sandboxer.host.observe import ProbeSeen
 
 
@@ -73,7 +73,7 @@ def start_docker(
     network = record.services.network if record.services else None
     services = record.services
     if services is not None:
-        services = _start_sidecars(record, services, plan, site=site)
+        services = docker_services.start_sidecars_of(record, services, plan, state_dir=site.state_dir)
         record = replace(record, services=services)
         note(record)
         staged = docker_services.with_hosts(staged, services)
@@ -91,41 +91,17 @@ def start_docker(
     problems += spool_mismatches(plan, mounts)
     problems += runtime_mismatches(site.directory, mounts)
     if services is not None:
-        services = _start_proxies(record, services, plan, site=site)
+        services = docker_services.start_proxies_of(
+            record, services, plan, socket_dir=site.path("publish"), state_dir=site.state_dir
+        )
         record = replace(record, services=services)
         note(record)
-        problems += docker_services.problems(
+        problems += service_checks.problems(
             services, plan, app_id=container_id, sandbox_id=record.id, state_dir=site.state_dir
         )
     if problems:
         raise BackendError("the live sandbox differs from its plan: " + "; ".join(problems))
     return record, probe, interfaces
-
-
-def _start_sidecars(record: SandboxRecord, services: ServicesRecord, plan: Plan, *, site: Site) -> ServicesRecord:
-    """Every image the services name checked (none is pulled), then their network and sidecars."""
-    file = record.manifest.file if record.manifest else "the lease manifest"
-    images = docker_services.check_images(services, file=file)
-    if services.network is None:
-        return services
-    docker_services.create_network(services, sandbox_id=record.id, state_dir=site.state_dir)
-    return docker_services.start_sidecars(services, plan, images=images, sandbox_id=record.id, state_dir=site.state_dir)
-
-
-def _start_proxies(record: SandboxRecord, services: ServicesRecord, plan: Plan, *, site: Site) -> ServicesRecord:
-    """The port proxies of a sandbox with services that publishes ports."""
-    ports = record.manifest.published if record.manifest else ()
-    if services.proxy_image is None or not ports:
-        return services
-    return docker_services.start_proxies(
-        services,
-        plan,
-        app_id=str(record.container_id),
-        ports=ports,
-        socket_dir=site.path("publish"),
-        sandbox_id=record.id,
-        state_dir=site.state_dir,
-    )
 
 
 def _staged(plan: Plan, site: Site, record: SandboxRecord) -> Plan:
@@ -274,7 +250,7 @@ class DockerBackend(DockerExecution):
         problems = container.check(container_id, plan, etc_dir=site.path("etc"), network=network)
         problems += process_differences(plan, interfaces, probe, network=("eth0",) if network else ())
         if services is not None:
-            problems += docker_services.problems(
+            problems += service_checks.problems(
                 services, plan, app_id=container_id, sandbox_id=record.id, state_dir=site.state_dir
             )
         if os.path.isdir(site.path("leases")):
@@ -310,7 +286,7 @@ class DockerBackend(DockerExecution):
                     "host_uid": seen.uid if seen else None,
                     "host_gid": seen.gid if seen else None,
                     "userns_mode": host.get("UsernsMode") or None,
-                    "services": None if services is None else docker_services.evidence(services),
+                    "services": None if services is None else service_checks.evidence(services),
                 },
             },
         )

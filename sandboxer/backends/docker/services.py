@@ -31,13 +31,11 @@ from hashlib import sha256
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from pyroute2 import IPRoute
-
 from sandboxer.backends.docker import engine
-from sandboxer.backends.docker.container import engine_call, pid1_problems
-from sandboxer.backends.docker.render import STATE_LABEL, Hardening, hardening_problems, security_options
+from sandboxer.backends.docker.container import engine_call
+from sandboxer.backends.docker.render import STATE_LABEL, Hardening, security_options
 from sandboxer.core.plan import MountKind, Plan
-from sandboxer.core.record import ServiceRecord, ServicesRecord
+from sandboxer.core.record import SandboxRecord, ServiceRecord, ServicesRecord
 from sandboxer.core.removal import Removal
 from sandboxer.errors import BackendError
 
@@ -51,8 +49,8 @@ SERVICE_LABEL = "io.sandboxer.service"  # a sidecar's service name, a proxy's po
 PROXY_SOCKETS = "/run/sandboxer/publish"  # in a port proxy: its Unix socket's directory
 SERVICE_TMP_MIB = 64  # each of a service container's tmpfs mounts (/tmp, /run)
 PROXY_READY_SECONDS = 10.0
-_INHIBIT = "com.docker.network.bridge.inhibit_ipv4"
-_BRIDGE = "com.docker.network.bridge.name"
+INHIBIT_IPV4 = "com.docker.network.bridge.inhibit_ipv4"
+BRIDGE_OPTION = "com.docker.network.bridge.name"
 
 
 def bridge_name(network: str) -> str:
@@ -105,7 +103,11 @@ def create_network(services: ServicesRecord, *, sandbox_id: str, state_dir: str)
         "Internal": True,
         "EnableIPv6": False,
         "Attachable": False,
-        "Options": {_INHIBIT: "true", _BRIDGE: bridge_name(network), "com.docker.network.bridge.enable_icc": "true"},
+        "Options": {
+            INHIBIT_IPV4: "true",
+            BRIDGE_OPTION: bridge_name(network),
+            "com.docker.network.bridge.enable_icc": "true",
+        },
         "Labels": labels(sandbox_id, state_dir, "network"),
     }
     status, document = engine_call("POST", "/networks/create", body)
@@ -120,13 +122,13 @@ def create_network(services: ServicesRecord, *, sandbox_id: str, state_dir: str)
         pass
 
 
-def _hardening(plan: Plan, *, user: str, network: str) -> Hardening:
+def hardening(plan: Plan, *, user: str, network: str) -> Hardening:
     return Hardening(
         user=user, network=network, pids=plan.limits.pids, memory_mib=plan.limits.memory_mib, allow_ptrace=False
     )
 
 
-def _tmpfs() -> dict[str, str]:
+def tmpfs() -> dict[str, str]:
     size = SERVICE_TMP_MIB * 1024 * 1024
     targets = ("/tmp", "/run")  # noqa: S108 - the container's own, each a tmpfs
     return {target: f"rw,nosuid,nodev,size={size},mode=1777" for target in targets}
@@ -154,7 +156,7 @@ def _body(planned: Hardening, *, image: str, labelled: dict[str, str]) -> dict[s
             "PidsLimit": planned.pids,
             "Memory": memory,
             "MemorySwap": memory,
-            "Tmpfs": _tmpfs(),
+            "Tmpfs": tmpfs(),
             "IpcMode": "private",
             "CgroupnsMode": "private",
             "Mounts": [],
@@ -178,8 +180,36 @@ def _run(body: dict[str, Any], what: str) -> str:
     return container_id
 
 
-def _user(services: ServicesRecord, plan: Plan, image: Image) -> str:
+def user_of(services: ServicesRecord, plan: Plan, image: Image) -> str:
     return image.user if services.image_user else f"{plan.uid}:{plan.gid}"
+
+
+def start_sidecars_of(record: SandboxRecord, services: ServicesRecord, plan: Plan, *, state_dir: str) -> ServicesRecord:
+    """Every image the services name checked (none is pulled), then their network and sidecars."""
+    file = record.manifest.file if record.manifest else "the lease manifest"
+    images = check_images(services, file=file)
+    if services.network is None:
+        return services
+    create_network(services, sandbox_id=record.id, state_dir=state_dir)
+    return start_sidecars(services, plan, images=images, sandbox_id=record.id, state_dir=state_dir)
+
+
+def start_proxies_of(
+    record: SandboxRecord, services: ServicesRecord, plan: Plan, *, socket_dir: str, state_dir: str
+) -> ServicesRecord:
+    """The port proxies of a sandbox with services that publishes ports."""
+    ports = record.manifest.published if record.manifest else ()
+    if services.proxy_image is None or not ports:
+        return services
+    return start_proxies(
+        services,
+        plan,
+        app_id=str(record.container_id),
+        ports=ports,
+        socket_dir=socket_dir,
+        sandbox_id=record.id,
+        state_dir=state_dir,
+    )
 
 
 def start_sidecars(
@@ -190,12 +220,12 @@ def start_sidecars(
     network = str(services.network)
     started: list[ServiceRecord] = []
     for sidecar in services.sidecars:
-        planned = _hardening(plan, user=_user(services, plan, images[sidecar.image]), network=network)
+        planned = hardening(plan, user=user_of(services, plan, images[sidecar.image]), network=network)
         body = _body(planned, image=sidecar.image, labelled=labels(sandbox_id, state_dir, "service", sidecar.name))
         body["Hostname"] = sidecar.name
         body["NetworkingConfig"] = {"EndpointsConfig": {network: {"Aliases": [sidecar.name]}}}
         container_id = _run(body, f"service {sidecar.name}")
-        attrs = _inspect(container_id)
+        attrs = inspect(container_id)
         address = ((attrs.get("NetworkSettings") or {}).get("Networks") or {}).get(network, {}).get("IPAddress")
         if not address:
             raise BackendError(f"docker: service {sidecar.name} has no address on the sandbox's network")
@@ -226,7 +256,7 @@ def start_proxies(
     os.chown(socket_dir, plan.host_uid, plan.host_gid)
     proxies: list[tuple[int, str]] = []
     for _, runtime in ports:
-        planned = _hardening(plan, user=f"{plan.uid}:{plan.gid}", network=f"container:{app_id}")
+        planned = hardening(plan, user=f"{plan.uid}:{plan.gid}", network=f"container:{app_id}")
         body = _body(planned, image=image, labelled=labels(sandbox_id, state_dir, "port-proxy", str(runtime)))
         body["Cmd"] = [f"UNIX-LISTEN:{PROXY_SOCKETS}/{runtime}.sock,fork", f"TCP:127.0.0.1:{runtime}"]
         body["HostConfig"]["Mounts"] = [{"Type": "bind", "Source": socket_dir, "Target": PROXY_SOCKETS}]
@@ -239,116 +269,11 @@ def start_proxies(
     return replace(services, proxies=tuple(proxies), proxy_sockets=socket_dir)
 
 
-def evidence(services: ServicesRecord) -> dict[str, Any]:
-    """What inspect shows of them: the network, each sidecar (image, container, address) and
-    each port proxy (port inside, container) and the image they run."""
-    return {
-        "network": services.network,
-        "image_user": services.image_user,
-        "sidecars": [
-            {"name": s.name, "image": s.image, "container": s.container_id, "address": s.address}
-            for s in services.sidecars
-        ],
-        "port_proxy_image": services.proxy_image,
-        "port_proxies": [{"runtime": runtime, "container": container_id} for runtime, container_id in services.proxies],
-    }
-
-
-def _inspect(container_id: str) -> dict[str, Any]:
+def inspect(container_id: str) -> dict[str, Any]:
     status, document = engine_call("GET", f"/containers/{container_id}/json")
     if status != 200 or not isinstance(document, dict):
         raise BackendError(f"docker: service container {container_id[:12]}: the Engine answered HTTP {status}")
     return document
-
-
-def problems(services: ServicesRecord, plan: Plan, *, app_id: str, sandbox_id: str, state_dir: str) -> list[str]:
-    """Every way the sandbox's network, sidecars and proxies differ from their plan, as the Engine
-    and the host show them."""
-    found: list[str] = []
-    members = {app_id}
-    images = check_images(services, file="the record")
-    for sidecar in services.sidecars:
-        attrs = _inspect(str(sidecar.container_id))
-        image = images[sidecar.image]
-        planned = _hardening(plan, user=_user(services, plan, image), network=str(services.network))
-        host_ids = None if services.image_user else (plan.host_uid, plan.host_gid)
-        role = labels(sandbox_id, state_dir, "service", sidecar.name)
-        found += [
-            f"service {sidecar.name}: {p}" for p in _container_problems(attrs, planned, image, role, host_ids, binds=[])
-        ]
-        networks = set((attrs.get("NetworkSettings") or {}).get("Networks") or {})
-        if networks != {services.network}:
-            found.append(f"service {sidecar.name}: on networks {sorted(networks)}, planned only the sandbox's")
-        members.add(str(sidecar.container_id))
-    for runtime, container_id in services.proxies:
-        attrs = _inspect(container_id)
-        planned = _hardening(plan, user=f"{plan.uid}:{plan.gid}", network=f"container:{app_id}")
-        role = labels(sandbox_id, state_dir, "port-proxy", str(runtime))
-        binds = [(PROXY_SOCKETS, str(services.proxy_sockets))]
-        found += [
-            f"port proxy {runtime}: {p}"
-            for p in _container_problems(
-                attrs, planned, images[str(services.proxy_image)], role, (plan.host_uid, plan.host_gid), binds=binds
-            )
-        ]
-    if services.network is not None:
-        found += network_problems(str(services.network), members)
-    return found
-
-
-def _container_problems(
-    attrs: dict[str, Any],
-    planned: Hardening,
-    image: Image,
-    role: dict[str, str],
-    host_ids: tuple[int, int] | None,
-    *,
-    binds: list[tuple[str, str]],
-) -> list[str]:
-    found = hardening_problems(attrs, planned) + pid1_problems(attrs, host_ids)
-    if attrs.get("Image") != image.id:
-        found.append(f"runs image {attrs.get('Image')}, planned {image.id}")
-    if not (attrs.get("State") or {}).get("Running"):
-        found.append("not running")
-    seen_labels = (attrs.get("Config") or {}).get("Labels") or {}
-    if any(seen_labels.get(key) != value for key, value in role.items()):
-        found.append("its labels are not the sandbox's")
-    if ((attrs.get("HostConfig") or {}).get("Tmpfs") or {}) != _tmpfs():
-        found.append("tmpfs mounts differ from the plan (/tmp and /run)")
-    mounts = attrs.get("Mounts") or []
-    seen_binds = [(m.get("Destination"), m.get("Source")) for m in mounts if m.get("Type") == "bind"]
-    if seen_binds != binds or any(m.get("Type") not in ("bind", "volume") for m in mounts):
-        found.append(f"mounts {seen_binds} differ from the plan {binds} (only the image's own volumes besides)")
-    if any(m.get("Type") == "bind" and not m.get("RW") for m in mounts):
-        found.append("its socket directory is read-only")
-    return found
-
-
-def network_problems(network: str, members: set[str]) -> list[str]:
-    """The network is internal, IPv4-only, with no host address, and holds only `members`."""
-    status, document = engine_call("GET", f"/networks/{quote(network, safe='')}")
-    if status != 200 or not isinstance(document, dict):
-        return [f"network {network}: the Engine answered HTTP {status}"]
-    found = []
-    options = document.get("Options") or {}
-    if not document.get("Internal") or document.get("EnableIPv6") or document.get("Driver") != "bridge":
-        found.append(f"network {network}: not an internal IPv4 bridge")
-    if options.get(_INHIBIT) != "true" or options.get(_BRIDGE) != bridge_name(network):
-        found.append(f"network {network}: the host may have an address on it")
-    attached = set(document.get("Containers") or {})
-    if attached - members:
-        found.append(f"network {network}: containers not the sandbox's are on it")
-    with IPRoute() as ipr:
-        index = ipr.link_lookup(ifname=bridge_name(network))
-        if index and ipr.get_addr(index=index[0], family=2):
-            found.append(f"network {network}: the host has an IPv4 address on it")
-    try:
-        with open(f"/proc/sys/net/ipv6/conf/{bridge_name(network)}/disable_ipv6") as setting:
-            if setting.read().strip() != "1":
-                found.append(f"network {network}: the host has IPv6 on it")
-    except FileNotFoundError:
-        pass
-    return found
 
 
 def with_hosts(plan: Plan, services: ServicesRecord) -> Plan:
