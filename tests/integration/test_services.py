@@ -166,6 +166,11 @@ def test_the_sandbox_reaches_its_database_by_name_and_nothing_else(
     assert "unresolved" in tried.stdout
     routes = sd.exec(sandbox_id, "cat", "/proc/net/route")
     assert {line.split()[0] for line in routes.stdout.splitlines()[1:]} == {"eth0"}
+    # Nor from the sidecar: its connection to the gateway address fails too.
+    status, output = sidecar.exec_run(["/usr/bin/socat", "-u", "OPEN:/dev/null", f"TCP:{gateway}:22,connect-timeout=3"])
+    assert status != 0, output
+    inet6 = sd.exec(sandbox_id, "cat", "/proc/net/if_inet6")
+    assert "eth0" not in inet6.stdout  # no IPv6 on the sandbox's network, not even link-local
 
     torn = sd.run("teardown", "--discard", sandbox_id, "--json")
     assert torn.status == 0, torn.stderr
@@ -204,6 +209,26 @@ def test_published_ports_with_services_go_through_the_port_proxy_image(
     sd.created.remove(sandbox_id)
     assert _ours(sd) == ([], [])
     assert _listening(host_port) == []
+
+
+def test_the_owner_may_let_a_sidecar_run_as_its_images_own_user(
+    sd: SandboxBroker, service_images: dict[str, str]
+) -> None:
+    config = sd.config / "extensions" / "ext.docker.yaml"
+    config.write_text(config.read_text().replace("config:\n", "config:\n  service_user: image\n"))
+    sd.approve("ext.docker")
+    created = _create(sd, sd.profile, _with_services(_manifest(sd, []), service_images))
+    assert created.status == 0, created.stderr
+    sandbox_id = created.stdout.strip()
+    (sidecar,), _ = _ours(sd)
+    assert sidecar.attrs["Config"]["User"] == "5432:5432"  # the database image's own
+    pid = sidecar.attrs["State"]["Pid"]
+    host_uid = int(Path(f"/proc/{pid}/status").read_text().split("Uid:")[1].split()[0])
+    assert host_uid >= 65536  # remapped: no account's
+    assert sd.exec(sandbox_id, "python3", "-c", ASK_DATABASE, "database").stdout.strip() == "hello"
+    report = _inspect(sd, sandbox_id)
+    assert report["matches_plan"] is True, report["differences"]
+    assert report["docker"]["services"]["image_user"] is True
 
 
 def test_a_missing_or_tag_only_image_refuses_before_any_container_starts(

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sandboxer.core.config import parse_owner_file, validate_name
-from sandboxer.core.config_types import ExtensionConfig, Limits, Profile
+from sandboxer.core.config_types import ExtensionConfig, Limits, Profile, from_meaning, meaning
 from sandboxer.errors import ConfigError, ForbiddenSettingError, UsageError
 from tests.samples import profile_yaml
 
@@ -456,6 +456,29 @@ def test_an_extension_keeps_no_warm_sandboxes_unless_it_says_so(text: str, name:
     ids=["too-many", "negative", "boolean", "string", "bwrap-too-many"],
 )
 def test_bad_warm_counts_are_refused(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse(text)
+
+
+def test_service_containers_run_as_the_sandbox_user_unless_the_owner_allows_the_images_own() -> None:
+    plain = parse(DOCKER, "ext.docker")
+    assert isinstance(plain, ExtensionConfig)
+    assert plain.service_user == "sandbox"
+    allowed = parse(DOCKER + "  service_user: image\n", "ext.docker")
+    assert isinstance(allowed, ExtensionConfig)
+    assert allowed.service_user == "image"
+    assert from_meaning(meaning(allowed), allowed.file_sha256) == allowed  # the parse cache keeps it
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (DOCKER + "  service_user: root\n", r"f\.yaml:7:17: config\.service_user: must be sandbox or image"),
+        (EXT + "  service_user: image\n", r"f\.yaml:6:17: config\.service_user: only ext\.docker runs service"),
+    ],
+    ids=["unknown", "bwrap"],
+)
+def test_a_bad_service_user_is_refused_by_file_line_and_key(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse(text)
 

@@ -21,6 +21,8 @@ from sandboxer.core.record import (
     RecordShapeError,
     SandboxRecord,
     SeccompRecord,
+    ServiceRecord,
+    ServicesRecord,
     Spool,
     WarmStamp,
     WorkRecord,
@@ -136,6 +138,18 @@ records = st.builds(
     ),
     image=maybe_text,
     container_id=maybe_text,
+    services=st.none()
+    | st.builds(
+        ServicesRecord,
+        network=maybe_text,
+        image_user=st.booleans(),
+        sidecars=st.lists(
+            st.builds(ServiceRecord, name=text, image=text, container_id=maybe_text, address=maybe_text), max_size=3
+        ).map(tuple),
+        proxy_image=maybe_text,
+        proxies=st.lists(st.tuples(number, text), max_size=3).map(tuple),
+        proxy_sockets=maybe_text,
+    ),
     warm=st.none()
     | st.builds(
         WarmStamp,
