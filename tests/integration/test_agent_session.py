@@ -25,6 +25,7 @@ import pytest
 from sandboxer import Broker
 from tests.integration.conftest import REPO, SandboxBroker, backend_profile_text
 from tests.integration.services import Service
+from tests.samples import tiny_wheel
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "-c", "init.defaultBranch=main"]
 PROFILE = "agent"
@@ -33,24 +34,14 @@ IDENTITY = "Agent Smith <agent@example.test>"
 
 @pytest.fixture(scope="session")
 def pytest_runtime() -> Iterator[Path]:
-    """A runtime built the owner's way (scripts/build-runtime.py) from a project that needs
-    pytest: a world-searchable place, as the sandbox uid of a root broker must reach it."""
+    """A runtime built the owner's way (scripts/build-runtime.py --package pytest): a
+    world-searchable place, as the sandbox uid of a root broker must reach it."""
     root = Path(tempfile.mkdtemp(prefix="sbx-agent-runtime-", dir="/tmp"))
     root.chmod(0o755)
-    source = root / "agent-tools"
-    source.mkdir()
-    (source / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n\n'
-        '[project]\nname = "agent-tools"\nversion = "0.1.0"\ndependencies = ["pytest"]\n'
-        "[tool.setuptools]\npy-modules = []\n"
-    )
-    subprocess.run([*GIT, "init", "-q", str(source)], check=True)
-    subprocess.run([*GIT, "-C", str(source), "add", "-A"], check=True)
-    subprocess.run([*GIT, "-C", str(source), "commit", "-qm", "tools"], check=True)
     output = root / "runtime"
     env = {"PATH": "/usr/bin:/bin", "HOME": str(root), "LANG": "C.UTF-8", "PYTHONPATH": str(REPO)}
     built = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "build-runtime.py"), "--output", str(output), "--source", str(source)],
+        [sys.executable, str(REPO / "scripts" / "build-runtime.py"), "--output", str(output), "--package", "pytest"],
         capture_output=True,
         text=True,
         env=env,
@@ -58,6 +49,10 @@ def pytest_runtime() -> Iterator[Path]:
         check=False,
     )
     assert built.returncode == 0, built.stderr
+    info = json.loads((output / "build-info.json").read_text())
+    assert info["packages"] == ["pytest"]
+    (pytest_info,) = [d for d in info["distributions"] if d["name"] == "pytest"]
+    assert len(pytest_info["sha256"]) == 64  # the wheel pip downloaded, by its digest
     yield output
     shutil.rmtree(root, ignore_errors=True)
 
@@ -166,6 +161,21 @@ def test_an_agents_working_day(sbx_root: SandboxBroker, pytest_runtime: Path, tm
         tested = cli.sh(sandbox_id, "python3 -m pytest -q -p no:cacheprovider test_sum.py")
         assert tested.returncode == 0, tested.stdout + tested.stderr
         assert "1 passed" in tested.stdout
+
+        # Packages on top of the read-only runtime: a venv of its own sees the runtime's pytest
+        # and a wheel the agent brought in.
+        wheel = tiny_wheel(tmp_path)
+        assert cli.run("cp", str(wheel), f"{sandbox_id}:/tmp/{wheel.name}").returncode == 0
+        layered = cli.sh(
+            sandbox_id,
+            f"runtime-venv /tmp/venv >/dev/null && /tmp/venv/bin/pip install -q --no-index /tmp/{wheel.name}"
+            " && /tmp/venv/bin/python -c 'import pytest, tinywheel; print(tinywheel.VALUE, pytest.__file__)'",
+        )
+        assert layered.returncode == 0, layered.stdout + layered.stderr
+        value, pytest_file = layered.stdout.split()
+        assert value == "42"
+        assert pytest_file.startswith("/opt/sandboxer/runtime/")
+        assert cli.sh(sandbox_id, "pip install --user tinywheel").returncode != 0  # the runtime stays as pinned
         committed = cli.sh(
             sandbox_id, "git add test_sum.py && git commit -qm 'Add a test' && git log -1 --format='%an <%ae>'"
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import _cleanup, make_broker
+from tests.samples import tiny_wheel
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = [sys.executable, str(REPO / "scripts" / "build-runtime.py")]
@@ -191,6 +193,40 @@ def test_package_with_one_pypi_dependency(workdir: Path) -> None:
     versions = {d["name"]: d["version"] for d in json.loads((output / "build-info.json").read_text())["distributions"]}
     assert versions["with-dep"] == "1.0"
     assert versions["six"]
+
+
+def test_requirements_and_packages_are_installed_and_recorded(workdir: Path) -> None:
+    """A requirements file and a local wheel, with no source: both installed, the file by its
+    digest, the wheel's distribution by its archive's; bin/runtime-venv is there."""
+    wheel = tiny_wheel(workdir)
+    requirements = workdir / "requirements.txt"
+    requirements.write_text(f"{wheel}\n")
+    output = workdir / "packages-runtime"
+    result = run([*BUILD, "--output", str(output), "--requirement", str(requirements), "--package", str(wheel)])
+    assert result.returncode == 0, result.stderr
+    info = json.loads((output / "build-info.json").read_text())
+    assert info["requirements"] == [
+        {"path": str(requirements), "sha256": hashlib.sha256(requirements.read_bytes()).hexdigest()}
+    ]
+    assert info["packages"] == [str(wheel)]
+    (found,) = [d for d in info["distributions"] if d["name"] == "tinywheel"]
+    assert found == {"name": "tinywheel", "version": "1.0", "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}
+    assert (output / "bin" / "runtime-venv").read_bytes().startswith(MOUNT_SHEBANG)
+
+
+def test_a_missing_requirements_file_or_an_option_as_a_package_is_refused_leaving_nothing(workdir: Path) -> None:
+    output = workdir / "refused-runtime"
+    missing = run([*BUILD, "--output", str(output), "--requirement", str(workdir / "absent.txt")])
+    assert missing.returncode == 2
+    assert f"--requirement {workdir / 'absent.txt'}: cannot be read (No such file or directory)" in missing.stderr
+    option = run([*BUILD, "--output", str(output), "--package=--index-url=https://user:secret@example.test/"])
+    assert option.returncode == 2
+    assert "--package" in option.stderr
+    assert "secret" not in option.stderr  # an index's credential is never repeated
+    nothing = run([*BUILD, "--output", str(output)])
+    assert nothing.returncode == 2
+    assert "at least one is needed" in nothing.stderr
+    assert not output.exists() or not any(output.iterdir())
 
 
 def smoke(runtime: Path, sha256: str) -> tuple[int, dict[str, object]]:
