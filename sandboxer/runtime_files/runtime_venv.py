@@ -22,7 +22,7 @@ def main(argv: list[str]) -> int:
         sys.stderr.write("usage: runtime-venv DIR\n")
         return 2
     target = os.path.abspath(argv[0])
-    venv.EnvBuilder(with_pip=True).create(target)
+    venv.EnvBuilder(with_pip=True, symlinks=True).create(target)
     version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
     site = os.path.join(target, "lib", version, "site-packages")
     with open(os.path.join(site, "sandboxer-runtime.pth"), "w") as pth:

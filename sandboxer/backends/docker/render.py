@@ -74,12 +74,14 @@ def volumes(plan: Plan) -> list[tuple[str, str]]:
 
 def tmpfs(plan: Plan) -> dict[str, str]:
     """The plan's tmpfs mounts, each sized, owned by the sandbox user: the state root (0700; pid 1
-    makes the state dirs in it: `holder`), /tmp and /var/tmp (1777)."""
+    makes the state dirs in it: `holder`), /tmp and /var/tmp (1777). `exec` is explicit: Docker
+    mounts a tmpfs `noexec` unless told, and bwrap's are not (the writable workspace executes
+    anyway, so `noexec` here would only make the backends differ: a venv in /tmp, a test binary)."""
     mounts: dict[str, str] = {}
     for mount in plan.mounts:
         if mount.kind is MountKind.TMPFS:
             size = mount.size_bytes
-            options = f"rw,nosuid,nodev,size={size},mode={mount.mode or 0o700:o},uid={plan.uid},gid={plan.gid}"
+            options = f"rw,exec,nosuid,nodev,size={size},mode={mount.mode or 0o700:o},uid={plan.uid},gid={plan.gid}"
             mounts[mount.target] = options
     return mounts
 
