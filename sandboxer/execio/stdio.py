@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Protocol
 
 from sandboxer.errors import ExecUsage
 from sandboxer.execio.pumps import Pumps, writer
-from sandboxer.execio.terminal import WINCH_MESSAGE, WINCH_SIZE, caller_size, caller_terminal, open_terminal
+from sandboxer.execio.terminal import (
+    WINCH_MESSAGE,
+    WINCH_SIZE,
+    TerminalOpener,
+    caller_size,
+    caller_terminal,
+    open_terminal,
+)
 from sandboxer.host.ready import wait_ready
 
 if TYPE_CHECKING:
@@ -58,9 +65,9 @@ class Stdio(Protocol):
         caller has no terminal to copy to (a program's stdio)."""
         ...
 
-    def pumps(self, *, tty: bool) -> Pumps:
+    def pumps(self, *, tty: bool, opener: TerminalOpener = open_terminal) -> Pumps:
         """The descriptors the command gets as its 0-2 and the copying between them and the
-        caller (`tty`: the far end of a new terminal of its own)."""
+        caller (`tty`: the far end of a new terminal of its own, from `opener`: the sandbox's)."""
         ...
 
     def streams(self) -> AbstractContextManager[tuple[int, Sink]]:
@@ -114,7 +121,7 @@ class Program:
         """A program has no terminal to copy a command's to."""
         raise ExecUsage("exec: -t: a terminal is for a caller's own stdio, not a program's")
 
-    def pumps(self, *, tty: bool) -> Pumps:
+    def pumps(self, *, tty: bool, opener: TerminalOpener = open_terminal) -> Pumps:
         """Pipes for all three: the input given at once (or the program's own pipe, handed over),
         the output to the program's sink."""
         if tty:
@@ -253,10 +260,10 @@ class ClientStdio:
         """The window size the client last said (over its connection), else its terminal's."""
         return caller_size(self.fds) if self._control is None else self._control.size
 
-    def pumps(self, *, tty: bool) -> Pumps:
+    def pumps(self, *, tty: bool, opener: TerminalOpener = open_terminal) -> Pumps:
         """The caller's descriptors as they are, or behind pipes; with `tty`, a new terminal."""
         if tty:
-            return terminal_pumps(self.fds[0], self.fds[1], self.window())
+            return terminal_pumps(self.fds[0], self.fds[1], self.window(), opener)
         return caller_pumps(self.fds)
 
     @contextlib.contextmanager
@@ -336,12 +343,14 @@ def caller_pumps(fds: tuple[int, int, int] = (0, 1, 2)) -> Pumps:
     return pumps
 
 
-def terminal_pumps(source: int, out: int, size: tuple[int, int] | None) -> Pumps:
+def terminal_pumps(
+    source: int, out: int, size: tuple[int, int] | None, opener: TerminalOpener = open_terminal
+) -> Pumps:
     """`exec -t` (sandboxer.execio.terminal): the command's 0-2 are the far end of a new terminal of
-    `size`; the caller's input `source` is copied into it, and what the command writes to it to
-    the caller's `out`."""
+    `size` (`opener`'s); the caller's input `source` is copied into it, and what the command writes
+    to it to the caller's `out`."""
     pumps = Pumps()
-    master, end = open_terminal(size)
+    master, end = opener(size)
     pumps.given = [end, end, end]
     pumps.theirs.append(end)
     pumps.outputs[master] = writer(out)

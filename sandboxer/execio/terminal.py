@@ -56,6 +56,9 @@ def term_of(environ: Mapping[str, str]) -> str:
     return term if term in TERMS else DEFAULT_TERM
 
 
+TerminalOpener = Callable[[tuple[int, int] | None], tuple[int, int]]  # open_terminal's shape
+
+
 def open_terminal(size: tuple[int, int] | None) -> tuple[int, int]:
     """A new pseudo-terminal (master, the command's end), both close-on-exec, at `size`."""
     master, end = os.openpty()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import select
 import struct
 import subprocess
@@ -91,6 +92,13 @@ def test_an_interactive_shell_in_a_terminal_of_its_own(sbx: SandboxBroker, front
         assert b"IS-A-TERMINAL" in seen
         assert b"30 100" in seen
         assert b"TERM=xterm-256color" in seen
+        # The terminal is the sandbox's own device: it has a name there, and the command can
+        # open it again by that name (as script, ssh's and gpg's prompts do).
+        reopen = "import os; n = os.ttyname(0); os.close(os.open(n, os.O_RDWR)); print('named', n)"
+        terminal.type(f'tty; python3 -c "{reopen}"; echo four-$((40+4))')
+        seen = terminal.read_until(b"four-44\r\n")
+        assert b"not a tty" not in seen
+        assert re.search(rb"\r\nnamed /dev/pts/\d+\r\n", seen), seen[-600:]
         terminal.resize(40, 120)
         time.sleep(0.5)  # the caller's SIGWINCH, passed on
         terminal.type("stty size; sleep 60 & jobs; kill %1; echo two-$((20+2))")

@@ -76,7 +76,7 @@ def run(
     """exec by joining the sandbox's namespaces (joiner), on `stdio`."""
     sandbox_id = request.sandbox_id
     holder_pid, holder_start = _check_running(record, sandbox_id)
-    from sandboxer.backends.bwrap import privileges, spawner  # ctypes and the namespace code
+    from sandboxer.backends.bwrap import privileges, pty, spawner  # ctypes and the namespace code
     from sandboxer.backends.bwrap.entry import Entry
 
     if record.limits_mechanism is None or record.host_uid is None or record.host_gid is None:
@@ -98,7 +98,8 @@ def run(
     )
     cancelled = stdio.cancelled
     control = stdio.control()  # a CLI client's connection, or the signals a program sends
-    pumps = stdio.pumps(tty=request.tty)
+    sandbox_pty = pty.opener(holder_pid, holder_start, (record.host_uid, record.host_gid))  # its devpts
+    pumps = stdio.pumps(tty=request.tty, opener=sandbox_pty)
     watched = cancelled is not None or control is not None  # the caller may go away
     exec_group = None
     forwarder = None

@@ -72,7 +72,9 @@ def run(request: ExecRequest, record: ExecView, stdio: Stdio, *, env: Mapping[st
     if (control := stdio.control()) is not None:  # a CLI client's connection, or a program's signals
         cancelled = _caller_gone(control, resized if tty else None, cancelled)
     _check_room(limits)
-    gated = request.timeout is not None or cancelled is not None  # its own cgroup, to kill all of it
+    # Gated: in a cgroup of its own (to kill all of it), and with a terminal its size before its
+    # command reads it.
+    gated = request.timeout is not None or cancelled is not None or size is not None
     try:
         exec_id = execs.create_exec(
             str(record.container_id),
@@ -100,11 +102,9 @@ def run(request: ExecRequest, record: ExecView, stdio: Stdio, *, env: Mapping[st
 
     def started() -> None:
         if gated:
-            group = _docker_exec_group(exec_id)
+            group = _docker_exec_group(exec_id, before_go=(lambda: resized(size)) if size is not None else None)
             if group is not None:
                 groups.append(group)
-        if size is not None:
-            resized(size)
 
     try:
         with stdio.streams() as (stdin, output), stdio.terminal(resized if tty else None):
@@ -113,7 +113,7 @@ def run(request: ExecRequest, record: ExecView, stdio: Stdio, *, env: Mapping[st
                 stdin=stdin,
                 output=output,
                 timeout=request.timeout,
-                started=started if gated or size is not None else None,
+                started=started if gated else None,
                 cancelled=cancelled,
                 kill=lambda: _kill_docker_exec(exec_id, groups),
                 tty=tty,
@@ -173,11 +173,12 @@ def container_groups(container_id: str) -> list[str]:
     return found
 
 
-def _docker_exec_group(exec_id: str) -> str | None:
+def _docker_exec_group(exec_id: str, *, before_go: Callable[[], None] | None = None) -> str | None:
     """Move a gated exec (stopped before its command runs) into a pids cgroup of its own below
-    the container's, then let it go on: --timeout then finds every process it makes, even one
-    that made its own session and was re-parented. None (and the exec let go) where that cannot
-    be done; the timeout then kills the exec's session and its command's descendants."""
+    the container's, call `before_go` (exec -t: the terminal's size), then let it go on:
+    --timeout then finds every process it makes, even one that made its own session and was
+    re-parented. None (and the exec let go) where that cannot be done; the timeout then kills
+    the exec's session and its command's descendants."""
     pid = 0
     try:
         deadline = time.monotonic() + 5
@@ -195,9 +196,13 @@ def _docker_exec_group(exec_id: str) -> str | None:
     except (OSError, engine.EngineError):
         return None
     finally:
-        if pid:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGCONT)
+        try:
+            if before_go is not None:
+                before_go()
+        finally:
+            if pid:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGCONT)
 
 
 def _own_pids_group(pid: int) -> str | None:
