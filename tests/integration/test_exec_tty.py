@@ -99,6 +99,9 @@ def test_an_interactive_shell_in_a_terminal_of_its_own(sbx: SandboxBroker, front
         seen = terminal.read_until(b"four-44\r\n")
         assert b"not a tty" not in seen
         assert re.search(rb"\r\nnamed /dev/pts/\d+\r\n", seen), seen[-600:]
+        terminal.type("script -qc 'tty; echo in-script-$((2+3))' /dev/null; echo five-$((50+5))")
+        seen = terminal.read_until(b"five-55\r\n")
+        assert b"in-script-5" in seen, seen[-600:]
         terminal.resize(40, 120)
         time.sleep(0.5)  # the caller's SIGWINCH, passed on
         terminal.type("stty size; sleep 60 & jobs; kill %1; echo two-$((20+2))")
