@@ -8,11 +8,12 @@ from typing import Annotated
 
 import typer
 
-from sandboxer.api.results import thawed
+from sandboxer.api.results import OwnerCheck, frozen, thawed
 from sandboxer.cli.options import JsonOption, broker_of, caller_path, client_path, dirs_of, services
 from sandboxer.commands import owner
 from sandboxer.commands.doctor import doctor as check_host
 from sandboxer.core import bootstrap, manifest
+from sandboxer.core.configdir import load_owner_file, read_owner_file
 from sandboxer.output import flatten
 from sandboxer.output import print_result as _print
 
@@ -29,14 +30,37 @@ bootstrap_app = typer.Typer(help="Runtime bootstrap files (docs/bootstrap.md).",
 app.add_typer(bootstrap_app, name="bootstrap")
 
 
+def _names_a_file(target: str) -> bool:
+    """Whether `ext check`'s argument is a path (a `/` in it, or a name ending .yaml or .yml)
+    rather than a NAME as `ext approve` takes it."""
+    return "/" in target or target.endswith((".yaml", ".yml"))
+
+
 @ext_app.command("check")
 def ext_check(
-    file: Annotated[str, typer.Argument(help="An extension config or profile YAML file.")], json: JsonOption = False
+    ctx: typer.Context,
+    target: Annotated[
+        str,
+        typer.Argument(
+            metavar="NAME|FILE",
+            help="ext.bwrap, ext.docker, grants or a profile name (its file in the config dir, as ext approve"
+            " reads it), or the path of a YAML file (one with a / or ending .yaml: ./dev.yaml).",
+        ),
+    ],
+    json: JsonOption = False,
 ) -> None:
-    """Validate an extension config or profile and print what it means."""
+    """Validate an extension config, profile or grants file and print what it means: by NAME, the
+    file `ext approve NAME` would approve; by path, any file."""
 
-    result = owner.check(caller_path(file, "ext check"))
-    lines = [f"{file}: valid {result.kind} (sha256 {result.sha256})"]
+    if _names_a_file(target):
+        result = owner.check(caller_path(target, "ext check"))
+    else:  # the file `ext approve` reads, with the name its path gives it (one error for a bad NAME)
+        raw = read_owner_file(dirs_of(ctx, state=False).config, target)
+        item = load_owner_file(raw)
+        described = owner.describe(item)
+        kind = described.pop("kind")
+        result = OwnerCheck(file=raw.path, sha256=item.file_sha256, kind=kind, meaning=frozen(described))
+    lines = [f"{result.file}: valid {result.kind} (sha256 {result.sha256})"]
     lines += [f"  {key}: {value}" for key, value in flatten(thawed(result.meaning))]
     _print(result.to_json(), "\n".join(lines), json)
 
