@@ -7,8 +7,9 @@ the workspace source, approves the runtime pin and a profile, creates a sandbox,
 each by name: the pin, that every installed distribution imports, that every console entry
 point's --help exits 0, that the runtime is read-only, that private state is 0700, outside
 /workspace and survives between execs, that the runtime's source checkouts are invisible, that
-the Git tree stays clean, that only `lo` exists, and that teardown leaves nothing. Exit 0 only
-when every check passes; the evidence is JSON.
+the Git tree stays clean, that only `lo` exists, and that teardown leaves nothing. Each check is
+printed once, as it ends (`PASS  name`, or `FAIL  name: why`), on stdout; with --json on stderr,
+stdout then being the evidence as one JSON object. Exit 0 only when every check passes.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from typing import Any
 
 PROFILE = "smoke"
 
-# Run inside the sandbox by the runtime's own Python: what is installed, and does it import.
 # Run inside the sandbox by the runtime's own Python: every distribution installed in the
 # runtime, and every top-level module or package its RECORD says it installed, imported.
 # (RECORD, not top_level.txt: Debian's setuptools wheel lists a "debian" it does not ship.)
@@ -72,7 +72,7 @@ done
 class Smoke:
     """One smoke run: a private broker and the evidence it gathers."""
 
-    def __init__(self, root: Path, runtime: str, sha256: str, progress: Callable[[str], None]) -> None:
+    def __init__(self, root: Path, runtime: str, sha256: str, progress: Callable[[dict[str, Any]], None]) -> None:
         self.root = root
         self.config, self.state, self.repo = root / "config", root / "state", root / "repo"
         self.runtime, self.sha256 = runtime, sha256
@@ -91,9 +91,9 @@ class Smoke:
         return self.cli("exec", str(self.sandbox_id), "--", *argv)
 
     def check(self, name: str, passed: bool, detail: Any) -> bool:
-        """Record one named check."""
+        """Record one named check and report it, once, as it ends."""
         self.checks.append({"name": name, "passed": passed, "detail": detail})
-        self.progress(f"{'PASS' if passed else 'FAIL'} {name}")
+        self.progress(self.checks[-1])
         return passed
 
     def prepare(self) -> None:
@@ -209,8 +209,8 @@ class Smoke:
             return False
 
 
-def smoke(runtime: str, sha256: str, progress: Callable[[str], None]) -> dict[str, Any]:
-    """Run the smoke and return its evidence."""
+def smoke(runtime: str, sha256: str, progress: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Run the smoke and return its evidence; `progress` gets each check as it ends."""
     with tempfile.TemporaryDirectory(prefix="sandboxer-smoke-") as tmp:
         root = Path(tmp)
         root.chmod(0o755)  # as root, the sandbox's uid must reach the state dir
@@ -234,15 +234,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the evidence as one JSON object")
     args = parser.parse_args(argv)
 
-    def progress(message: str) -> None:
-        sys.stderr.write(f"smoke: {message}\n")
+    # Each check is printed once, as it ends: on stdout, or with --json (stdout is then the
+    # evidence) on stderr. A failed one says why in one line; the evidence has the whole detail.
+    def progress(check: dict[str, Any]) -> None:
+        line = f"{'PASS' if check['passed'] else 'FAIL'}  {check['name']}"
+        if not check["passed"]:
+            detail = check["detail"]
+            line += ": " + " ".join((detail if isinstance(detail, str) else json.dumps(detail)).split())
+        stream = sys.stderr if args.json else sys.stdout
+        stream.write(f"smoke: {line}\n" if args.json else f"{line}\n")
+        stream.flush()
 
     evidence = smoke(args.runtime_path, args.runtime_sha256, progress)
     if args.json:
         sys.stdout.write(json.dumps(evidence, indent=2) + "\n")
-    else:
-        for check in evidence["checks"]:
-            sys.stdout.write(f"{'PASS' if check['passed'] else 'FAIL'}  {check['name']}\n")
     if not evidence["passed"]:
         sys.stderr.write(f"smoke: failed: {', '.join(evidence['failed']) or 'no check ran'}\n")
         return 1
