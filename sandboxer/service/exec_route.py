@@ -2,7 +2,9 @@
 `POST /v1/sandboxes/{id}/exec/{exec}/signal`.
 
 The body is one line of JSON options, then the command's stdin, streamed into it as it comes;
-the answer is frames (frames.py), streamed as the command writes — neither is ever held whole.
+the answer is frames (frames.py), or NDJSON or plain text for simple clients (exec_answers.py:
+`?format=` or the Accept header chooses), streamed as the command writes — neither is ever held
+whole.
 The command's own cgroup, session and descendants are killed when the client goes away. The
 answer's `Sandboxer-Exec` header names the exec for its signals, which only its caller may send.
 """
@@ -29,7 +31,7 @@ from sandboxer.core.exec_request import ExecRequest
 from sandboxer.dirs import Dirs
 from sandboxer.errors import BackendError, EntryError, ExecError, ExecUsage, NotFoundError, SandboxerError, UsageError
 from sandboxer.execio.stdio import CANCEL_POLL, FORWARDED, Program
-from sandboxer.service import frames
+from sandboxer.service import exec_answers, frames
 from sandboxer.service.http import (
     BODY_SECONDS,
     DIRS,
@@ -45,7 +47,7 @@ from sandboxer.service.http import (
 
 EXEC_FIELDS = {"argv", "cwd", "timeout", "consumer", "executable", "env"}
 MAX_OPTIONS = 1024 * 1024  # exec's first line, its options
-OUTPUT_FRAMES = 64  # exec output frames (up to 64 KiB each) queued for a slow client before the command waits
+OUTPUT_FRAMES = 64  # exec output chunks (up to 64 KiB each) queued for a slow client before the command waits
 _NOT_RUN: dict[str, Any] = {"error": error_document(ExecError("exec: the service could not run it"))}
 SIGNAL_NAMES = {signum.name: signum for signum in FORWARDED}  # what a CLI client passes on, too
 
@@ -79,7 +81,9 @@ SIGNALLING = web.AppKey("signalling", dict[str, ExecSignals])  # exec token -> i
 
 async def exec_command(request: web.Request) -> web.StreamResponse:
     """The body is one line of JSON options, then the command's stdin, streamed to it as it comes;
-    the answer is frames, streamed as the command writes (neither is ever held whole)."""
+    the answer is frames (or NDJSON, or text: exec_answers), streamed as the command writes
+    (neither is ever held whole)."""
+    shape = exec_answers.chosen(request.query.get("format"), request.headers.get("Accept"))
     head, rest = await _first_line(request)
     sandbox_id = request.match_info["id"]
     document = _exec_document(head)
@@ -87,13 +91,14 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
     exec_request = _exec_request(sandbox_id, document)
 
     signals = ExecSignals(request, sandbox_id)
-    output = _Output(asyncio.get_running_loop())
+    output = _Output(asyncio.get_running_loop(), exec_answers.answer(shape))
     running: set[threading.Event] = request.app[EXECS]
     running.add(output.gone)
     stdin_r: int | None = None
     feeding: asyncio.Task[None] | None = None
     try:
-        response = web.StreamResponse(headers={"Content-Type": frames.CONTENT_TYPE, frames.EXEC_HEADER: signals.token})
+        content_type = output.answer.media_type
+        response = web.StreamResponse(headers={"Content-Type": content_type, frames.EXEC_HEADER: signals.token})
         await response.prepare(request)
         stdin_r, stdin_w = os.pipe2(os.O_CLOEXEC)
         feeding = asyncio.create_task(_feed(request, rest, stdin_w))  # it closes stdin_w
@@ -112,7 +117,7 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
             result = await output.relay(request, response)
             request["exit_status"] = result.get("status", result.get("error", {}).get("status"))
             if not output.gone.is_set():
-                await response.write(frames.end(result))
+                await response.write(output.answer.end(result))
                 await response.write_eof()
         except BaseException:  # the request was cancelled: the exec ends too
             output.gone.set()
@@ -133,7 +138,7 @@ async def exec_command(request: web.Request) -> web.StreamResponse:
 def _run(
     dirs: Dirs, backends: Backends, exec_request: ExecRequest, *, stdin: int, signals: int, output: _Output
 ) -> None:
-    """The exec, in a worker thread: its result (the end frame's document) goes to `output` last;
+    """The exec, in a worker thread: its result (the end's document) goes to `output` last;
     it closes the command's `stdin` and `signals` read ends when it is done with them."""
     result = _NOT_RUN  # should _execute raise what no SandboxerError is
     try:
@@ -170,16 +175,18 @@ async def signal_exec(request: web.Request) -> web.Response:
 
 
 class _Output:
-    """An exec's way to its client: output frames queued by the exec's thread, then its result
-    (the end frame's document) as the last item; written out by the event loop. A few frames in
-    flight: a client slower than the command holds the command up, never the service's memory."""
+    """An exec's way to its client: output chunks queued by the exec's thread, then its result
+    (the end's document) as the last item; written out by the event loop in the `answer`'s shape.
+    A few chunks in flight: a client slower than the command holds the command up, never the
+    service's memory."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, answer: exec_answers.Answer) -> None:
         self.loop = loop
-        self.chunks: asyncio.Queue[bytes | dict[str, Any]] = asyncio.Queue(maxsize=OUTPUT_FRAMES)
+        self.answer = answer
+        self.chunks: asyncio.Queue[tuple[str, bytes] | dict[str, Any]] = asyncio.Queue(maxsize=OUTPUT_FRAMES)
         self.gone = threading.Event()  # the client went away (or the service stops): the exec is killed
 
-    def put(self, item: bytes | dict[str, Any]) -> None:
+    def put(self, item: tuple[str, bytes] | dict[str, Any]) -> None:
         """Queue output for the client (from the exec's thread), waiting while the queue is full —
         until the client goes away or the request ends."""
         future = asyncio.run_coroutine_threadsafe(self.chunks.put(item), self.loop)
@@ -192,10 +199,10 @@ class _Output:
         future.cancel()
 
     def sink(self, stream: str, chunk: bytes) -> None:
-        self.put(frames.frame(frames.STDOUT if stream == "stdout" else frames.STDERR, chunk))
+        self.put((stream, chunk))
 
     async def relay(self, request: web.Request, response: web.StreamResponse) -> dict[str, Any]:
-        """Write the queued frames to the client until the exec's end: its result. A client that
+        """Write the queued output to the client until the exec's end: its result. A client that
         went away sets `gone`, and the rest is drained unwritten."""
         while True:
             try:
@@ -207,9 +214,10 @@ class _Output:
                 continue
             if isinstance(data, dict):
                 return data
-            if not self.gone.is_set():
+            encoded = self.answer.output(*data)
+            if encoded and not self.gone.is_set():
                 try:
-                    await response.write(data)
+                    await response.write(encoded)
                 except ConnectionError:
                     self.gone.set()
 

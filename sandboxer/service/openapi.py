@@ -5,7 +5,8 @@ document of a table (`document`).
 
 Each result type's schema is `components/schemas/<its class>`, with the types it holds beside
 it. A route's error statuses, and `default` for every other, answer the error envelope (`Error`;
-teardown's 409 `ResidueError`, with its receipt); an exec's last frame is `ExecEnd`.
+teardown's 409 `ResidueError`, with its receipt); an exec's last frame is `ExecEnd`, each line of
+its NDJSON answer an `ExecLine`.
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ class Raw:
     headers: Mapping[str, Schema] = field(default_factory=_nothing)
     options: Body | None = None  # exec's: the body's first line is this JSON object
     holds: tuple[type[JsonResult], ...] = ()  # the result types its headers hold
+    # The other media types it may come as (exec's: chosen by Accept or a query), each with its
+    # OpenAPI media type object (NDJSON's: `x-itemSchema`, each line's schema, as OpenAPI 3.2's itemSchema).
+    more_media: Mapping[str, Schema] = field(default_factory=_nothing)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,6 +123,32 @@ ENVELOPES: dict[str, dict[str, Any]] = {
             "error": {"$ref": _REF.format("ErrorDetail")},
             "receipt": {"anyOf": [{"$ref": _REF.format("Receipt")}, {"type": "null"}]},
         },
+    },
+    "ExecLine": {
+        "description": "One line of an exec's NDJSON answer (application/x-ndjson): output as it comes — "
+        "`data` is its text, or base64 with `encoding` when it is not UTF-8 — then, last, its exit status "
+        "(with the error when the broker could not run it: exit_status is then the error's status).",
+        "oneOf": [
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["stream", "data"],
+                "properties": {
+                    "stream": {"type": "string", "enum": ["stdout", "stderr"]},
+                    "data": {"type": "string"},
+                    "encoding": {"type": "string", "enum": ["base64"]},
+                },
+            },
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["exit_status"],
+                "properties": {
+                    "exit_status": {"type": "integer"},
+                    "error": {"$ref": _REF.format("ErrorDetail")},
+                },
+            },
+        ],
     },
     "ExecEnd": {
         "description": "An exec's last frame: its exit status, or the error that ended it.",
@@ -183,7 +213,8 @@ def _operation(route: Route, schemas: dict[str, Any]) -> dict[str, Any]:
     answer = route.answer
     if isinstance(answer, Raw):
         media = {} if answer.schema is None else {"schema": dict(answer.schema)}
-        success: dict[str, Any] = {"description": answer.description, "content": {answer.media_type: media}}
+        content = {answer.media_type: media, **{name: dict(more) for name, more in answer.more_media.items()}}
+        success: dict[str, Any] = {"description": answer.description, "content": content}
         if answer.headers:
             success["headers"] = {name: dict(header) for name, header in answer.headers.items()}
         for result in answer.holds:

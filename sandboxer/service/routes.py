@@ -39,7 +39,7 @@ from sandboxer.commands.create import MAX_TTL, MIN_TTL
 from sandboxer.commands.dispatch import MAX_WAIT
 from sandboxer.execio.stdio import FORWARDED
 from sandboxer.host.registry import ID_PATTERN
-from sandboxer.service import frames
+from sandboxer.service import exec_answers, frames
 from sandboxer.service.openapi import Body, Raw, Route, Schema, document
 
 _PATH = f"^{ID_PATTERN.pattern}$"
@@ -75,6 +75,18 @@ _EXPORT_HEADER = {
         },
     },
 }
+
+_EXEC_ANSWER = (
+    "The command's output, streamed as it writes, in the shape ?format= or else the Accept header "
+    "chooses (anything else: frames). "
+    f"{frames.CONTENT_TYPE} (frames, the default): frames of one kind byte (1 stdout, 2 stderr, 3 end), a "
+    "4-byte big-endian length and the payload; the end frame is JSON (ExecEnd): {status} or {error}. "
+    f"{exec_answers.MEDIA_TYPES['ndjson']} (ndjson): one JSON object a line (ExecLine): "
+    '{"stream", "data"[, "encoding": "base64"]} for output, then {"exit_status"[, "error"]} last. '
+    f"{exec_answers.MEDIA_TYPES['text']} (text): stdout and stderr bytes as they come, then the last line "
+    "'sandboxer: exit status N' (': MESSAGE' after it when the broker could not run it), after a newline "
+    "of its own when the output did not end with one."
+)
 
 ROUTES: tuple[Route, ...] = (
     Route(method="GET", path="/v1/version", name="version", summary="The service's version", answer=Version),
@@ -201,10 +213,20 @@ ROUTES: tuple[Route, ...] = (
                 required=frozenset({"argv"}),
             ),
         ),
+        query={
+            "format": {
+                "description": "the answer's shape (default: what Accept prefers of the three, else frames); any "
+                "other value is refused (400)",
+                "schema": {"type": "string", "enum": list(exec_answers.MEDIA_TYPES)},
+            }
+        },
         answer=Raw(
             media_type=frames.CONTENT_TYPE,
-            description="frames of one kind byte (1 stdout, 2 stderr, 3 end), a 4-byte big-endian length and "
-            "the payload, streamed as the command writes; the end frame is JSON (ExecEnd): {status} or {error}.",
+            more_media={
+                exec_answers.MEDIA_TYPES["ndjson"]: {"x-itemSchema": {"$ref": "#/components/schemas/ExecLine"}},
+                exec_answers.MEDIA_TYPES["text"]: {},
+            },
+            description=_EXEC_ANSWER,
             headers={
                 frames.EXEC_HEADER: {
                     "description": "the exec's name, for its signals while it runs",
@@ -212,7 +234,10 @@ ROUTES: tuple[Route, ...] = (
                 }
             },
         ),
-        errors={400: "usage (2): the options line", 500: "no such sandbox, or it could not run: ExecError (125)"},
+        errors={
+            400: "usage (2): the options line, an unknown format",
+            500: "no such sandbox, or it could not run: ExecError (125)",
+        },
     ),
     Route(
         method="POST",
