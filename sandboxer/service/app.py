@@ -4,7 +4,9 @@ Every request is first answered by who is calling (peer.py): owners only, until 
 callers. A route runs the same command the CLI runs (sandboxer.commands), in a worker thread, and
 answers with the same JSON document; an error is `{"error": {kind, message, hint, status}}` with
 the CLI's exit status and an HTTP status for it. Exec answers with a stream of frames
-(frames.py). The routes are routes.py's; `GET /v1/openapi.json` serves their OpenAPI document.
+(frames.py), or NDJSON or text for a simple client (exec_answers.py); an export is noted when
+its client confirms it, or in its one call with `?confirm=1` (docs/service.md, "Simple
+clients"). The routes are routes.py's; `GET /v1/openapi.json` serves their OpenAPI document.
 """
 
 from __future__ import annotations
@@ -12,28 +14,32 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-import json
 import os
-import secrets
 import socket
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from typing import Any
 
 from aiohttp import web
 
 from sandboxer import __version__
-from sandboxer.api.results import ExportNoted, JsonResult, KeptExports, Receipt, SandboxList, Version
-from sandboxer.commands.export import check_format, discard_quarantine, note_exported
-from sandboxer.commands.export_delivery import CHUNK, stream_of
+from sandboxer.api.results import JsonResult, KeptExports, Receipt, SandboxList, Version
+from sandboxer.commands.export_delivery import CHUNK
 from sandboxer.commands.services import Services
 from sandboxer.core.reading import CallerFile
 from sandboxer.dirs import Dirs
-from sandboxer.errors import NotFoundError, PolicyError, ResidueError, SandboxerError, UsageError
+from sandboxer.errors import (
+    NotFoundError,
+    PolicyError,
+    ResidueError,
+    SandboxerError,
+    UnexportedWorkError,
+    UsageError,
+)
 from sandboxer.host.registry import ID_PATTERN
 from sandboxer.service.admission import CALLS_PER_CALLER, CallerSlots, Refused, admit, owner_by_uid
 from sandboxer.service.audit import AuditLog
 from sandboxer.service.exec_route import SIGNALLING, exec_command, signal_exec
+from sandboxer.service.export_route import export, export_confirm
 from sandboxer.service.http import (
     AUDIT,
     DIRS,
@@ -50,6 +56,8 @@ from sandboxer.service.http import (
     internal_error,
     json_body,
     sandbox_of,
+    strings,
+    unexported_answer,
 )
 from sandboxer.service.peer import Peer, peer_of
 from sandboxer.service.routes import ROUTES, body_fields, document_bytes
@@ -203,7 +211,7 @@ async def create(request: web.Request) -> web.Response:
     if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)):
         raise UsageError("ttl: must be a number of seconds")
     bootstrap = None if body.get("bootstrap") is None else _sent_file(body["bootstrap"], "bootstrap")
-    _strings(body, "ref", "branch")
+    strings(body, "ref", "branch")
     broker = broker_of(request)
 
     def gone() -> bool:  # the client went away while the create ran: it would never learn the id
@@ -268,56 +276,9 @@ async def teardown(request: web.Request) -> web.Response:
         receipt = await in_worker(request, lambda: sandbox.teardown(discard=discard == "true"))
     except ResidueError as exc:  # the envelope, with the receipt the core attached
         return error_response(exc, receipt=exc.receipt.to_json() if isinstance(exc.receipt, Receipt) else None)
+    except UnexportedWorkError as exc:  # the envelope, with what would be lost and how to keep or lose it
+        return error_response(exc, **unexported_answer(exc, sandbox.id))
     return _json(receipt)
-
-
-async def export(request: web.Request) -> web.StreamResponse:
-    """export: the sandbox's work, verified by the service, as the response's body — a bundle's
-    or a tar's bytes, a patch series as a tar of its files; the summary (export --json, with a
-    `token`) in the `Sandboxer-Export` header. Only the client knows whether it wrote all of it:
-    the record notes the export when the client confirms it with that token (export_confirm)."""
-
-    body = await json_body(request, {"format"}, {"format"})
-    _strings(body, "format")
-    check_format(body["format"])
-    sandbox = await sandbox_of(request)
-    sandbox_id = sandbox.id
-    made = await in_worker(request, lambda: sandbox.prepare_export(body["format"]))
-    token = secrets.token_hex(16)
-    pending = request.app[PENDING_EXPORTS]
-    sent = False
-    try:
-        summary = json.dumps({**made.summary().to_json(), "token": token})
-        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream", "Sandboxer-Export": summary})
-        await response.prepare(request)
-        # Confirmable from the start: a client may have all it needs (a tar's end) before the
-        # body's last write returns here. Its confirmation is its own word on its own export.
-        pending.expire()
-        pending[token] = (request["caller"].uid, sandbox_id, made.taken)
-        chunks = stream_of(made)
-        while (chunk := await in_worker(request, next, chunks, None)) is not None:
-            await response.write(chunk)
-        await response.write_eof()
-        sent = True
-    finally:
-        if not sent:
-            pending.pop(token, None)  # a body that broke off is nothing to confirm
-        await in_worker(request, discard_quarantine, made)
-    return response
-
-
-async def export_confirm(request: web.Request) -> web.Response:
-    """The client wrote the whole export it was sent: the record notes what it took out (teardown
-    then loses nothing of it). A token is good once, for the account it was sent to."""
-
-    body = await json_body(request, {"token"}, {"token"})
-    _strings(body, "token")
-    sandbox_id = (await sandbox_of(request)).id
-    entry = request.app[PENDING_EXPORTS].pop(body["token"], None)
-    if entry is None or entry[:2] != (request["caller"].uid, sandbox_id):
-        raise UsageError("token: not an export of this sandbox awaiting its confirmation")
-    noted = await in_worker(request, note_exported, request.app[DIRS], sandbox_id, entry[2])
-    return _json(ExportNoted(id=sandbox_id, noted=noted))
 
 
 async def kept_exports(request: web.Request) -> web.Response:
@@ -349,17 +310,10 @@ async def kept_export_remove(request: web.Request) -> web.Response:
     return _json(await in_worker(request, broker.remove_export, request.match_info["id"]))
 
 
-def _strings(body: dict[str, Any], *names: str) -> None:
-    """Refuse a body whose fields `names` are not strings (when present)."""
-    for name in names:
-        if name in body and not isinstance(body[name], str):
-            raise UsageError(f"{name}: must be a string")
-
-
 async def dispatch_tool(request: web.Request) -> web.Response:
     """dispatch-tool: relay one request from the sandbox's spool to its lease's endpoint."""
     body = await json_body(request, DISPATCH_FIELDS, {"lease", "request_id"})
-    _strings(body, "lease", "request_id")
+    strings(body, "lease", "request_id")
     wait = body.get("wait_seconds", 0)
     if isinstance(wait, bool) or not isinstance(wait, int):
         raise UsageError("wait_seconds: must be a whole number of seconds")
@@ -375,14 +329,14 @@ async def owner_entries(request: web.Request) -> web.Response:
 async def owner_approve(request: web.Request) -> web.Response:
     """ext approve: approve the exact current bytes of one owner file."""
     body = await json_body(request, {"name"}, {"name"})
-    _strings(body, "name")
+    strings(body, "name")
     return _json(await in_worker(request, broker_of(request).owner.approve, body["name"]))
 
 
 async def owner_revoke(request: web.Request) -> web.Response:
     """ext revoke: withdraw an approval."""
     body = await json_body(request, {"name"}, {"name"})
-    _strings(body, "name")
+    strings(body, "name")
     return _json(await in_worker(request, broker_of(request).owner.revoke, body["name"]))
 
 
@@ -390,7 +344,7 @@ async def runtime_digest(request: web.Request) -> web.Response:
     """runtime digest: the tree digest of a directory the service reads with its own rights, so
     only for an owner of the service's own account, and only by an absolute path."""
     body = await json_body(request, DIGEST_FIELDS, {"path"})
-    _strings(body, "path")
+    strings(body, "path")
     path, full = body["path"], body.get("full", False)
     if not path.startswith("/"):
         raise UsageError("path: must be an absolute path")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import re
 import sys
 import threading
 import time
@@ -21,7 +22,7 @@ from aiohttp.web_protocol import RequestHandler
 from sandboxer.api.broker import Broker, Sandbox
 from sandboxer.commands.services import Services
 from sandboxer.dirs import Dirs
-from sandboxer.errors import BackendError, SandboxerError, UsageError
+from sandboxer.errors import BackendError, SandboxerError, UnexportedWorkError, UsageError
 from sandboxer.service.audit import AuditLog
 from sandboxer.service.peer import peer_of
 
@@ -80,6 +81,41 @@ def error_response(error: SandboxerError, *, http_status: int | None = None, **e
     return web.json_response({"error": error_document(error), **extra}, status=status)
 
 
+# UnexportedWorkError's two messages (sandboxer/commands/teardown.py, sandboxer/commands/work.py):
+# what would be lost, joined by " and " (no item has " and " in it: git names have no spaces), or
+# why the work could not be checked.
+_LOST = re.compile(r"holds work no export took out: (?P<lost>.+); export it first")
+_UNCHECKED = re.compile(r": (?P<why>its work cannot be checked \(.*\)); teardown --discard")
+
+
+def unexported_answer(error: UnexportedWorkError, sandbox_id: str) -> dict[str, Any]:
+    """What a teardown's UnexportedWorkError answers beside the envelope: `unexported`, each thing
+    that would be lost (the error's own list when it carries one, else read from its message);
+    `export`, the requests that take it out in one call each (a bundle for commits, a tar for
+    changes not committed; none when the work cannot be checked); `discard`, the teardown that
+    loses it."""
+    path = f"/v1/sandboxes/{sandbox_id}"
+    carried = getattr(error, "unexported", None)
+    lost = _LOST.search(error.message)
+    unchecked = _UNCHECKED.search(error.message)
+    if isinstance(carried, list | tuple) and all(isinstance(item, str) for item in carried):
+        items = list(carried)
+    elif lost is not None:
+        items = lost["lost"].split(" and ")
+    elif unchecked is not None:
+        items = [unchecked["why"]]
+    else:
+        items = [error.message]
+    answer: dict[str, Any] = {"unexported": items}
+    if unchecked is None:
+        formats = sorted({"tar" if item == "changes not committed" else "bundle" for item in items})
+        answer["export"] = [
+            {"method": "POST", "path": f"{path}/export?confirm=1", "body": {"format": fmt}} for fmt in formats
+        ]
+    answer["discard"] = {"method": "DELETE", "path": f"{path}?discard=true"}
+    return answer
+
+
 def internal_error(exc: BaseException, request: web.BaseRequest) -> SandboxerError:
     """A request that failed on what no SandboxerError names (a bug of ours): the API's envelope
     (BackendError, 5: HTTP 500) saying "internal error" as the CLI does, and one line in the
@@ -125,6 +161,13 @@ async def json_body(request: web.Request, allowed: set[str], required: set[str])
     except (aiohttp.ClientPayloadError, ConnectionError):
         raise UsageError("the request body ended before its length (Content-Length, or its last chunk)") from None
     return checked(parse_json(data, "the request body is not JSON"), allowed, required)
+
+
+def strings(body: dict[str, Any], *names: str) -> None:
+    """Refuse a body whose fields `names` are not strings (when present)."""
+    for name in names:
+        if name in body and not isinstance(body[name], str):
+            raise UsageError(f"{name}: must be a string")
 
 
 def parse_json(data: bytes, refusal: str) -> object:

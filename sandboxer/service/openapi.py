@@ -5,8 +5,8 @@ document of a table (`document`).
 
 Each result type's schema is `components/schemas/<its class>`, with the types it holds beside
 it. A route's error statuses, and `default` for every other, answer the error envelope (`Error`;
-teardown's 409 `ResidueError`, with its receipt); an exec's last frame is `ExecEnd`, each line of
-its NDJSON answer an `ExecLine`.
+teardown's 409 `ResidueError`, with its receipt, and its 400 `UnexportedWorkError`, with what
+would be lost); an exec's last frame is `ExecEnd`, each line of its NDJSON answer an `ExecLine`.
 """
 
 from __future__ import annotations
@@ -80,7 +80,9 @@ class Route:
     # An OpenAPI parameter object (less its name and `in`) for each query parameter.
     query: Mapping[str, Schema] = field(default_factory=_nothing)
     errors: Mapping[int, str] = field(default_factory=_nothing)  # error statuses worth a word -> when
-    residue: bool = False  # its 409 envelope has the `receipt` of what was removed (teardown)
+    # Error statuses whose envelope carries more than `Error` -> that envelope's name in ENVELOPES
+    # (teardown's: 409 the `receipt` of what was removed, 400 what work would be lost).
+    envelopes: Mapping[int, str] = field(default_factory=_nothing)
 
 
 INFO = {
@@ -122,6 +124,36 @@ ENVELOPES: dict[str, dict[str, Any]] = {
         "properties": {
             "error": {"$ref": _REF.format("ErrorDetail")},
             "receipt": {"anyOf": [{"$ref": _REF.format("Receipt")}, {"type": "null"}]},
+        },
+    },
+    "UnexportedWorkError": {
+        "type": "object",
+        "description": "A teardown refused (400): the envelope; for work no export took out (kind "
+        "UnexportedWorkError) also what would be lost, and the requests that keep it (export, one per format "
+        "needed; absent when the work cannot be checked) or lose it (discard).",
+        "additionalProperties": False,
+        "required": ["error"],
+        "properties": {
+            "error": {"$ref": _REF.format("ErrorDetail")},
+            "unexported": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "each thing that would be lost, as the message names it: e.g. '2 new commits on "
+                "main (made from main)', 'changes not committed'",
+            },
+            "export": {"type": "array", "items": {"$ref": _REF.format("HttpRequest")}},
+            "discard": {"$ref": _REF.format("HttpRequest")},
+        },
+    },
+    "HttpRequest": {
+        "type": "object",
+        "description": "A request of this API that a client may send next.",
+        "additionalProperties": False,
+        "required": ["method", "path"],
+        "properties": {
+            "method": {"type": "string"},
+            "path": {"type": "string", "description": "with its query"},
+            "body": {"type": "object", "description": "its JSON body"},
         },
     },
     "ExecLine": {
@@ -223,7 +255,7 @@ def _operation(route: Route, schemas: dict[str, Any]) -> dict[str, Any]:
         success = {"description": _described(answer), "content": {_JSON: {"schema": schema_ref(answer, schemas)}}}
     responses: dict[str, Any] = {str(route.status): success}
     for status, when in sorted(route.errors.items()):
-        envelope = "ResidueError" if route.residue and status == 409 else "Error"
+        envelope = route.envelopes.get(status, "Error")
         responses[str(status)] = {"description": when, "content": {_JSON: {"schema": {"$ref": _REF.format(envelope)}}}}
     responses["default"] = {
         "description": DEFAULT_ERROR,

@@ -63,19 +63,18 @@ _NAME = Body(
 _BINARY = "application/octet-stream"
 _EXPORT_HEADER = {
     "description": "export --json, with `token`: POST it to /v1/sandboxes/{id}/export/confirm once all of "
-    "the body is written",
+    "the body is written (no `token` with ?confirm=1: the export is noted before the body's end is sent)",
     "schema": {
         "type": "string",
         "contentMediaType": "application/json",
         "contentSchema": {
             "allOf": [
                 {"$ref": "#/components/schemas/Exported"},
-                {"type": "object", "required": ["token"], "properties": {"token": _STRING}},
+                {"type": "object", "properties": {"token": _STRING}},
             ]
         },
     },
 }
-
 _EXEC_ANSWER = (
     "The command's output, streamed as it writes, in the shape ?format= or else the Accept header "
     "chooses (anything else: frames). "
@@ -183,11 +182,12 @@ ROUTES: tuple[Route, ...] = (
             }
         },
         errors={
-            400: "usage (2); UnexportedWorkError: the message says what work would be lost",
+            400: "usage (2); UnexportedWorkError: the message, and `unexported`, say what work would be lost; "
+            "`export` and `discard` are the requests that keep it or lose it",
             404: "no such sandbox (4)",
             409: "residue (6): the envelope has the `receipt` of what was removed",
         },
-        residue=True,
+        envelopes={400: "UnexportedWorkError", 409: "ResidueError"},
     ),
     Route(
         method="POST",
@@ -286,12 +286,20 @@ ROUTES: tuple[Route, ...] = (
             headers={"Sandboxer-Export": _EXPORT_HEADER},
             holds=(Exported,),
         ),
+        query={
+            "confirm": {
+                "description": "1 (or true): note the export as taken out in this one call, once all of the body "
+                "is in the socket, before its end (the last chunk) is sent: a client that got the whole body knows "
+                "it was noted. 0 (or false, the default): the client confirms it (export/confirm). HTTP/1.1 only",
+                "schema": {"type": "string", "enum": ["1", "true", "0", "false"], "default": "0"},
+            }
+        },
         body=Body(
             fields={"format": {"type": "string", "enum": ["bundle", "patch", "tar"]}},
             required=frozenset({"format"}),
         ),
         errors={
-            400: "usage (2): no commits to export, not ready",
+            400: "usage (2): no commits to export, not ready, confirm neither 1 nor 0",
             403: "refused (3), or the caller's export budget has no room for it (its exports under way and "
             "kept ones hold it)",
             404: "no such sandbox (4)",

@@ -1,9 +1,15 @@
-"""HTTP for simple clients (docs/service.md): a real service on its real socket, spoken to with
-the standard library's http.client.
+"""HTTP for simple clients (docs/service.md, "Simple clients: curl"): a real service on its real
+socket, spoken to with the standard library's http.client and raw sockets, and with curl itself.
 
-An exec answers NDJSON or plain text when `?format=` or Accept asks; frames stay the default; an
-unknown format is one 400 line naming the parameter, and nothing runs. Every JSON answer is
-validated against the OpenAPI document the service serves.
+- An export is one call with `?confirm=1`: noted before the body's last chunk goes, so a client
+  that read the whole body may tear down at once; a body cut short is not noted. The two-step
+  flow (token, then export/confirm) still works, and still needs its confirmation.
+- A teardown refused for work no export took out names that work in `unexported`, with the
+  requests that keep it (`export`) or lose it (`discard`).
+- An exec answers NDJSON or plain text when `?format=` or Accept asks; frames stay the default;
+  an unknown format is one 400 line naming the parameter, and nothing runs.
+
+Every JSON answer is validated against the OpenAPI document the service serves.
 """
 
 from __future__ import annotations
@@ -11,14 +17,19 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import shutil
 import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sandboxer.errors import UnexportedWorkError
 from sandboxer.service import exec_answers, frames
+from sandboxer.service.http import unexported_answer
 from sandboxer.service.routes import BY_NAME
 from tests.integration.conftest import SandboxBroker
 from tests.integration.services import Service
@@ -139,6 +150,131 @@ def _exec_status(http_: Http, sandbox_id: str, script: str) -> int:
     return int(lines[-1]["exit_status"])
 
 
+# --- export in one call, and teardown naming what it would lose ---------------------------------
+
+
+def test_teardown_names_the_unexported_work_and_one_confirmed_export_keeps_it(
+    served: tuple[Http, SandboxBroker], tmp_path: Path
+) -> None:
+    http_, broker = served
+    sandbox = _create(http_, broker)
+    path = f"/v1/sandboxes/{sandbox}"
+    assert _exec_status(http_, sandbox, f"{COMMIT} && echo more >> new.txt") == 0
+
+    status, refused = http_.call("teardown", path)
+    assert status == 400
+    assert refused["error"]["kind"] == "UnexportedWorkError"
+    assert refused["error"]["status"] == 2
+    lost = ["1 new commit on main (made from main)", "changes not committed"]
+    assert refused["unexported"] == lost
+    assert " and ".join(lost) in refused["error"]["message"]  # the CLI's line, unchanged
+    assert refused["export"] == [
+        {"method": "POST", "path": f"{path}/export?confirm=1", "body": {"format": "bundle"}},
+        {"method": "POST", "path": f"{path}/export?confirm=1", "body": {"format": "tar"}},
+    ]
+    assert refused["discard"] == {"method": "DELETE", "path": f"{path}?discard=true"}
+
+    # One call: the body's end arrives only once the record notes it, so the next request sees it.
+    exported = http_.send("POST", f"{path}/export?confirm=1", {"format": "bundle"})
+    assert exported.status == 200
+    summary = json.loads(exported.getheader("Sandboxer-Export") or "")
+    assert "token" not in summary  # nothing to confirm
+    assert (summary["format"], summary["ahead"]) == ("bundle", 1)
+    assert exported.read().startswith(b"# v2 git bundle")
+    status, refused = http_.call("teardown", path)
+    assert (status, refused["unexported"]) == (400, ["changes not committed"])
+    assert [request["body"] for request in refused["export"]] == [{"format": "tar"}]
+
+    # The two-step flow as before: sent whole is not noted until the client confirms it.
+    exported = http_.send("POST", f"{path}/export", {"format": "tar"})
+    token = json.loads(exported.getheader("Sandboxer-Export") or "")["token"]
+    assert exported.read()[257:262] == b"ustar"
+    assert http_.call("teardown", path)[1]["unexported"] == ["changes not committed"]
+    assert http_.call("export-confirm", f"{path}/export/confirm", {"token": token}) == (
+        200,
+        {"id": sandbox, "noted": True},
+    )
+    status, receipt = http_.call("teardown", path)
+    assert (status, receipt["id"], receipt["residue"]) == (200, sandbox, [])
+
+
+def test_a_confirmed_export_cut_short_is_not_noted(served: tuple[Http, SandboxBroker]) -> None:
+    """8 MiB of changes: more than a socket holds, so the service cannot hand all of it over to a
+    client that reads a little and leaves; the body never ends and nothing is noted."""
+    http_, broker = served
+    sandbox = _create(http_, broker)
+    path = f"/v1/sandboxes/{sandbox}"
+    assert _exec_status(http_, sandbox, "head -c 8388608 /dev/urandom > big.bin") == 0
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(http_.path))
+    body = b'{"format": "tar"}'
+    head = f"POST {path}/export?confirm=1 HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    sock.sendall(head.encode() + body)
+    got = b""
+    while b"\r\n\r\n" not in got:
+        got += sock.recv(4096)
+    assert got.startswith(b"HTTP/1.1 200")
+    sock.close()  # the client leaves with a few KiB of 8 MiB
+
+    audit = broker.state / "audit.log"
+    deadline = time.monotonic() + 30
+    while not any(
+        json.loads(line)["verb"] == "export" and json.loads(line)["outcome"] == "ClientGone"
+        for line in audit.read_text().splitlines()
+    ):
+        assert time.monotonic() < deadline, audit.read_text()
+        time.sleep(0.1)
+    status, refused = http_.call("teardown", path)
+    assert (status, refused["unexported"]) == (400, ["changes not committed"])
+    assert http_.call("teardown", f"{path}?discard=true")[0] == 200
+
+
+def test_the_refusal_reads_each_form_of_the_error() -> None:
+    """What the core's two messages say (the real service's answer is above), and a list the
+    error carries itself, which wins over its message."""
+    sandbox = "a" * 24
+    unchecked = UnexportedWorkError(
+        f"teardown: sandbox {sandbox}: its work cannot be checked (git took longer than 30 s); "
+        "teardown --discard removes it anyway"
+    )
+    assert unexported_answer(unchecked, sandbox) == {
+        "unexported": ["its work cannot be checked (git took longer than 30 s)"],
+        "discard": {"method": "DELETE", "path": f"/v1/sandboxes/{sandbox}?discard=true"},
+    }
+    lost = UnexportedWorkError(
+        f"teardown: sandbox {sandbox} holds work no export took out: new commits on HEAD (made from v1.2); "
+        "export it first (sandboxer export), or teardown --discard"
+    )
+    assert unexported_answer(lost, sandbox)["unexported"] == ["new commits on HEAD (made from v1.2)"]
+    lost.unexported = ("changes not committed",)  # type: ignore[attr-defined]
+    answer = unexported_answer(lost, sandbox)
+    assert answer["unexported"] == ["changes not committed"]
+    assert [request["body"] for request in answer["export"]] == [{"format": "tar"}]
+
+
+def test_confirm_takes_one_and_zero_only_and_http_1_1(served: tuple[Http, SandboxBroker]) -> None:
+    http_, broker = served
+    sandbox = _create(http_, broker)
+    path = f"/v1/sandboxes/{sandbox}/export"
+    status, refused = http_.call("export", f"{path}?confirm=maybe", {"format": "tar"})
+    assert (status, refused["error"]["message"]) == (400, "confirm: must be 1 or 0 (true or false)")
+
+    body = b'{"format": "tar"}'
+    request = f"POST {path}?confirm=1 HTTP/1.0\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(str(http_.path))
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, answer = data.partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == b"400"
+    document = json.loads(answer)
+    http_.validate("export", 400, document)
+    assert document["error"]["message"].startswith("confirm: needs HTTP/1.1")
+
+
 # --- exec for simple clients --------------------------------------------------------------------
 
 # stdout, stderr, a euro sign cut in two between writes, and bytes that are not UTF-8.
@@ -238,3 +374,49 @@ def test_the_end_of_an_exec_the_broker_could_not_run_in_each_shape() -> None:
     )
     assert exec_answers.chosen(None, "text/plain;q=0, application/x-ndjson;q=0.1") == "ndjson"
     assert exec_answers.chosen(None, "text/plain;q=x") == "frames"  # not acceptable: no q it can read
+
+
+# --- curl, as docs/service.md shows it ----------------------------------------------------------
+
+
+def _curl(socket_path: Path, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    argv = ["curl", "-sS", "--unix-socket", str(socket_path), *args]
+    return subprocess.run(argv, input=stdin, capture_output=True, check=False, timeout=120)
+
+
+def test_curl_runs_a_whole_sandbox_life(served: tuple[Http, SandboxBroker], tmp_path: Path) -> None:
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed (scripts/install-system-deps installs it)")
+    http_, broker = served
+    base = "http://localhost/v1/sandboxes"
+    created = _curl(http_.path, "-d", json.dumps({"profile": broker.profile}), base)
+    assert created.returncode == 0, created.stderr
+    sandbox = json.loads(created.stdout)["id"]
+    broker.created.append(sandbox)
+
+    ran = _curl(
+        http_.path,
+        "-H",
+        "Accept: text/plain",
+        "--data-binary",
+        json.dumps({"argv": ["sh", "-c", COMMIT + " && git log --format=%s"]}) + "\n",
+        f"{base}/{sandbox}/exec",
+    )
+    assert (ran.returncode, ran.stdout) == (0, b"Add new.txt\ninit\nsandboxer: exit status 0\n"), ran.stderr
+    streamed = _curl(
+        http_.path,
+        "-X", "POST", "-T", "-", "-H", "Accept: application/x-ndjson", f"{base}/{sandbox}/exec",
+        stdin=json.dumps({"argv": ["wc", "-c"]}).encode() + b"\nhello",
+    )  # fmt: skip
+    assert streamed.stdout == b'{"stream": "stdout", "data": "5\\n"}\n{"exit_status": 0}\n', streamed.stderr
+
+    refused = _curl(http_.path, "-X", "DELETE", f"{base}/{sandbox}")
+    assert json.loads(refused.stdout)["unexported"] == ["1 new commit on main (made from main)"]
+    bundle = tmp_path / "work.bundle"
+    exported = _curl(
+        http_.path, "--fail", "-o", str(bundle), "-d", '{"format": "bundle"}', f"{base}/{sandbox}/export?confirm=1"
+    )
+    assert exported.returncode == 0, exported.stderr
+    assert bundle.read_bytes().startswith(b"# v2 git bundle")
+    torn = _curl(http_.path, "--fail", "-X", "DELETE", f"{base}/{sandbox}")
+    assert (torn.returncode, json.loads(torn.stdout)["id"]) == (0, sandbox), torn.stdout

@@ -199,6 +199,15 @@ def test_every_answer_validates_against_the_served_document(api: Api, sb_root: S
     assert api.call("ext-revoke", "/v1/owner/revoke", {"name": unapproved})[1]["revoked"] is True
 
     assert api.call("teardown", f"{sandbox}?discard=maybe")[0] == 400
+    # Work no export took out: the refusal names it; one export with ?confirm=1 takes it out.
+    assert api.exec(created["id"], ["sh", "-c", commit.replace("kept", "work")]) == {"status": 0}
+    status, refused = api.call("teardown", sandbox)
+    assert (status, refused["unexported"]) == (400, ["1 new commit on main (made from main)"])
+    assert api.send("POST", f"{sandbox}/export?confirm=1", {"format": "bundle"}).read().startswith(b"# v2 git")
+    lines = api.send("POST", f"{sandbox}/exec?format=ndjson", json.dumps({"argv": ["echo", "hi"]}).encode() + b"\n")
+    media = api.document["paths"]["/v1/sandboxes/{id}/exec"]["post"]["responses"]["200"]["content"]
+    for line in lines.read().splitlines():
+        assert errors(api.document, media["application/x-ndjson"]["x-itemSchema"], json.loads(line)) == []
     status, receipt = api.call("teardown", sandbox)
     assert (status, receipt["residue"]) == (200, [])
     assert api.call("teardown", sandbox)[0] == 404
