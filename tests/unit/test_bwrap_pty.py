@@ -30,7 +30,8 @@ def test_a_terminal_of_that_devpts_with_its_owner_and_size() -> None:
         assert seen.st_dev == os.stat("/dev/pts").st_dev
         assert (seen.st_uid, seen.st_gid) == owner
         assert os.get_terminal_size(end) == os.terminal_size((81, 24))
-        assert not os.get_inheritable(master) and not os.get_inheritable(end)
+        assert not os.get_inheritable(master)
+        assert not os.get_inheritable(end)
         os.write(master, b"ping\n")
         assert os.read(end, 100) == b"ping\n"
     finally:
