@@ -47,12 +47,21 @@ def report_failure(exc: Exception, *, as_json: bool, debug: bool) -> int:
 
 
 def flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
-    """Nested data as (dotted.key, text) pairs for human output."""
+    """Nested data as (dotted.key, text) pairs for human output: a list of objects as key[i].sub,
+    a list of plain values on one line, true/false, and "-" for nothing (never a Python repr)."""
     if isinstance(value, dict):
         pairs: list[tuple[str, str]] = []
         for key, item in value.items():
             pairs += flatten(item, f"{prefix}.{key}" if prefix else str(key))
         return pairs
+    if isinstance(value, list) and any(isinstance(item, dict | list) for item in value):
+        return [pair for i, item in enumerate(value) for pair in flatten(item, f"{prefix}[{i}]")]
     if isinstance(value, list):
-        return [(prefix, "[" + ", ".join(str(v) for v in value) + "]")]
-    return [(prefix, str(value).lower() if isinstance(value, bool) else str(value))]
+        return [(prefix, "[" + ", ".join(_plain(item) for item in value) + "]")]
+    return [(prefix, _plain(value))]
+
+
+def _plain(value: Any) -> str:
+    if value is None:
+        return "-"
+    return str(value).lower() if isinstance(value, bool) else str(value)

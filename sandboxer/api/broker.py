@@ -33,6 +33,7 @@ from sandboxer.api.results import (
     GrantedProfile,
     KeptExport,
     KeptExportRemoved,
+    Lifetime,
     NetworkLog,
     OwnerCheck,
     OwnerEntry,
@@ -42,7 +43,9 @@ from sandboxer.api.results import (
     RuntimePin,
     SandboxInfo,
     Stream,
+    Usage,
     WarmFill,
+    WorkSummary,
 )
 from sandboxer.api.verbs import Input, SandboxBase, Stdin, check_dispatch, checked_create, checked_exec, checked_export
 from sandboxer.backends import Backends
@@ -60,6 +63,7 @@ from sandboxer.commands.services import Services
 from sandboxer.commands.teardown import gc as collect
 from sandboxer.commands.teardown import list_sandboxes, residue_error
 from sandboxer.commands.teardown import teardown as remove_sandbox
+from sandboxer.commands.usage import described, extend, usage, work
 from sandboxer.commands.warm import fill
 from sandboxer.core.exec_request import ExecRequest
 from sandboxer.core.reading import CallerFile
@@ -166,7 +170,8 @@ class Broker:
                 profile,
                 manifest_path=manifest,
                 bootstrap=sent or path,
-                ttl=lifetime,
+                ttl=ttl,
+                default_ttl=lifetime if ttl is None else None,  # a granted caller's ceiling
                 caller_uid=self.authority.caller_uid(),
                 ref=ref,
                 branch=branch,
@@ -193,7 +198,8 @@ class Broker:
         """Every sandbox of this state directory this caller may see, with its status."""
         entries = list(list_sandboxes(self.dirs, backends=self.backends).sandboxes)
         own = self.authority.visible([entry.id for entry in entries])
-        return entries if own is None else [entry for entry in entries if entry.id in own]
+        seen = entries if own is None else [entry for entry in entries if entry.id in own]
+        return [described(self.dirs, entry, backends=self.backends) for entry in seen]
 
     def gc(self) -> GcReport:
         """Finish what crashed creates and teardowns left; healthy and busy sandboxes stay (owners)."""
@@ -391,6 +397,21 @@ class Sandbox(SandboxBase):
     def inspect(self) -> Evidence:
         """The live sandbox observed against its plan (inspect --json)."""
         return inspect_sandbox(self.broker.dirs, self.id, services=self.broker.services)
+
+    def usage(self) -> Usage:
+        """What the sandbox uses now: memory, processes, CPU time, space (usage --json)."""
+        return usage(self.broker.dirs, self.id, backends=self.broker.backends)
+
+    def work_state(self) -> WorkSummary:
+        """Its work as its git reports it now, and what no export took out (work --json)."""
+        return work(self.broker.dirs, self.id, backends=self.broker.backends)
+
+    def extend(self, seconds: float) -> Lifetime:
+        """Its lifetime ends `seconds` from now (never earlier than it did), within the profile's
+        lifetime.max_seconds and, for a granted caller, its max_ttl_seconds, both counted from
+        its create (PolicyError, 3, past them)."""
+        ceiling = self.broker.authority.ttl_ceiling(self.id)
+        return self.broker.authority.checking(lambda: extend(self.broker.dirs, self.id, seconds, ceiling=ceiling))
 
     def dispatch_tool(self, lease: str, request_id: str, wait_seconds: int = 0) -> Dispatched:
         """Relay the request `request_id` from the spool of the tool-request lease `lease` to its

@@ -94,6 +94,18 @@ class Authority:
         """The uid a new sandbox's record names as its caller's (None: an owner's)."""
         return None if self.caller.rights is None else self.caller.rights.uid
 
+    def ttl_ceiling(self, sandbox_id: str) -> int | None:
+        """The longest lifetime this caller's grant gives a sandbox of the profile `sandbox_id`
+        was made from (None: an owner's, unbounded; PolicyError: no longer granted at all)."""
+        rights = self.caller.rights
+        if rights is None:
+            return None
+        record = Registry(self.dirs.state).read_caller(check_id(sandbox_id))
+        ceiling = rights.ttl_ceiling_for(record.profile)
+        if ceiling is None:
+            raise PolicyError(f"profile {record.profile[:64]!r} is not granted to uid {rights.uid}")
+        return ceiling
+
     def export_budget(self) -> Budget:
         """The budget this caller's exports share (under way and kept): its grant's, or the
         default for an owner (by its uid)."""

@@ -10,12 +10,19 @@ makes one); `thawed` turns one back into plain dicts and lists.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Annotated, Any, ClassVar, Literal, Protocol, Self
+from typing import ClassVar, Literal, Protocol
 
-from pydantic import AfterValidator, PlainSerializer, TypeAdapter
+# Re-exported: the front ends take every result type, and the JSON form's helpers, from here.
+from sandboxer.api.jsonresult import JsonObject as JsonObject  # noqa: PLC0414
+from sandboxer.api.jsonresult import JsonResult as JsonResult  # noqa: PLC0414
+from sandboxer.api.jsonresult import frozen as frozen  # noqa: PLC0414
+from sandboxer.api.jsonresult import thawed as thawed  # noqa: PLC0414
+from sandboxer.api.usage_results import Lifetime as Lifetime  # noqa: PLC0414
+from sandboxer.api.usage_results import Usage as Usage  # noqa: PLC0414
+from sandboxer.api.usage_results import WorkSummary as WorkSummary  # noqa: PLC0414
 
 Stream = Literal["stdout", "stderr"]
 
@@ -29,84 +36,6 @@ class OutputStream(Protocol):
     def __iter__(self) -> Iterator[tuple[Stream, bytes]]: ...
 
     def signal(self, signum: int) -> bool: ...
-
-
-def frozen(value: Any) -> Any:
-    """A read-only view of a JSON value (a result's open-ended part, as parsing makes it):
-    mappings become mappingproxies, lists tuples."""
-    if isinstance(value, Mapping):
-        return MappingProxyType({key: frozen(item) for key, item in value.items()})
-    if isinstance(value, list | tuple):
-        return tuple(frozen(item) for item in value)
-    return value
-
-
-def thawed(value: Any) -> Any:
-    """A result's read-only part as plain JSON values again (dicts and lists), e.g. to dump it."""
-    if isinstance(value, Mapping):
-        return {key: thawed(item) for key, item in value.items()}
-    if isinstance(value, tuple):
-        return [thawed(item) for item in value]
-    return value
-
-
-# An open-ended JSON object inside a result: read-only once parsed, plain JSON when rendered (its
-# schema is then an object: `return_type` says so, where a bare serializer's would allow anything).
-JsonObject = Annotated[Mapping[str, Any], AfterValidator(frozen), PlainSerializer(thawed, return_type=dict[str, Any])]
-
-
-_ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
-
-
-def _adapter(cls: type[Any]) -> TypeAdapter[Any]:
-    """The codec of one result type, built on first use (a few ms each) and kept (two threads
-    building it at once each get a whole one)."""
-    adapter = _ADAPTERS.get(cls)
-    if adapter is None:
-        adapter = _ADAPTERS[cls] = TypeAdapter(cls)
-    return adapter
-
-
-class JsonResult:
-    """The JSON form of a result type: one shape for rendering, parsing and the schema."""
-
-    __slots__ = ()
-    # The keys of a document that are not fields but the open-ended `sections` of one (inspect).
-    _sections_field: ClassVar[str | None] = None
-    # Fields the document leaves out when they are None (create's manifest, bootstrap, expiry).
-    _absent_when_none: ClassVar[tuple[str, ...]] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        """The document the CLI prints with --json and the service answers with."""
-        document: dict[str, Any] = _adapter(type(self)).dump_python(self, mode="json")
-        if self._sections_field is not None:
-            document.update(document.pop(self._sections_field))
-        for name in self._absent_when_none:
-            if document.get(name) is None:
-                document.pop(name, None)
-        return document
-
-    @classmethod
-    def from_json(cls, document: Mapping[str, Any]) -> Self:
-        """The result a document describes (keys it does not know are ignored: a newer service)."""
-        if cls._sections_field is not None:
-            known = set(cls.__dataclass_fields__)  # type: ignore[attr-defined]
-            sections = {key: value for key, value in document.items() if key not in known}
-            document = {**{k: v for k, v in document.items() if k in known}, cls._sections_field: sections}
-        result: Self = _adapter(cls).validate_python(document)
-        return result
-
-    @classmethod
-    def json_schema(cls) -> dict[str, Any]:
-        """The JSON Schema of the document (pydantic's, in its serialization mode)."""
-        schema: dict[str, Any] = _adapter(cls).json_schema(
-            mode="serialization", ref_template="#/components/schemas/{model}"
-        )
-        if cls._sections_field is not None:
-            schema["properties"].pop(cls._sections_field, None)
-            schema["required"] = [name for name in schema.get("required", []) if name != cls._sections_field]
-            schema["additionalProperties"] = True  # a backend's own sections
-        return schema
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +107,7 @@ class Evidence(JsonResult):
     limits: JsonObject
     network: JsonObject = field(default_factory=lambda: MappingProxyType({}))
     leases: JsonObject | None = None
+    usage: Usage | None = None
     sections: JsonObject = field(default_factory=lambda: MappingProxyType({}))
 
 
@@ -276,14 +206,21 @@ class KeptExportRemoved(JsonResult):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SandboxInfo(JsonResult):
-    """One line of `list`."""
+    """One line of `list`: the sandbox, whose it is (`caller`: the account it was made for; the
+    broker's own for an owner's), how old it is and how long it has left (seconds; None: no end
+    set), and its work as its git reports it (None: not running, or it could not be checked)."""
 
     id: str
     profile: str | None
     backend: str | None
     status: str  # running, dead, creating, tearing-down, failed, unknown
     created_at: str | None
-    expires_at: str | None = None  # when the service tears it down (create --ttl)
+    expires_at: str | None = None  # when the service tears it down (create --ttl, extend)
+    caller_uid: int | None = None
+    caller: str | None = None  # caller_uid's account name
+    age_seconds: int | None = None
+    seconds_left: int | None = None
+    work: WorkSummary | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

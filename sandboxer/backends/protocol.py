@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from sandboxer.host.inside_sockets import InsideSockets
     from sandboxer.host.limit_events import LimitWatch
     from sandboxer.host.observe import MountSeen, ProbeSeen
+    from sandboxer.host.usage import Sample
 
 # Persists a version of the sandbox's record at once (create and the warm pool pass the registry's
 # write): a backend calls it before anything the record names could outlive the caller.
@@ -176,6 +177,10 @@ class Lifecycle(Protocol):
 
     def observe(self, record: SandboxRecord, *, site: Site) -> Observed:
         """Observe the live sandbox against its plan."""
+
+    def sample(self, record: SandboxRecord) -> Sample:
+        """What the running sandbox uses now (its cgroups' counters, or its processes'), and the
+        process its filesystem is seen through (sandboxer.host.usage)."""
 
     def listen_inside(self, record: SandboxRecord, address: tuple[str, int]) -> socket.socket:
         """A socket listening on `address` in the running sandbox's own network namespace, made by

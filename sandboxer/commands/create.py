@@ -19,7 +19,7 @@ from sandboxer.commands.spools import make_spools
 from sandboxer.core.egress.inside import EGRESS_PORT
 from sandboxer.core.plan import WORKSPACE_TARGET
 from sandboxer.core.record import SandboxRecord, expiry_text, now_text
-from sandboxer.errors import SandboxerError, UsageError
+from sandboxer.errors import PolicyError, SandboxerError, UsageError
 from sandboxer.host import activity, procs, workspace_volume
 from sandboxer.host.registry import Registry
 
@@ -38,6 +38,7 @@ def create(
     bootstrap: str | CallerFile | None = None,
     caller_uid: int | None = None,
     ttl: float | None = None,
+    default_ttl: float | None = None,
     ref: str | None = None,
     branch: str | None = None,
     services: Services,
@@ -46,7 +47,9 @@ def create(
     by path or as its caller read it);
     nothing is left behind if any step fails. `caller_uid`: the account a service creates it
     for, which alone (with the owners) may use it then. `ttl`: seconds until the service tears
-    it down (create --ttl). `ref`, `branch`: what the workspace checks out instead of the
+    it down (create --ttl), at most the profile's lifetime.max_seconds, which is the lifetime
+    when none is asked (or `default_ttl`, a granted caller's ceiling, when that is less).
+    `ref`, `branch`: what the workspace checks out instead of the
     profile's ref (one workspace.refs allows), on a new branch (create --ref, --branch)."""
     if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)):
         raise UsageError("ttl: must be a number of seconds")  # from a program: the CLI's is a float
@@ -56,6 +59,12 @@ def create(
     request = CreateRequest(
         dirs, profile_name, manifest_path, bootstrap, backends=services.backends, ref=ref, branch=branch
     )
+    most = request.profile.lifetime.max_seconds
+    if most is not None and ttl is not None and ttl > most:
+        raise PolicyError(f"--ttl: {ttl:g} seconds is past the profile's lifetime.max_seconds ({most})")
+    if ttl is None:
+        bounds = [bound for bound in (default_ttl, most) if bound is not None]
+        ttl = min(bounds) if bounds else None
     if request.profile.egress:
         services.egress.require(request.profile.name)  # before anything is made
     manifest = None if request.assignment is None else request.assignment.manifest
@@ -96,6 +105,7 @@ def _create(
         )
     else:
         lock, record, plan = taken
+    now = time.time()
     record = replace(
         record,
         state="creating",
@@ -103,7 +113,10 @@ def _create(
         owner_pid=os.getpid(),
         owner_start=procs.start_time(os.getpid()),
         caller_uid=caller_uid,
-        expires_at=None if ttl is None else time.time() + ttl,
+        expires_at=None if ttl is None else now + ttl,
+        max_expires_at=None
+        if request.profile.lifetime.max_seconds is None
+        else now + request.profile.lifetime.max_seconds,
         idle_seconds=request.profile.lifetime.idle_seconds,
         warm_profile=bool(warm_count),  # its teardown tops the profile's warm sandboxes up
     )

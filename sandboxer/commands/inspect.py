@@ -9,6 +9,7 @@ from sandboxer.api.results import Evidence
 from sandboxer.commands.logs import counts, has_egress
 from sandboxer.commands.services import Services
 from sandboxer.commands.sites import site_of
+from sandboxer.commands.usage import usage
 from sandboxer.core.plan import MIB, RUNTIME_TARGET, STATE_ROOT, TMP_TARGETS, MountKind
 from sandboxer.errors import BackendError
 from sandboxer.host.digest_cache import digest_runtime
@@ -51,6 +52,7 @@ def inspect(dirs: Dirs, sandbox_id: str, *, services: Services) -> Evidence:
             "published": [{**item, "listening": item["host"] in listening} for item in served],
         }
     evidence["limits"].update(seen.limits)
+    evidence["usage"] = usage(dirs, sandbox_id, backends=services.backends).to_json()
     evidence.update(seen.sections)
     return Evidence.from_json(evidence)
 
@@ -110,6 +112,7 @@ def _evidence(
             "mechanism": record.limits.mechanism,
             "memory_mib": record.limits.memory_mib,
             "pids": record.limits.pids,
+            "cpus": record.limits.cpus,  # the CPU quota in cores (None: none)
             # The workspace's own sized filesystem (root brokers): ENOSPC inside past this size.
             "workspace_mib": workspace_fs.mib if workspace_fs else None,
             "workspace_enforced": bool(workspace_fs and workspace_fs.enforced),

@@ -60,6 +60,8 @@ WORKSPACE_MIB_RANGE = (16, 1024 * 1024)
 TMPFS_MIB_RANGE = (16, 64 * 1024)  # limits.state_mib, limits.tmp_mib: memory-backed, so at most 64 GiB
 PIDS_RANGE = (16, 65536)
 IDLE_SECONDS_RANGE = (1, 30 * 24 * 3600)  # lifetime.idle_seconds: a second to 30 days
+MAX_SECONDS_RANGE = (60, 365 * 24 * 3600)  # lifetime.max_seconds: a minute to a year
+CPUS_RANGE = (0.01, 1024.0)  # limits.cpus: cores of CPU time per second of wall time
 WARM_RANGE = (0, 8)  # containers started ahead for each Docker profile (docs/docker.md, "Warm containers")
 
 
@@ -209,7 +211,7 @@ def _parse_profile(doc: Doc, root: YNode, digest: str) -> Profile:
 
     limits = Limits()
     if "limits" in top:
-        known = ("memory_mib", "pids", "workspace_mib", "state_mib", "tmp_mib", "best_effort")
+        known = ("memory_mib", "pids", "workspace_mib", "state_mib", "tmp_mib", "cpus", "best_effort")
         raw = doc.mapping(top["limits"], "limits", (), known)
         limits = Limits(
             memory_mib=doc.integer(raw["memory_mib"], "limits.memory_mib", MEMORY_MIB_RANGE)
@@ -225,6 +227,7 @@ def _parse_profile(doc: Doc, root: YNode, digest: str) -> Profile:
             tmp_mib=doc.integer(raw["tmp_mib"], "limits.tmp_mib", TMPFS_MIB_RANGE)
             if "tmp_mib" in raw
             else DEFAULT_TMP_MIB,
+            cpus=doc.decimal(raw["cpus"], "limits.cpus", CPUS_RANGE) if "cpus" in raw else None,
             best_effort=doc.boolean(raw["best_effort"], "limits.best_effort") if "best_effort" in raw else False,
         )
     security = Security()
@@ -234,10 +237,15 @@ def _parse_profile(doc: Doc, root: YNode, digest: str) -> Profile:
             security = Security(allow_ptrace=doc.boolean(raw_security["allow_ptrace"], "security.allow_ptrace"))
     lifetime = Lifetime()
     if "lifetime" in top:
-        raw_lifetime = doc.mapping(top["lifetime"], "lifetime", (), ("idle_seconds",))
-        if "idle_seconds" in raw_lifetime:
-            idle = doc.integer(raw_lifetime["idle_seconds"], "lifetime.idle_seconds", IDLE_SECONDS_RANGE)
-            lifetime = Lifetime(idle_seconds=idle)
+        raw_lifetime = doc.mapping(top["lifetime"], "lifetime", (), ("idle_seconds", "max_seconds"))
+        lifetime = Lifetime(
+            idle_seconds=doc.integer(raw_lifetime["idle_seconds"], "lifetime.idle_seconds", IDLE_SECONDS_RANGE)
+            if "idle_seconds" in raw_lifetime
+            else None,
+            max_seconds=doc.integer(raw_lifetime["max_seconds"], "lifetime.max_seconds", MAX_SECONDS_RANGE)
+            if "max_seconds" in raw_lifetime
+            else None,
+        )
     repository = doc.absolute_path(workspace["repository"], "workspace.repository")
     ref = _git_ref(doc, workspace["ref"], "workspace.ref")
     git_name, git_email = _git_user(doc, workspace.get("git"))

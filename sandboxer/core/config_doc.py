@@ -81,6 +81,16 @@ class Doc:
             raise self.fail(node.mark, path, f"must be between {low} and {high}")
         return node.value
 
+    def decimal(self, node: YNode, path: str, bounds: tuple[float, float]) -> float:
+        """A number, integer or decimal (never a boolean), within `bounds`."""
+        value = node.value if isinstance(node, YScalar) else None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(node.mark, path, "must be a number")
+        low, high = bounds
+        if not low <= value <= high:
+            raise self.fail(node.mark, path, f"must be between {low:g} and {high:g}")  # NaN too
+        return float(value)
+
     def boolean(self, node: YNode, path: str) -> bool:
         if not isinstance(node, YScalar) or not isinstance(node.value, bool):
             raise self.fail(node.mark, path, "must be true or false")

@@ -87,6 +87,7 @@ class Limits:
     workspace_mib: int = DEFAULT_WORKSPACE_MIB  # the workspace's own filesystem: ENOSPC past it
     state_mib: int = DEFAULT_STATE_MIB  # the state tmpfs: ENOSPC past it
     tmp_mib: int = DEFAULT_TMP_MIB  # /tmp and /var/tmp, each: ENOSPC past it
+    cpus: float | None = None  # a CPU quota: cores of CPU time per second (None: no quota)
     best_effort: bool = False
 
 
@@ -99,9 +100,10 @@ class Security:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Lifetime:
-    """How long a profile's sandboxes live unused."""
+    """How long a profile's sandboxes live: unused, and at most."""
 
     idle_seconds: int | None = None  # torn down by the service after this long without an exec
+    max_seconds: int | None = None  # no sandbox lives longer from its create (--ttl, extend)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -214,10 +216,11 @@ def meaning(item: OwnerFile) -> dict[str, Any]:
                 "workspace_mib": item.limits.workspace_mib,
                 "state_mib": item.limits.state_mib,
                 "tmp_mib": item.limits.tmp_mib,
+                "cpus": item.limits.cpus,
                 "best_effort": item.limits.best_effort,
             },
             "security": {"allow_ptrace": item.security.allow_ptrace},
-            "lifetime": {"idle_seconds": item.lifetime.idle_seconds},
+            "lifetime": {"idle_seconds": item.lifetime.idle_seconds, "max_seconds": item.lifetime.max_seconds},
             "exec": {"caller_env": list(item.caller_env), "env": dict(item.exec_env)},
         }
     config: dict[str, Any] = {"runtime": {"path": item.runtime.path, "sha256": item.runtime.sha256}}
@@ -271,6 +274,7 @@ def from_meaning(document: dict[str, Any], file_sha256: str) -> OwnerFile:
                 workspace_mib=int(limits["workspace_mib"]),
                 state_mib=int(limits.get("state_mib", DEFAULT_STATE_MIB)),
                 tmp_mib=int(limits.get("tmp_mib", DEFAULT_TMP_MIB)),
+                cpus=None if limits.get("cpus") is None else float(limits["cpus"]),
                 best_effort=bool(limits["best_effort"]),
             ),
             file_sha256=file_sha256,
@@ -347,7 +351,8 @@ def _seconds(value: object) -> int | float:
 
 def _lifetime(document: dict[str, Any]) -> Lifetime:
     idle = document.get("idle_seconds")
-    return Lifetime(idle_seconds=None if idle is None else int(idle))
+    most = document.get("max_seconds")
+    return Lifetime(idle_seconds=None if idle is None else int(idle), max_seconds=None if most is None else int(most))
 
 
 def _extension(value: object) -> ExtensionName:

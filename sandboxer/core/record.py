@@ -80,6 +80,7 @@ class LimitsRecord:
     rlimits: tuple[tuple[int, int], ...] = ()
     memory_mib: int
     pids: int
+    cpus: float | None = None  # the CPU quota in cores (None: none)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -240,6 +241,7 @@ class SandboxRecord:
     owner_start: int | None = None
     caller_uid: int | None = None  # the account a service created it for (None: the broker's own)
     expires_at: float | None = None  # POSIX time its lifetime ends (create --ttl): the service tears it down
+    max_expires_at: float | None = None  # the latest `extend` may set: its profile's lifetime.max_seconds
     idle_seconds: int | None = None  # its profile's lifetime.idle_seconds: the service tears it down unused
     warm_profile: bool = False  # its teardown tops the profile's warm sandboxes up
     consumed: bool = False  # torn down after its assignment was used: materializations go too
@@ -278,6 +280,8 @@ class SandboxRecord:
             data["caller_uid"] = self.caller_uid
         if self.expires_at is not None:
             data["expires_at"] = self.expires_at
+        if self.max_expires_at is not None:
+            data["max_expires_at"] = self.max_expires_at
         if self.idle_seconds is not None:
             data["idle_seconds"] = self.idle_seconds
         if self.consumed:

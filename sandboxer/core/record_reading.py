@@ -54,6 +54,7 @@ def read_record(data: object) -> SandboxRecord:
         owner_start=top.maybe_int("owner_start"),
         caller_uid=top.maybe_int("caller_uid"),
         expires_at=top.maybe_number("expires_at"),
+        max_expires_at=top.maybe_number("max_expires_at"),
         idle_seconds=top.maybe_int("idle_seconds"),
         warm_profile=top.flag("warm_profile"),
         consumed=top.flag("consumed"),
@@ -74,7 +75,7 @@ def read_record(data: object) -> SandboxRecord:
 
 _TOP_KEYS = {
     "format", "id", "profile", "backend", "state", "created_at", "owner_pid", "owner_start", "caller_uid",
-    "expires_at", "idle_seconds", "warm_profile",
+    "expires_at", "max_expires_at", "idle_seconds", "warm_profile",
     "consumed", "workspace_fs", "work", "manifest", "bootstrap", "limits", "seccomp", "image", "container_id", "warm",
     "services",
 }  # fmt: skip
@@ -193,7 +194,7 @@ def _bootstrap(part: _Reader) -> BootstrapRecord:
 
 
 def _limits(part: _Reader) -> LimitsRecord:
-    part.only({"mechanism", "groups", "procs_files", "rlimits", "memory_mib", "pids"})
+    part.only({"mechanism", "groups", "procs_files", "rlimits", "memory_mib", "pids", "cpus"})
     return LimitsRecord(
         mechanism=part.text("mechanism"),
         groups=part.texts("groups"),
@@ -201,6 +202,7 @@ def _limits(part: _Reader) -> LimitsRecord:
         rlimits=part.pairs("rlimits", int, int),
         memory_mib=part.number("memory_mib"),
         pids=part.number("pids"),
+        cpus=part.maybe_number("cpus"),
     )
 
 

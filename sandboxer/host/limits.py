@@ -1,9 +1,11 @@
 """Resource limits: cgroups where the host offers a writable hierarchy, otherwise rlimits.
 
 cgroup v1 (as on hybrid hosts): a group named sandboxer/<id> under the memory and pids
-controllers. cgroup v2: sandboxer/<id> below the unified root, or below the broker's own cgroup
-when that subtree is delegated to it. Without either, per-process rlimits (RLIMIT_AS for
-memory, RLIMIT_NPROC for processes) are applied to every command started in the sandbox.
+controllers, and under the cpu and cpuacct ones where the host mounts them (CPU time, and
+`limits.cpus` as a CFS quota). cgroup v2: sandboxer/<id> below the unified root, or below the
+broker's own cgroup when that subtree is delegated to it (with the cpu controller where it is
+available). Without either, per-process rlimits (RLIMIT_AS for memory, RLIMIT_NPROC for
+processes) are applied to every command started in the sandbox; a CPU quota needs a cgroup.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from sandboxer.core.record import LimitsRecord
 from sandboxer.errors import BackendError, PolicyError
 
 CGROUP_ROOT = "/sys/fs/cgroup"
+CFS_PERIOD_US = 100_000  # the CFS period a quota is a share of: the kernel's default, 100 ms
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,6 +45,7 @@ class LimitSetup:
             rlimits=self.rlimits,
             memory_mib=limits.memory_mib,
             pids=limits.pids,
+            cpus=limits.cpus,
         )
 
     @classmethod
@@ -90,6 +94,24 @@ def _v2_parent() -> str | None:
     return None
 
 
+def _v1_cpu_hierarchies() -> list[str]:
+    """The v1 hierarchies holding the cpu and cpuacct controllers, each once, by its real name
+    (`cpu` and `cpuacct` are often links to one `cpu,cpuacct`); those this process may write in."""
+    found: list[str] = []
+    for controller in ("cpu", "cpuacct"):
+        hierarchy = os.path.realpath(os.path.join(CGROUP_ROOT, controller))
+        if os.path.dirname(hierarchy) != CGROUP_ROOT or not os.path.isdir(hierarchy):
+            continue
+        if hierarchy not in found and os.access(hierarchy, os.W_OK):
+            found.append(hierarchy)
+    return found
+
+
+def quota(cpus: float) -> int:
+    """A CFS quota of `cpus` cores, in microseconds per CFS_PERIOD_US (the kernel's least is 1 ms)."""
+    return max(1000, round(cpus * CFS_PERIOD_US))
+
+
 def mechanism() -> str | None:
     """What would hold a new sandbox's limits here: "cgroup-v1", "cgroup-v2", or None (rlimits)."""
     if _v1_usable():
@@ -104,49 +126,82 @@ def _write(path: str, value: str) -> None:
 
 def setup(sandbox_id: str, limits: Limits) -> LimitSetup:
     """Prepare the limits of a new sandbox; fail closed unless the profile allows best effort."""
-    memory = limits.memory_mib * 1024 * 1024
-    made: list[str] = []
+    made: list[str] = []  # each group as it is made: removed again when setting up fails
     try:
         if _v1_usable():
-            for controller in ("memory", "pids"):
-                group = os.path.join(CGROUP_ROOT, controller, "sandboxer", sandbox_id)
-                os.makedirs(group, mode=0o755)
-                made.append(group)
-            _write(os.path.join(made[0], "memory.limit_in_bytes"), str(memory))
-            _write(os.path.join(made[1], "pids.max"), str(limits.pids))
-            return LimitSetup(
-                mechanism="cgroup-v1",
-                groups=tuple(made),
-                # "tasks", not "cgroup.procs": moving one thread (ours, single-threaded, writing
-                # "0") skips the kernel's global threadgroup lock and its RCU grace period,
-                # about 8 ms on every exec.
-                procs_files=tuple(os.path.join(g, "tasks") for g in made),
-            )
+            return _setup_v1(sandbox_id, limits, made)
         parent = _v2_parent()
         if parent is not None:
-            base = os.path.join(parent, "sandboxer")
-            with contextlib.suppress(OSError):
-                _write(os.path.join(parent, "cgroup.subtree_control"), "+memory +pids")
-            os.makedirs(base, exist_ok=True)
-            _write(os.path.join(base, "cgroup.subtree_control"), "+memory +pids")
-            group = os.path.join(base, sandbox_id)
-            os.mkdir(group, 0o755)
-            made.append(group)
-            _write(os.path.join(group, "memory.max"), str(memory))
-            _write(os.path.join(group, "pids.max"), str(limits.pids))
-            return LimitSetup(
-                mechanism="cgroup-v2", groups=(group,), procs_files=(os.path.join(group, "cgroup.procs"),)
-            )
+            return _setup_v2(parent, sandbox_id, limits, made)
+    except _NoCpuController:  # (only without best_effort)
+        remove(tuple(made))
+        raise BackendError("limits.cpus: this host offers the broker no cpu cgroup controller") from None
     except OSError as exc:
         remove(tuple(made))
         if not limits.best_effort:
             raise BackendError(f"cannot set up cgroup limits ({exc.strerror})") from None
-    pairs = ((resource.RLIMIT_AS, memory), (resource.RLIMIT_NPROC, limits.pids))
+    if limits.cpus is not None and not limits.best_effort:  # an rlimit caps CPU time, it is no quota
+        raise PolicyError("limits.cpus: a CPU quota needs a cgroup, and this host offers none; set limits.best_effort")
+    pairs = ((resource.RLIMIT_AS, limits.memory_mib * 1024 * 1024), (resource.RLIMIT_NPROC, limits.pids))
     for which, value in pairs:
         _soft, hard = resource.getrlimit(which)
         if hard != resource.RLIM_INFINITY and hard < value and not limits.best_effort:
             raise PolicyError(f"limits: the host caps rlimit {which} below the profile's limit; set limits.best_effort")
     return LimitSetup(mechanism="rlimit", rlimits=pairs)
+
+
+def _setup_v1(sandbox_id: str, limits: Limits, made: list[str]) -> LimitSetup:
+    for controller in ("memory", "pids"):
+        group = os.path.join(CGROUP_ROOT, controller, "sandboxer", sandbox_id)
+        os.makedirs(group, mode=0o755)
+        made.append(group)
+    _write(os.path.join(made[0], "memory.limit_in_bytes"), str(limits.memory_mib * 1024 * 1024))
+    _write(os.path.join(made[1], "pids.max"), str(limits.pids))
+    held = False
+    for hierarchy in _v1_cpu_hierarchies():  # CPU time, and the quota
+        group = os.path.join(hierarchy, "sandboxer", sandbox_id)
+        os.makedirs(group, mode=0o755)
+        made.append(group)
+        if limits.cpus is not None and os.path.exists(os.path.join(group, "cpu.cfs_quota_us")):
+            _write(os.path.join(group, "cpu.cfs_period_us"), str(CFS_PERIOD_US))
+            _write(os.path.join(group, "cpu.cfs_quota_us"), str(quota(limits.cpus)))
+            held = True
+    if limits.cpus is not None and not held and not limits.best_effort:
+        raise _NoCpuController()
+    return LimitSetup(
+        mechanism="cgroup-v1",
+        groups=tuple(made),
+        # "tasks", not "cgroup.procs": moving one thread (ours, single-threaded, writing "0")
+        # skips the kernel's global threadgroup lock and its RCU grace period, about 8 ms on
+        # every exec.
+        procs_files=tuple(os.path.join(g, "tasks") for g in made),
+    )
+
+
+def _setup_v2(parent: str, sandbox_id: str, limits: Limits, made: list[str]) -> LimitSetup:
+    base = os.path.join(parent, "sandboxer")
+    with contextlib.suppress(OSError):
+        _write(os.path.join(parent, "cgroup.subtree_control"), "+memory +pids")
+    with contextlib.suppress(OSError):  # CPU time and the quota where the cpu controller is offered
+        _write(os.path.join(parent, "cgroup.subtree_control"), "+cpu")
+    os.makedirs(base, exist_ok=True)
+    _write(os.path.join(base, "cgroup.subtree_control"), "+memory +pids")
+    with contextlib.suppress(OSError):
+        _write(os.path.join(base, "cgroup.subtree_control"), "+cpu")
+    group = os.path.join(base, sandbox_id)
+    os.mkdir(group, 0o755)
+    made.append(group)
+    _write(os.path.join(group, "memory.max"), str(limits.memory_mib * 1024 * 1024))
+    _write(os.path.join(group, "pids.max"), str(limits.pids))
+    if limits.cpus is not None and os.path.exists(os.path.join(group, "cpu.max")):
+        _write(os.path.join(group, "cpu.max"), f"{quota(limits.cpus)} {CFS_PERIOD_US}")
+    elif limits.cpus is not None and not limits.best_effort:
+        raise _NoCpuController()
+    return LimitSetup(mechanism="cgroup-v2", groups=(group,), procs_files=(os.path.join(group, "cgroup.procs"),))
+
+
+class _NoCpuController(Exception):
+    """limits.cpus, and no cpu controller to hold it."""
 
 
 def remove(groups: tuple[str, ...]) -> list[str]:
@@ -200,6 +255,7 @@ def members(group: str) -> list[int]:
 
 def leftover_groups(sandbox_id: str) -> tuple[str, ...]:
     """cgroup directories named after a sandbox whose record never listed them (crash mid-create)."""
-    candidates = [os.path.join(CGROUP_ROOT, c, "sandboxer", sandbox_id) for c in ("memory", "pids")]
+    hierarchies = [os.path.join(CGROUP_ROOT, c) for c in ("memory", "pids")] + _v1_cpu_hierarchies()
+    candidates = [os.path.join(hierarchy, "sandboxer", sandbox_id) for hierarchy in hierarchies]
     candidates.append(os.path.join(CGROUP_ROOT, "sandboxer", sandbox_id))
     return tuple(path for path in candidates if os.path.isdir(path))

@@ -57,6 +57,7 @@ def test_check_prints_normalized_meaning(broker: Broker) -> None:
         "workspace_mib": 4096,
         "state_mib": 256,
         "tmp_mib": 256,
+        "cpus": None,
         "best_effort": False,
     }
     assert document["security"] == {"allow_ptrace": False}

@@ -29,6 +29,7 @@ from sandboxer.errors import BackendError, EntryError, ExecUsage
 from sandboxer.execio.stdio import CALLER_GONE, TIMED_OUT, Stdio
 from sandboxer.host.inside_sockets import InsideSockets, connected
 from sandboxer.host.limit_events import LimitWatch
+from sandboxer.host.usage import Counters, Sample
 from sandboxer.service.publish.table import reserve
 
 NO_WARM = "the fake backend keeps no warm sandboxes"
@@ -109,6 +110,9 @@ class FakeBackend:
         """Sockets on the host (the fake has no namespace of its own)."""
         self.calls.append(("inside_sockets", record.id))
         return HostSockets()
+
+    def sample(self, record: SandboxRecord) -> Sample:
+        return Sample(counters=Counters(memory_bytes=1 << 20, pids=1, cpu_seconds=0.0), source="cgroup", root_pid=None)
 
     def observe(self, record: SandboxRecord, *, site: Site) -> Observed:
         raise BackendError("the fake backend observes nothing")

@@ -219,7 +219,21 @@ BAD_FILES = [
         PROFILE + "limits:\n  best_effort: yes\n",
         "f.yaml:12:16: limits.best_effort: must be true or false",
     ),
-    ("unknown limit", PROFILE + "limits:\n  cpus: 2\n", "f.yaml:12:3: limits.cpus: unknown key"),
+    ("cpus as string", PROFILE + "limits:\n  cpus: half\n", "f.yaml:12:9: limits.cpus: must be a number"),
+    ("cpus as bool", PROFILE + "limits:\n  cpus: true\n", "f.yaml:12:9: limits.cpus: must be a number"),
+    ("cpus zero", PROFILE + "limits:\n  cpus: 0\n", "f.yaml:12:9: limits.cpus: must be between 0.01 and 1024"),
+    ("cpus not a number", PROFILE + "limits:\n  cpus: .nan\n", "f.yaml:12:9: limits.cpus: not a plain number"),
+    (
+        "max lifetime too short",
+        PROFILE + "lifetime:\n  max_seconds: 5\n",
+        "f.yaml:12:16: lifetime.max_seconds: must be between 60 and 31536000",
+    ),
+    (
+        "max lifetime decimal",
+        PROFILE + "lifetime:\n  max_seconds: 90.5\n",
+        "f.yaml:12:16: lifetime.max_seconds: must be an integer",
+    ),
+    ("unknown limit", PROFILE + "limits:\n  cores: 2\n", "f.yaml:12:3: limits.cores: unknown key"),
     (
         "a misspelt limit",
         PROFILE + "limits:\n  memory_mb: 512\n",

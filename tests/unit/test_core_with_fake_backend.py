@@ -79,7 +79,7 @@ def test_create_teardown_walks_the_states_and_leaves_nothing(broker: Broker, fak
     assert [(info.id, info.status) for info in broker.list()] == [(sandbox.id, "running")]
     clone = Path(broker.state_dir) / "sandboxes" / sandbox.id / "workspace"
     assert (clone / "README.md").read_text() == "workspace\n"
-    assert [verb for verb, _ in fake.calls] == ["preflight", "admit", "start"]
+    assert [verb for verb, _ in fake.calls] == ["preflight", "admit", "start", "run"]  # list asks its git
     receipt = sandbox.teardown(discard=True)  # the fake runs no command: no git to ask about work
     assert receipt.residue == ()
     assert "fake processes" in receipt.removed

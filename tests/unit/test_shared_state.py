@@ -27,7 +27,7 @@ ALLOWED = {
     ("backends/bwrap/spawner_process.py", "global _own_pid_namespace"): "set once, before the first request, in a "
     "process of one thread",
     ("api/caller.py", "_CREATING"): "read and changed only under _CREATE_LOCK",
-    ("api/results.py", "_ADAPTERS"): "a cache of values built whole before one assignment (the GIL makes a dict's "
+    ("api/jsonresult.py", "_ADAPTERS"): "a cache of values built whole before one assignment (the GIL makes a dict's "
     "item assignment atomic); two threads building the same one each get a whole one",
 }
 

@@ -21,7 +21,7 @@ from sandboxer.backends.bwrap.stop import stop
 from sandboxer.backends.protocol import Check, Observed
 from sandboxer.core.removal import Removal
 from sandboxer.errors import BackendError
-from sandboxer.host import limits, netns, procs, staging, workspace
+from sandboxer.host import limits, netns, procs, staging, usage, workspace
 from sandboxer.host.fstree import remove_tree
 from sandboxer.host.inside_sockets import InsideSockets, inside_sockets
 from sandboxer.host.lease_mounts import unmount_below
@@ -194,6 +194,16 @@ class BwrapBackend(BwrapExecution):
             network=network,
             limits={"cgroups": list(probe.cgroups) if limit_setup.groups else []},
         )
+
+    def sample(self, record: SandboxRecord) -> usage.Sample:
+        live = bwrap_live.Live.of(record.processes)
+        holder = live.holder_pid if procs.alive(live.holder_pid, live.holder_start) else None
+        groups = record.limits.groups if record.limits is not None else ()
+        if groups:
+            counters = usage.cgroup_counters(groups)
+        else:
+            counters = usage.Counters() if holder is None else usage.process_counters(holder)
+        return usage.Sample(counters=counters, source="cgroup" if groups else "processes", root_pid=holder)
 
     def warm_fingerprint(self, plan: Plan, *, site: Site, image: str) -> str:
 

@@ -188,7 +188,7 @@ def confinement_problems(live: Live, limit_setup: LimitSetup) -> list[str]:
     the syscall policy. (bwrap and its init must stay dumpable: bwrap writes its own
     /proc/self/uid_map. No exec can reach them: each is a Landlock domain of its own.)"""
     problems: list[str] = []
-    wanted = _cgroup_lines(limit_setup.groups)
+    wanted = _cgroup_lines(limit_setup)
     for name, pid in (("bwrap", live.bwrap_pid), ("init", live.init_pid), ("holder", live.holder_pid)):
         base = f"/proc/{pid}"
         try:
@@ -212,14 +212,14 @@ def confinement_problems(live: Live, limit_setup: LimitSetup) -> list[str]:
     return problems
 
 
-def _cgroup_lines(groups: tuple[str, ...]) -> list[str]:
-    """The /proc/PID/cgroup lines of a process inside these cgroup directories."""
+def _cgroup_lines(limit_setup: LimitSetup) -> list[str]:
+    """The /proc/PID/cgroup lines of a process inside the sandbox's cgroup directories."""
     lines = []
-    for group in groups:
+    for group in limit_setup.groups:
         relative = os.path.relpath(group, CGROUP_ROOT)
-        controller, _, path = relative.partition("/")
-        if controller in ("memory", "pids"):  # v1: one hierarchy per controller
-            lines.append(f"{controller}:/{path}")
+        hierarchy, _, path = relative.partition("/")
+        if limit_setup.mechanism == "cgroup-v1":  # named by its controllers ("memory", "cpu,cpuacct")
+            lines.append(f"{hierarchy}:/{path}")
         else:  # v2: the unified hierarchy
             lines.append(f":/{relative}")
     return lines

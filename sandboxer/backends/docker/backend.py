@@ -14,7 +14,7 @@ from sandboxer.backends.docker import container, engine, service_checks, warm
 from sandboxer.backends.docker import container as docker_backend
 from sandboxer.backends.docker import services as docker_services
 from sandboxer.backends.docker.engine import SOCKET, remove_labelled
-from sandboxer.backends.docker.enter import DockerExecution
+from sandboxer.backends.docker.enter import DockerExecution, container_groups
 from sandboxer.backends.docker.probe import docker_probe, parse_docker_probe
 from sandboxer.backends.docker.render import LABEL, STATE_LABEL, short_option
 from sandboxer.backends.docker.volumes import (
@@ -30,7 +30,7 @@ from sandboxer.core.plan import MountKind
 from sandboxer.core.record import LimitsRecord, PlanShare, SeccompRecord
 from sandboxer.core.removal import Removal
 from sandboxer.errors import BackendError, UsageError
-from sandboxer.host import lease_mounts, netns, procs, staging
+from sandboxer.host import lease_mounts, netns, procs, staging, usage
 from sandboxer.host.inside_sockets import InsideSockets, ProxySockets, inside_sockets
 from sandboxer.host.lease_mounts import staged_mismatches
 from sandboxer.host.observe import process_differences
@@ -62,7 +62,9 @@ def start_docker(
     leases_staged = staged is not plan
     record = replace(
         record,
-        limits=LimitsRecord(mechanism="docker", memory_mib=plan.limits.memory_mib, pids=plan.limits.pids),
+        limits=LimitsRecord(
+            mechanism="docker", memory_mib=plan.limits.memory_mib, pids=plan.limits.pids, cpus=plan.limits.cpus
+        ),
         image=image,
         # The project's syscall policy, rendered into the container's settings (render.py); its
         # digest is computed by inspect, not here: compiling it costs more than a warm create.
@@ -237,6 +239,15 @@ class DockerBackend(DockerExecution):
         namespace = netns.open_namespace(pid, procs.start_time(pid), still_theirs=still_theirs)
         return inside_sockets(namespace, join_user=False)
 
+    def sample(self, record: SandboxRecord) -> usage.Sample:
+        container_id = record.container_id or ""
+        try:
+            pid: int | None = container.namespace_process(container_id)[0]
+        except BackendError:
+            pid = None
+        groups = container_groups(container_id, ("memory", "pids", "cpuacct", "")) if container_id else []
+        return usage.Sample(counters=usage.cgroup_counters(groups), source="cgroup", root_pid=pid)
+
     def observe(self, record: SandboxRecord, *, site: Site) -> Observed:
         """What the Engine shows and what the container itself shows."""
 
@@ -264,7 +275,13 @@ class DockerBackend(DockerExecution):
             probe=probe,
             problems=problems,
             network={"interfaces": interfaces, "routes": routes, "mode": host.get("NetworkMode")},
-            limits={"engine": {"memory": host.get("Memory"), "pids": host.get("PidsLimit")}},
+            limits={
+                "engine": {
+                    "memory": host.get("Memory"),
+                    "pids": host.get("PidsLimit"),
+                    "nano_cpus": host.get("NanoCpus"),
+                }
+            },
             sections={
                 # The filter the container's pid 1 runs under (the kernel's Seccomp: line), and
                 # the identity of the policy the Engine was given (the final inspection compares

@@ -159,13 +159,14 @@ def _check_room(limits: LimitWatch) -> None:
         raise EntryError(125, pids_room.full_message(limit))
 
 
-def container_groups(container_id: str) -> list[str]:
-    """The container's memory and pids cgroup directories, where either of the Engine's cgroup
-    drivers puts them (cgroupfs: docker/ID; systemd: system.slice/docker-ID.scope), v1 or v2."""
+def container_groups(container_id: str, hierarchies: tuple[str, ...] = ("memory", "pids", "")) -> list[str]:
+    """The container's cgroup directories of `hierarchies` (by default memory and pids, and "":
+    the unified hierarchy of a v2-only host), where either of the Engine's cgroup drivers puts
+    them (cgroupfs: docker/ID; systemd: system.slice/docker-ID.scope)."""
     root = "/sys/fs/cgroup"
     places = (f"docker/{container_id}", f"system.slice/docker-{container_id}.scope")
     found = []
-    for hierarchy in ("memory", "pids", ""):  # "": the unified hierarchy of a v2-only host
+    for hierarchy in hierarchies:
         for place in places:
             path = os.path.join(root, hierarchy, place) if hierarchy else os.path.join(root, place)
             if os.path.isdir(path):

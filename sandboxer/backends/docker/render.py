@@ -136,6 +136,7 @@ def create_body(plan: Plan, *, image: str, etc_dir: str, state_dir: str, network
             "PidsLimit": plan.limits.pids,
             "Memory": memory,
             "MemorySwap": memory,
+            "NanoCpus": nano_cpus(plan.limits.cpus),
             "Tmpfs": tmpfs(plan),
             "IpcMode": "private",
             "CgroupnsMode": "private",
@@ -155,6 +156,7 @@ def verify(attrs: dict[str, Any], plan: Plan, *, etc_dir: str, network: str | No
         network=network or "none",
         pids=plan.limits.pids,
         memory_mib=plan.limits.memory_mib,
+        nano_cpus=nano_cpus(plan.limits.cpus),
         allow_ptrace=plan.allow_ptrace,
     )
     return hardening_problems(attrs, planned) + _mount_problems(attrs, plan, etc_dir=etc_dir)
@@ -168,7 +170,13 @@ class Hardening:
     network: str  # its NetworkMode
     pids: int
     memory_mib: int
+    nano_cpus: int  # the CPU quota (limits.cpus) in billionths of a core; 0: none
     allow_ptrace: bool
+
+
+def nano_cpus(cpus: float | None) -> int:
+    """limits.cpus as the Engine's NanoCpus (0: no quota)."""
+    return 0 if cpus is None else round(cpus * 1_000_000_000)
 
 
 def hardening_problems(attrs: dict[str, Any], planned: Hardening) -> list[str]:
@@ -193,6 +201,8 @@ def hardening_problems(attrs: dict[str, Any], planned: Hardening) -> list[str]:
         problems.append("devices are passed in")
     if host.get("PidsLimit") != planned.pids or host.get("Memory") != planned.memory_mib * 1024 * 1024:
         problems.append("pids or memory limit differs from the plan")
+    if (host.get("NanoCpus") or 0) != planned.nano_cpus:
+        problems.append("CPU quota differs from the plan")
     return problems
 
 

@@ -33,7 +33,7 @@ from urllib.parse import quote
 
 from sandboxer.backends.docker import engine
 from sandboxer.backends.docker.container import engine_call
-from sandboxer.backends.docker.render import STATE_LABEL, Hardening, security_options
+from sandboxer.backends.docker.render import STATE_LABEL, Hardening, nano_cpus, security_options
 from sandboxer.core.plan import MountKind, Plan
 from sandboxer.core.record import SandboxRecord, ServiceRecord, ServicesRecord
 from sandboxer.core.removal import Removal
@@ -124,7 +124,12 @@ def create_network(services: ServicesRecord, *, sandbox_id: str, state_dir: str)
 
 def hardening(plan: Plan, *, user: str, network: str) -> Hardening:
     return Hardening(
-        user=user, network=network, pids=plan.limits.pids, memory_mib=plan.limits.memory_mib, allow_ptrace=False
+        user=user,
+        network=network,
+        pids=plan.limits.pids,
+        memory_mib=plan.limits.memory_mib,
+        nano_cpus=nano_cpus(plan.limits.cpus),
+        allow_ptrace=False,
     )
 
 
@@ -156,6 +161,7 @@ def _body(planned: Hardening, *, image: str, labelled: dict[str, str]) -> dict[s
             "PidsLimit": planned.pids,
             "Memory": memory,
             "MemorySwap": memory,
+            "NanoCpus": planned.nano_cpus,
             "Tmpfs": tmpfs(),
             "IpcMode": "private",
             "CgroupnsMode": "private",

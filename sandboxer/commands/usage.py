@@ -1,0 +1,160 @@
+"""What an orchestrator watches of its sandboxes: `usage` (what one uses now), `work` (its work
+as its git reports it), `extend` (a longer lifetime, within its bounds), and the list's view of
+each (whose it is, its age and time left, its work)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from sandboxer.api.results import SandboxInfo
+from sandboxer.api.usage_results import Lifetime, Usage, WorkSummary
+from sandboxer.backends import Backends
+from sandboxer.commands.work import GIT_SECONDS, work_state
+from sandboxer.core.plan import STATE_ROOT, TMP_TARGETS, WORKSPACE_TARGET
+from sandboxer.core.record import expiry_text
+from sandboxer.errors import BackendError, NotFoundError, PolicyError, SandboxerError, UsageError
+from sandboxer.host import usage as measure
+from sandboxer.host.registry import Registry, check_id
+
+if TYPE_CHECKING:
+    from sandboxer.core.record import SandboxRecord
+    from sandboxer.dirs import Dirs
+
+LIST_GIT_SECONDS = 10  # the git of one sandbox's work, for `list`: a busy sandbox cannot hold the list
+MIB = 1024 * 1024
+
+
+def usage(dirs: Dirs, sandbox_id: str, *, backends: Backends) -> Usage:
+    """What the running sandbox uses now (BackendError when it is not running)."""
+    record = Registry(dirs.state).read_caller(check_id(sandbox_id))
+    if record.state != "ready" or record.limits is None:
+        raise BackendError(f"sandbox {sandbox_id} is not running (state {record.state})")
+    sample = backends.backend(record.backend).sample(record)
+    if sample.root_pid is None:
+        raise BackendError(f"sandbox {sandbox_id} is not running")
+    root = sample.root_pid
+    counters = sample.counters
+    own_fs = record.workspace_fs is not None  # a sized image or a tmpfs: the filesystem is the workspace's
+    workspace = (measure.filesystem_used if own_fs else measure.tree_used)(root, WORKSPACE_TARGET)
+    state, tmp = measure.filesystem_used(root, STATE_ROOT), measure.filesystem_used(root, TMP_TARGETS[0])
+    return Usage(
+        id=record.id,
+        source=sample.source,
+        memory_bytes=counters.memory_bytes,
+        memory_peak_bytes=counters.memory_peak_bytes,
+        memory_limit_bytes=record.limits.memory_mib * MIB,
+        pids=counters.pids,
+        pids_limit=record.limits.pids,
+        cpu_seconds=None if counters.cpu_seconds is None else round(counters.cpu_seconds, 3),
+        cpus=record.limits.cpus,
+        workspace_bytes=None if workspace is None else workspace.used_bytes,
+        workspace_complete=workspace is not None and not workspace.at_least,
+        state_bytes=None if state is None else state.used_bytes,
+        tmp_bytes=None if tmp is None else tmp.used_bytes,
+    )
+
+
+def work(dirs: Dirs, sandbox_id: str, *, backends: Backends, seconds: float | None = None) -> WorkSummary:
+    """The sandbox's work as its git reports it now, and what of it no export took out."""
+    state, record = work_state(dirs, sandbox_id, backends=backends, seconds=GIT_SECONDS if seconds is None else seconds)
+    unexported = tuple(state.unexported(record))
+    has_work = state.ahead != 0 or state.dirty
+    return WorkSummary(
+        id=sandbox_id,
+        head=state.head,
+        branch=state.branch,
+        commits=state.ahead,
+        dirty=state.dirty,
+        exported=has_work and not unexported,
+        unexported=unexported,
+    )
+
+
+def extend(dirs: Dirs, sandbox_id: str, seconds: object, *, ceiling: float | None) -> Lifetime:
+    """The ready sandbox's lifetime ends `seconds` from now (never earlier than it did; one made
+    without an end keeps none): at most
+    its profile's lifetime.max_seconds after its create, and `ceiling` seconds after it (a
+    granted caller's max_ttl_seconds); PolicyError (3) past either."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 1 <= seconds <= 365 * 24 * 3600:
+        raise UsageError("extend: seconds must be a number from 1 to 31536000")
+    registry = Registry(dirs.state)
+    lock = registry.lock(check_id(sandbox_id))
+    if lock is None:  # (a waiting lock is never refused)
+        raise NotFoundError(f"no such sandbox: {sandbox_id}")
+    try:
+        record = registry.read_caller(sandbox_id)
+        if record.state != "ready":
+            raise UsageError(f"extend: sandbox {sandbox_id} is not ready (state {record.state})")
+        if record.expires_at is None:
+            raise UsageError(f"extend: sandbox {sandbox_id} has no end to its lifetime (made without --ttl)")
+        now = time.time()
+        latest = _latest(record, ceiling)
+        wanted = now + seconds
+        if latest is not None and wanted > latest + 1:  # (a second's grace: created_at is to the second)
+            raise PolicyError(
+                f"extend: {seconds:g} seconds from now is past the sandbox's latest end, {expiry_text(latest)}"
+                " (the profile's lifetime.max_seconds or the grant's max_ttl_seconds, from its create)"
+            )
+        expires = max(wanted, record.expires_at)
+        registry.write(replace(record, expires_at=expires))
+    finally:
+        os.close(lock)
+    return Lifetime(
+        id=sandbox_id,
+        expires_at=expiry_text(expires),
+        seconds_left=int(expires - now),
+        max_expires_at=None if latest is None else expiry_text(latest),
+    )
+
+
+def _latest(record: SandboxRecord, ceiling: float | None) -> float | None:
+    """The latest end of the sandbox's lifetime: the record's (its profile's), and `ceiling`
+    seconds after its create; None when neither bounds it."""
+    bounds = [record.max_expires_at] if record.max_expires_at is not None else []
+    if ceiling is not None:
+        bounds.append(created_time(record) + ceiling)
+    return min(bounds) if bounds else None
+
+
+def created_time(record: SandboxRecord) -> float:
+    """The record's created_at as POSIX time."""
+    return datetime.strptime(record.created_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
+def described(dirs: Dirs, info: SandboxInfo, *, backends: Backends) -> SandboxInfo:
+    """A list line with whose the sandbox is, its age, its time left and (running) its work."""
+    record = Registry(dirs.state).read_or_none(info.id)
+    if record is None:
+        return info
+    now = time.time()
+    uid = record.caller_uid if record.caller_uid is not None else os.stat(dirs.state).st_uid
+    try:
+        age: int | None = max(0, int(now - created_time(record)))
+    except ValueError:
+        age = None
+    summary = None
+    if info.status == "running" and record.work is not None:
+        try:
+            summary = work(dirs, record.id, backends=backends, seconds=LIST_GIT_SECONDS)
+        except SandboxerError:
+            summary = None  # busy, or its git failed: the line says nothing of its work
+    return replace(
+        info,
+        caller_uid=uid,
+        caller=_account(uid),
+        age_seconds=age,
+        seconds_left=None if record.expires_at is None else max(0, int(record.expires_at - now)),
+        work=summary,
+    )
+
+
+def _account(uid: int) -> str | None:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
