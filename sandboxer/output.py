@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from collections.abc import Sequence
 from typing import Any
 
 from sandboxer.errors import SandboxerError
@@ -65,3 +66,9 @@ def _plain(value: Any) -> str:
     if value is None:
         return "-"
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def table(rows: Sequence[tuple[str, ...]]) -> str:
+    """Rows as columns padded to their widest cell."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)

@@ -63,7 +63,7 @@ from sandboxer.commands.services import Services
 from sandboxer.commands.teardown import gc as collect
 from sandboxer.commands.teardown import list_sandboxes, residue_error
 from sandboxer.commands.teardown import teardown as remove_sandbox
-from sandboxer.commands.usage import described, extend, usage, work
+from sandboxer.commands.usage import described, extend, usage, work_summary
 from sandboxer.commands.warm import fill
 from sandboxer.core.exec_request import ExecRequest
 from sandboxer.core.reading import CallerFile
@@ -194,12 +194,14 @@ class Broker:
             raise error
         return Sandbox(self, None, sandbox_id=sandbox_id)
 
-    def list(self) -> list[SandboxInfo]:
-        """Every sandbox of this state directory this caller may see, with its status."""
+    def list(self, *, work: bool = True) -> list[SandboxInfo]:
+        """Every sandbox of this state directory this caller may see, with its status, whose it
+        is, its age and time left, and (`work`: its git asked, a command in each running one)
+        its work."""
         entries = list(list_sandboxes(self.dirs, backends=self.backends).sandboxes)
         own = self.authority.visible([entry.id for entry in entries])
         seen = entries if own is None else [entry for entry in entries if entry.id in own]
-        return [described(self.dirs, entry, backends=self.backends) for entry in seen]
+        return [described(self.dirs, entry, backends=self.backends, work=work) for entry in seen]
 
     def gc(self) -> GcReport:
         """Finish what crashed creates and teardowns left; healthy and busy sandboxes stay (owners)."""
@@ -399,17 +401,12 @@ class Sandbox(SandboxBase):
         return inspect_sandbox(self.broker.dirs, self.id, services=self.broker.services)
 
     def usage(self) -> Usage:
-        """What the sandbox uses now: memory, processes, CPU time, space (usage --json)."""
         return usage(self.broker.dirs, self.id, backends=self.broker.backends)
 
     def work_state(self) -> WorkSummary:
-        """Its work as its git reports it now, and what no export took out (work --json)."""
-        return work(self.broker.dirs, self.id, backends=self.broker.backends)
+        return work_summary(self.broker.dirs, self.id, backends=self.broker.backends)
 
-    def extend(self, seconds: float) -> Lifetime:
-        """Its lifetime ends `seconds` from now (never earlier than it did), within the profile's
-        lifetime.max_seconds and, for a granted caller, its max_ttl_seconds, both counted from
-        its create (PolicyError, 3, past them)."""
+    def extend(self, seconds: int) -> Lifetime:
         ceiling = self.broker.authority.ttl_ceiling(self.id)
         return self.broker.authority.checking(lambda: extend(self.broker.dirs, self.id, seconds, ceiling=ceiling))
 

@@ -12,6 +12,7 @@ from typing import BinaryIO, Self, cast
 
 from sandboxer.api.results import Created, ExecResult, Exported, OutputStream, Receipt
 from sandboxer.api.transfer import get, put
+from sandboxer.api.usage_results import Lifetime, Usage, WorkSummary
 from sandboxer.errors import UsageError
 from sandboxer.execio.stdio import FORWARDED
 from sandboxer.host.ready import wait_ready
@@ -222,6 +223,22 @@ class SandboxBase:
         """Remove the sandbox; later calls return the same receipt. Work no export took out
         (new commits, changes not committed) refuses it (UnexportedWorkError, 2) unless
         `discard`."""
+        raise NotImplementedError
+
+    def usage(self) -> Usage:
+        """What the running sandbox uses now: memory (now, peak), processes, CPU time, and the
+        space its workspace, state and /tmp take (BackendError, 5, when it is not running)."""
+        raise NotImplementedError
+
+    def work_state(self) -> WorkSummary:
+        """Its work as its git reports it now (commits since create, changes not committed), and
+        what of it no export took out: what teardown would refuse for."""
+        raise NotImplementedError
+
+    def extend(self, seconds: int) -> Lifetime:
+        """Its lifetime (create's ttl) ends `seconds` from now (never earlier than it did), within
+        the profile's lifetime.max_seconds and a granted caller's max_ttl_seconds, both counted
+        from its create (PolicyError, 3, past them)."""
         raise NotImplementedError
 
     def export(self, format: str, destination: str) -> Exported:

@@ -1,8 +1,9 @@
 """The command line: one typer table for every command, its global options, and one handler
 that turns every error into one line (or a JSON object) and its exit status.
 
-The commands live in sandboxer.cli.caller (create, exec, inspect, list, teardown, gc,
-dispatch-tool, warm) and sandboxer.cli.owner (ext, runtime, manifest, bootstrap, serve).
+The commands live in sandboxer.cli.caller (create, exec, teardown, export, cp, gc,
+dispatch-tool, warm), sandboxer.cli.watch (list, inspect, usage, work, extend), sandboxer.cli.logs
+and sandboxer.cli.owner (ext, runtime, manifest, bootstrap, serve).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from typer.core import TyperGroup
 
 from sandboxer import __version__
-from sandboxer.cli import caller, logs, owner
+from sandboxer.cli import caller, logs, owner, watch
 from sandboxer.cli.options import debug_allowed, dirs_of, remember
 from sandboxer.dirs import Dirs, resolve_dirs
 from sandboxer.errors import NotPendingError, ResidueError, SandboxerError, UsageError
@@ -49,6 +50,7 @@ app = typer.Typer(
 )
 app.add_typer(caller.app)
 app.add_typer(logs.app)
+app.add_typer(watch.app)
 app.add_typer(owner.app)
 
 

@@ -1,5 +1,5 @@
-"""The caller's commands: create, exec, inspect, list, teardown, export, exports (what the
-reaper kept), cp, gc, dispatch-tool (and the owner's warm, which fills what create takes from).
+"""The caller's commands: create, exec, teardown, export, exports (what the reaper kept), cp,
+gc, dispatch-tool (and the owner's warm, which fills what create takes from).
 
 Each command imports only its own module when it runs. `exec` keeps its own contract: the
 command after `--` is taken verbatim, and every broker failure — bad usage included — is one
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 import traceback
-from collections.abc import Sequence
 from typing import Annotated, Literal
 
 import typer
@@ -20,7 +19,7 @@ from typer._click.exceptions import UsageError as ClickUsageError
 from typer.core import TyperCommand
 
 from sandboxer.api.broker import MANIFEST_PATHS
-from sandboxer.api.results import KeptExportFetched, KeptExports, Receipt, SandboxList
+from sandboxer.api.results import KeptExportFetched, KeptExports, Receipt
 from sandboxer.cli.files import deliver, deliver_kept, sandbox_of, sandbox_path
 from sandboxer.cli.options import (
     IdArgument,
@@ -41,7 +40,7 @@ from sandboxer.core.exec_request import ExecRequest
 from sandboxer.errors import EntryError, ExecUsage, ResidueError, UsageError
 from sandboxer.execio.stdio import ClientStdio, Control, OwnStdio, Stdio
 from sandboxer.invocation import current
-from sandboxer.output import flatten, print_result
+from sandboxer.output import print_result, table
 
 app = typer.Typer()
 exports_app = typer.Typer(
@@ -198,28 +197,6 @@ def _exec_failure(exc: Exception, *, debug: bool) -> int:
     return BROKER_FAILED
 
 
-@app.command("inspect")
-def inspect(ctx: typer.Context, sandbox_id: IdArgument, json: JsonOption = False) -> None:
-    """Evidence observed from a live sandbox."""
-    result = broker_of(ctx).sandbox(named(sandbox_id)).inspect().to_json()
-    print_result(result, "\n".join(f"{k}: {v}" for k, v in flatten(result)), json)
-
-
-@app.command("list")
-def list_(ctx: typer.Context, json: JsonOption = False) -> None:
-    """List the sandboxes of this state dir."""
-    entries = broker_of(ctx).list()
-    rows = [("ID", "PROFILE", "BACKEND", "STATUS", "CREATED", "EXPIRES")]
-    rows += [(e.id, str(e.profile), str(e.backend), e.status, str(e.created_at), e.expires_at or "-") for e in entries]
-    print_result(SandboxList(sandboxes=tuple(entries)).to_json(), _table(rows) if entries else "no sandboxes", json)
-
-
-def _table(rows: Sequence[tuple[str, ...]]) -> str:
-    """Rows as columns padded to their widest cell."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
-
-
 def _receipt_text(receipt: Receipt) -> str:
     lines = [f"removed {item}" for item in receipt.removed]
     lines += [f"RESIDUE {item}" for item in receipt.residue]
@@ -292,10 +269,10 @@ def exports(ctx: typer.Context, json: JsonOption = False) -> None:
     kept = broker_of(ctx).exports()
     rows = [("ID", "FILES", "MIB", "KEPT UNTIL")]
     rows += [(e.id, ",".join(e.files), str(-(-int(e.bytes or 0) // (1024 * 1024))), str(e.kept_until)) for e in kept]
-    table = _table(rows)
+    text = table(rows)
     if kept:
-        table += f"\nget one with: {fetch_hint('ID')}; remove it with: sandboxer exports rm ID"
-    print_result(KeptExports(exports=tuple(kept)).to_json(), table if kept else "no kept exports", json)
+        text += f"\nget one with: {fetch_hint('ID')}; remove it with: sandboxer exports rm ID"
+    print_result(KeptExports(exports=tuple(kept)).to_json(), text if kept else "no kept exports", json)
 
 
 @exports_app.command("get")

@@ -46,6 +46,7 @@ from sandboxer.api.results import (
     SandboxList,
     Version,
 )
+from sandboxer.api.usage_results import Lifetime, Usage, WorkSummary
 from sandboxer.api.verbs import Input, SandboxBase, check_dispatch, checked_create, checked_exec, checked_export
 from sandboxer.clients.transport import ClientExecStream, ServiceHttp, raise_for
 from sandboxer.commands.export_delivery import receive
@@ -131,9 +132,11 @@ class Client:
         """The sandbox `sandbox_id` (not checked until it is used)."""
         return ClientSandbox(self, None, sandbox_id=sandbox_id)
 
-    def list(self) -> list[SandboxInfo]:
-        """Every sandbox of the service's this caller may see, with its status."""
-        return list(SandboxList.from_json(self.service.request("GET", "/v1/sandboxes")).sandboxes)
+    def list(self, *, work: bool = True) -> list[SandboxInfo]:
+        """Every sandbox of the service's this caller may see, with its status, whose it is, its
+        age and time left, and (`work`: a command in each running one asks its git) its work."""
+        path = "/v1/sandboxes" if work else "/v1/sandboxes?work=0"
+        return list(SandboxList.from_json(self.service.request("GET", path)).sandboxes)
 
     def gc(self) -> GcReport:
         return GcReport.from_json(self.service.request("POST", "/v1/gc"))
@@ -215,13 +218,23 @@ class ClientSandbox(SandboxBase):
     def inspect(self) -> Evidence:
         return Evidence.from_json(self.client.service.request("GET", f"/v1/sandboxes/{self.id}"))
 
+    def usage(self) -> Usage:
+        return Usage.from_json(self.client.service.request("GET", f"/v1/sandboxes/{self.id}/usage"))
+
+    def work_state(self) -> WorkSummary:
+        return WorkSummary.from_json(self.client.service.request("GET", f"/v1/sandboxes/{self.id}/work"))
+
+    def extend(self, seconds: int) -> Lifetime:
+        body = {"seconds": seconds}
+        return Lifetime.from_json(self.client.service.request("POST", f"/v1/sandboxes/{self.id}/extend", body))
+
     def network_log(self, *, last: int | None = None) -> NetworkLog:
         query = "" if last is None else f"?last={int(last)}"
         return NetworkLog.from_json(self.client.service.request("GET", f"/v1/sandboxes/{self.id}/logs/network{query}"))
 
     def _require_known(self) -> None:
         """NotFoundError (4) unless the service lists the sandbox for this caller."""
-        if self.id not in {info.id for info in self.client.list()}:
+        if self.id not in {info.id for info in self.client.list(work=False)}:
             raise errors.NotFoundError(f"no such sandbox: {self.id}")
 
     def dispatch_tool(self, lease: str, request_id: str, wait_seconds: int = 0) -> Dispatched:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 LIST_GIT_SECONDS = 10  # the git of one sandbox's work, for `list`: a busy sandbox cannot hold the list
 MIB = 1024 * 1024
+MAX_EXTEND = 365 * 24 * 3600  # extend's seconds: at most a year from now
 
 
 def usage(dirs: Dirs, sandbox_id: str, *, backends: Backends) -> Usage:
@@ -59,7 +60,7 @@ def usage(dirs: Dirs, sandbox_id: str, *, backends: Backends) -> Usage:
     )
 
 
-def work(dirs: Dirs, sandbox_id: str, *, backends: Backends, seconds: float | None = None) -> WorkSummary:
+def work_summary(dirs: Dirs, sandbox_id: str, *, backends: Backends, seconds: float | None = None) -> WorkSummary:
     """The sandbox's work as its git reports it now, and what of it no export took out."""
     state, record = work_state(dirs, sandbox_id, backends=backends, seconds=GIT_SECONDS if seconds is None else seconds)
     unexported = tuple(state.unexported(record))
@@ -80,8 +81,8 @@ def extend(dirs: Dirs, sandbox_id: str, seconds: object, *, ceiling: float | Non
     without an end keeps none): at most
     its profile's lifetime.max_seconds after its create, and `ceiling` seconds after it (a
     granted caller's max_ttl_seconds); PolicyError (3) past either."""
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 1 <= seconds <= 365 * 24 * 3600:
-        raise UsageError("extend: seconds must be a number from 1 to 31536000")
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 1 <= seconds <= MAX_EXTEND:
+        raise UsageError(f"extend: seconds must be a number from 1 to {MAX_EXTEND}")
     registry = Registry(dirs.state)
     lock = registry.lock(check_id(sandbox_id))
     if lock is None:  # (a waiting lock is never refused)
@@ -126,8 +127,8 @@ def created_time(record: SandboxRecord) -> float:
     return datetime.strptime(record.created_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
 
 
-def described(dirs: Dirs, info: SandboxInfo, *, backends: Backends) -> SandboxInfo:
-    """A list line with whose the sandbox is, its age, its time left and (running) its work."""
+def described(dirs: Dirs, info: SandboxInfo, *, backends: Backends, work: bool = True) -> SandboxInfo:
+    """A list line with whose the sandbox is, its age, its time left and (running, `work`) its work."""
     record = Registry(dirs.state).read_or_none(info.id)
     if record is None:
         return info
@@ -138,9 +139,9 @@ def described(dirs: Dirs, info: SandboxInfo, *, backends: Backends) -> SandboxIn
     except ValueError:
         age = None
     summary = None
-    if info.status == "running" and record.work is not None:
+    if work and info.status == "running" and record.work is not None:
         try:
-            summary = work(dirs, record.id, backends=backends, seconds=LIST_GIT_SECONDS)
+            summary = work_summary(dirs, record.id, backends=backends, seconds=LIST_GIT_SECONDS)
         except SandboxerError:
             summary = None  # busy, or its git failed: the line says nothing of its work
     return replace(

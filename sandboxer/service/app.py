@@ -36,6 +36,7 @@ from sandboxer.errors import (
     UsageError,
 )
 from sandboxer.host.registry import ID_PATTERN
+from sandboxer.service import watch_route
 from sandboxer.service.admission import CALLS_PER_CALLER, CallerSlots, Refused, admit, owner_by_uid
 from sandboxer.service.audit import AuditLog
 from sandboxer.service.exec_route import SIGNALLING, exec_command, signal_exec
@@ -51,6 +52,7 @@ from sandboxer.service.http import (
     broker_of,
     error_document,
     error_response,
+    flag,
     in_thread,
     in_worker,
     internal_error,
@@ -195,8 +197,9 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 async def list_sandboxes(request: web.Request) -> web.Response:
-    broker = broker_of(request)
-    return _json(SandboxList(sandboxes=tuple(await in_worker(request, broker.list))))
+    """list; `?work=0` leaves out each sandbox's work (no command runs in it)."""
+    broker, work = broker_of(request), flag(request, "work", default=True)
+    return _json(SandboxList(sandboxes=tuple(await in_worker(request, lambda: broker.list(work=work)))))
 
 
 async def create(request: web.Request) -> web.Response:
@@ -367,6 +370,9 @@ HANDLERS: dict[str, Handler] = {
     "create": create,
     "inspect": inspect,
     "logs-network": network_log,
+    "usage": watch_route.usage,
+    "work": watch_route.work,
+    "extend": watch_route.extend,
     "teardown": teardown,
     "exec": exec_command,
     "exec-signal": signal_exec,

@@ -20,7 +20,7 @@ from sandboxer.api.results import ExportNoted
 from sandboxer.commands.export import check_format, discard_quarantine, note_exported
 from sandboxer.commands.export_delivery import stream_of
 from sandboxer.errors import BackendError, UsageError
-from sandboxer.service.http import DIRS, PENDING_EXPORTS, in_worker, json_body, sandbox_of, strings
+from sandboxer.service.http import DIRS, PENDING_EXPORTS, flag, in_worker, json_body, sandbox_of, strings
 
 HANDOVER_POLL = 0.01  # seconds between looks at whether an export's body is all in the client's socket
 
@@ -33,7 +33,7 @@ async def export(request: web.Request) -> web.StreamResponse:
     or, with `?confirm=1`, once the whole body is in the socket, before its last chunk goes (so a
     client that got the body's end knows it was noted; a body that breaks off never ends)."""
 
-    confirm = _flag(request, "confirm")
+    confirm = flag(request, "confirm")
     if confirm and request.version < HttpVersion11:
         raise UsageError("confirm: needs HTTP/1.1 (only a chunked body's end tells the client the export was noted)")
     body = await json_body(request, {"format"}, {"format"})
@@ -74,14 +74,6 @@ async def export(request: web.Request) -> web.StreamResponse:
             pending.pop(token, None)  # a body that broke off is nothing to confirm
         await in_worker(request, discard_quarantine, made)
     return response
-
-
-def _flag(request: web.Request, name: str) -> bool:
-    """A yes-or-no query parameter: 1 or true, 0 or false (the default)."""
-    value = request.query.get(name, "0")
-    if value not in ("1", "true", "0", "false"):
-        raise UsageError(f"{name}: must be 1 or 0 (true or false)")
-    return value in ("1", "true")
 
 
 async def _handed_over(request: web.Request) -> None:

@@ -229,3 +229,13 @@ class Protocol(RequestHandler):
             )
             asyncio.get_running_loop().run_in_executor(None, record)
         return response
+
+
+def flag(request: web.Request, name: str, *, default: bool = False) -> bool:
+    """A yes-or-no query parameter: 1 or true, 0 or false; `default` when it is not given."""
+    value = request.query.get(name)
+    if value is None:
+        return default
+    if value not in ("1", "true", "0", "false"):
+        raise UsageError(f"{name}: must be 1 or 0 (true or false)")
+    return value in ("1", "true")

@@ -35,8 +35,10 @@ from sandboxer.api.results import (
     Signalled,
     Version,
 )
+from sandboxer.api.usage_results import Lifetime, Usage, WorkSummary
 from sandboxer.commands.create import MAX_TTL, MIN_TTL
 from sandboxer.commands.dispatch import MAX_WAIT
+from sandboxer.commands.usage import MAX_EXTEND
 from sandboxer.execio.stdio import FORWARDED
 from sandboxer.host.registry import ID_PATTERN
 from sandboxer.service import exec_answers, frames
@@ -113,8 +115,16 @@ ROUTES: tuple[Route, ...] = (
         method="GET",
         path="/v1/sandboxes",
         name="list",
-        summary="list: every sandbox the caller may name, with its status",
+        summary="list: every sandbox the caller may name, with its status, caller, age, time left and work",
         answer=SandboxList,
+        query={
+            "work": {
+                "description": "0 (or false): leave out each sandbox's work (its git is asked by a command in "
+                "each running sandbox); 1 (or true, the default): include it",
+                "schema": {"type": "string", "enum": ["1", "true", "0", "false"], "default": "1"},
+            }
+        },
+        errors={400: "usage (2)"},
     ),
     Route(
         method="POST",
@@ -159,6 +169,39 @@ ROUTES: tuple[Route, ...] = (
         summary="inspect: the live sandbox against its plan",
         answer=Evidence,
         errors={404: "no such sandbox (4)"},
+    ),
+    Route(
+        method="GET",
+        path="/v1/sandboxes/{id}/usage",
+        name="usage",
+        summary="usage: what the running sandbox uses now (memory, processes, CPU time, disk)",
+        answer=Usage,
+        errors={404: "no such sandbox (4)", 500: "not running (5)"},
+    ),
+    Route(
+        method="GET",
+        path="/v1/sandboxes/{id}/work",
+        name="work",
+        summary="work: the running sandbox's work as its git reports it, and what no export took out",
+        answer=WorkSummary,
+        errors={404: "no such sandbox (4)", 409: "busy (75): retry", 500: "its git failed (5)"},
+    ),
+    Route(
+        method="POST",
+        path="/v1/sandboxes/{id}/extend",
+        name="extend",
+        summary="extend: the sandbox's lifetime ends `seconds` from now (never earlier than it did), within the "
+        "profile's lifetime.max_seconds and the grant's max_ttl_seconds, from its create",
+        answer=Lifetime,
+        body=Body(
+            fields={"seconds": {"type": "integer", "minimum": 1, "maximum": MAX_EXTEND}},
+            required=frozenset({"seconds"}),
+        ),
+        errors={
+            400: "usage (2): made without --ttl, not ready",
+            403: "past its latest end (3)",
+            404: "no such sandbox (4)",
+        },
     ),
     Route(
         method="GET",

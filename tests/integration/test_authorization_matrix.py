@@ -51,6 +51,9 @@ EXPECTED: dict[str, tuple[object, object, object, object]] = {
     "create": (0, 0, 0, 3),
     "inspect": (0, 0, 4, 3),
     "logs-network": (0, 0, 4, 3),
+    "usage": (0, 0, 4, 3),
+    "work": (0, 0, 4, 3),
+    "extend": (0, 0, 4, 3),
     "exec": (0, 0, 125, 3),
     "export": (0, 0, 4, 3),
     "dispatch-tool": (ALLOWED, ALLOWED, 4, 3),
@@ -121,6 +124,9 @@ def run(op):
     if op == "create": return client.create(profile)
     if op == "inspect": return client.sandbox(sandbox).inspect()
     if op == "logs-network": return client.sandbox(sandbox).network_log()
+    if op == "usage": return client.sandbox(sandbox).usage()
+    if op == "work": return client.sandbox(sandbox).work_state()
+    if op == "extend": return client.sandbox(sandbox).extend(600)
     if op == "exec": return client.sandbox(sandbox).exec(["true"]).status
     if op == "export":
         return client.sandbox(sandbox).export("tar", f"{scratch}/http-{client.whoami().uid}.tar")
@@ -183,6 +189,9 @@ def _cli(account: pwd.struct_passwd | None, service: Service, sandbox: str, ops:
         "create": ["create", "--profile", broker.profile],
         "inspect": ["inspect", sandbox],
         "logs-network": ["logs", sandbox, "--network"],
+        "usage": ["usage", sandbox],
+        "work": ["work", sandbox],
+        "extend": ["extend", sandbox, "600"],
         "exec": ["exec", sandbox, "--", "true"],
         "export": ["export", sandbox, "--tar", str(scratch / f"cli-{name}.tar")],
         "dispatch-tool": [
@@ -219,6 +228,9 @@ def _embedded(caller: Caller, service: Service, sandbox: str, ops: list[str]) ->
         "create": lambda: broker.create(service.broker.profile),
         "inspect": lambda: broker.sandbox(sandbox).inspect(),
         "logs-network": lambda: broker.sandbox(sandbox).network_log(),
+        "usage": lambda: broker.sandbox(sandbox).usage(),
+        "work": lambda: broker.sandbox(sandbox).work_state(),
+        "extend": lambda: broker.sandbox(sandbox).extend(600),
         "exec": lambda: broker.sandbox(sandbox, unknown=ExecError("exec: no such sandbox")).exec(["true"]).status,
         "export": lambda: broker.sandbox(sandbox).export("tar", str(scratch / f"embedded-{caller.uid}.tar")),
         "dispatch-tool": lambda: broker.sandbox(sandbox).dispatch_tool("no-such-lease", "r1"),
@@ -260,7 +272,7 @@ def test_every_verb_answers_every_kind_of_caller_alike_through_every_front_end(
     broker = served.broker
     owner = Client(str(served.socket))
     a_sandbox = _http_create(accounts["a"], served)
-    owners_sandbox = owner.create(broker.profile).id
+    owners_sandbox = owner.create(broker.profile, ttl=900).id  # (extend needs a lifetime with an end)
     ops = [op for op in EXPECTED if op not in MISSING.get(front, set())]
     dirs = Dirs(config=str(broker.config), state=str(broker.state))
 

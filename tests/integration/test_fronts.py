@@ -17,6 +17,7 @@ import datetime
 import hashlib
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -34,7 +35,7 @@ from sandboxer import Broker, Client
 from sandboxer.api.broker import Sandbox
 from sandboxer.clients.service import ClientSandbox
 from sandboxer.errors import SandboxerError
-from tests.integration.conftest import SandboxBroker
+from tests.integration.conftest import SandboxBroker, backend_profile_text
 from tests.integration.services import Service
 
 FRONTS = ["cli", "cli-service", "client", "embedded"]
@@ -91,6 +92,12 @@ class Front(Protocol):
     def get(self, sandbox_id: str, source: str, destination: str) -> None: ...
 
     def gc(self) -> dict[str, Any]: ...
+
+    def usage(self, sandbox_id: str) -> dict[str, Any]: ...
+
+    def work(self, sandbox_id: str) -> dict[str, Any]: ...
+
+    def extend(self, sandbox_id: str, seconds: int) -> dict[str, Any]: ...
 
 
 class Cli:
@@ -171,6 +178,18 @@ class Cli:
         document: dict[str, Any] = json.loads(self.checked("gc", "--json"))
         return document
 
+    def usage(self, sandbox_id: str) -> dict[str, Any]:
+        document: dict[str, Any] = json.loads(self.checked("usage", sandbox_id, "--json"))
+        return document
+
+    def work(self, sandbox_id: str) -> dict[str, Any]:
+        document: dict[str, Any] = json.loads(self.checked("work", sandbox_id, "--json"))
+        return document
+
+    def extend(self, sandbox_id: str, seconds: int) -> dict[str, Any]:
+        document: dict[str, Any] = json.loads(self.checked("extend", sandbox_id, str(seconds), "--json"))
+        return document
+
 
 class Api:
     """The Python API: the HTTP client of the service, or the embedded broker. A sandbox is the
@@ -247,6 +266,21 @@ class Api:
     def gc(self) -> dict[str, Any]:
         with refused():
             document: dict[str, Any] = self.api.gc().to_json()
+        return document
+
+    def usage(self, sandbox_id: str) -> dict[str, Any]:
+        with refused():
+            document: dict[str, Any] = self.sandbox(sandbox_id).usage().to_json()
+        return document
+
+    def work(self, sandbox_id: str) -> dict[str, Any]:
+        with refused():
+            document: dict[str, Any] = self.sandbox(sandbox_id).work_state().to_json()
+        return document
+
+    def extend(self, sandbox_id: str, seconds: int) -> dict[str, Any]:
+        with refused():
+            document: dict[str, Any] = self.sandbox(sandbox_id).extend(seconds).to_json()
         return document
 
 
@@ -826,3 +860,105 @@ def test_a_ttl_is_the_same_expiry_everywhere_and_a_bad_one_is_refused(case: Case
 
 def _moment(text: str) -> int:
     return int(datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC).timestamp())
+
+
+def test_list_and_work_show_whose_a_sandbox_is_and_its_work(case: Case, sandbox: str, tmp_path: Path) -> None:
+    """list shows the caller, the age, no end (made without a TTL) and the work as its git
+    reports it: clean, then one commit and a change not committed, then (both exported) all of
+    it exported; `work` says the same, with what teardown would refuse for."""
+
+    def entry() -> dict[str, Any]:
+        (found,) = [item for item in case.front.listing() if item["id"] == sandbox]
+        return found
+
+    first = entry()
+    assert (first["caller"], first["caller_uid"], first["seconds_left"]) == ("root", 0, None)
+    assert 0 <= first["age_seconds"] < 600
+    assert (first["work"]["commits"], first["work"]["dirty"], first["work"]["exported"]) == (0, False, False)
+    _commit_and_change(case, sandbox)
+    worked = entry()["work"]
+    assert (worked["commits"], worked["dirty"], worked["exported"], worked["branch"]) == (1, True, False, "main")
+    assert worked == case.front.work(sandbox)
+    assert worked["unexported"] == ["1 new commit on main (made from main)", "changes not committed"]
+    case.front.export(sandbox, "bundle", str(tmp_path / "work.bundle"))
+    case.front.export(sandbox, "tar", str(tmp_path / "tree.tar"))
+    done = case.front.work(sandbox)
+    assert (done["commits"], done["dirty"], done["exported"], done["unexported"]) == (1, True, True, [])
+    assert done["head"] == worked["head"]
+
+    def stable(document: dict[str, Any]) -> dict[str, Any]:
+        return {key: value for key, value in document.items() if key != "head"}  # a commit's time differs
+
+    same_as_cli(case, "work", stable(done), lambda cli: stable(cli.work(sandbox)), sandbox)
+    assert case.front.teardown(sandbox) == []
+
+
+LOAD = """
+import time
+block = bytearray(96 << 20)  # touched: resident
+for i in range(0, len(block), 4096):
+    block[i] = 1
+start = time.process_time()
+while time.process_time() - start < 1.5:
+    pass
+open("/workspace/blob", "wb").write(b"x" * (8 << 20))
+"""
+
+
+def test_usage_rises_under_load(case: Case, sandbox: str) -> None:
+    """CPU time, the memory peak and the workspace's space each rise with a command's load, as
+    its cgroups count them; inspect carries the same usage."""
+    before = case.front.usage(sandbox)
+    assert before["source"] == "cgroup"
+    assert before["memory_limit_bytes"] == 2048 << 20  # the profile's limits.memory_mib
+    answer = case.front.exec(sandbox, ["python3", "-c", LOAD])
+    assert answer[0] == 0, answer
+    after = case.front.usage(sandbox)
+    assert after["cpu_seconds"] - before["cpu_seconds"] >= 1.2
+    assert after["memory_peak_bytes"] >= 96 << 20
+    assert after["workspace_bytes"] - before["workspace_bytes"] >= 8 << 20
+    assert after["pids"] >= 1
+    assert after["pids_limit"] == before["pids_limit"]
+    inspected = case.front.inspect(sandbox)["usage"]
+    assert inspected["cpu_seconds"] >= after["cpu_seconds"]
+    assert sorted(inspected) == sorted(after)
+    same_as_cli(case, "usage-keys", sorted(after), lambda cli: sorted(cli.usage(sandbox)), sandbox)
+
+
+def test_extend_moves_the_end_within_the_profiles_maximum(case: Case) -> None:
+    """A profile with lifetime.max_seconds: extend moves a sandbox's end (list shows it), never
+    earlier than it was; past the maximum it is refused (3) with the CLI's line; a sandbox made
+    without a TTL has no end to move (2)."""
+    broker = case.broker
+    name = "bounded"
+    text = backend_profile_text(broker, name, broker.repo, "lifetime:\n  max_seconds: 3600\n")
+    if not (broker.config / "profiles" / f"{name}.yaml").exists():
+        broker.write_profile(name, text)
+        broker.approve(name)
+    created = case.front.create_json(name, ttl=300)
+    sandbox = created["id"]
+    broker.created.append(sandbox)
+    longer = case.front.extend(sandbox, 1800)
+    assert 1790 <= longer["seconds_left"] <= 1800
+    assert longer["expires_at"] == next(e["expires_at"] for e in case.front.listing() if e["id"] == sandbox)
+    assert longer["max_expires_at"] is not None
+    listed = next(e for e in case.front.listing() if e["id"] == sandbox)
+    assert _moment(longer["max_expires_at"]) - _moment(listed["created_at"]) == 3600
+    kept = case.front.extend(sandbox, 60)  # never earlier than it was
+    assert kept["expires_at"] == longer["expires_at"]
+    past = refusal(lambda: case.front.extend(sandbox, 7200))
+    assert past[0] == 3
+    assert "past the sandbox's latest end" in past[1]
+    assert longer["max_expires_at"] in past[1]
+
+    def timeless(pair: tuple[int, str]) -> tuple[int, str]:
+        return pair[0], re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", "<time>", pair[1])
+
+    same_as_cli(
+        case, "extend-past", timeless(past), lambda cli: timeless(refusal(lambda: cli.extend(sandbox, 7200))), sandbox
+    )
+    endless = case.front.create(broker.profile)
+    broker.created.append(endless)
+    unbounded = refusal(lambda: case.front.extend(endless, 60))
+    assert unbounded[0] == 2
+    assert "has no end to its lifetime" in unbounded[1]
