@@ -7,6 +7,7 @@ visible inside a sandbox, and after start the broker checks the live sandbox aga
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
@@ -190,6 +191,13 @@ PLAN_ENV_NAMES = frozenset(
 )
 
 
+def cpu_env(cpus: float | None) -> tuple[tuple[str, str], ...]:
+    """With limits.cpus, the quota's cores rounded up as OMP_NUM_THREADS: what `nproc`, OpenMP
+    and the libraries that follow it take for the count of CPUs (the kernel's own count, from
+    the CPUs a process may run on, knows nothing of a quota). The owner's exec.env may set it."""
+    return () if cpus is None else (("OMP_NUM_THREADS", str(math.ceil(cpus))),)
+
+
 def egress_env(*, egress: bool, routes: bool) -> tuple[tuple[str, str], ...]:
     """What egress adds to the environment: the proxy variables, and the trust bundle's when the
     proxy terminates TLS for routes."""
@@ -264,10 +272,15 @@ def build_plan(
         hostname=HOSTNAME,
         mounts=tuple(mounts),
         # The owner's exec.env on the environment built from nothing (it never names one of its
-        # variables), then a manifest's project variables; egress's last, so nothing redirects it.
+        # variables) and the CPU quota's count, then a manifest's project variables; egress's
+        # last, so nothing redirects it.
         env=_merged(
             _merged(
-                _merged(base_env(sandbox_id=sandbox_id, profile=profile.name, user=user), profile.exec_env), grants.env
+                _merged(
+                    base_env(sandbox_id=sandbox_id, profile=profile.name, user=user) + cpu_env(profile.limits.cpus),
+                    profile.exec_env,
+                ),
+                grants.env,
             ),
             egress_env(egress=bool(profile.egress), routes=bool(routes)),
         ),

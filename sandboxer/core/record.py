@@ -338,6 +338,7 @@ class SandboxRecord:
                 memory_mib=self.limits.memory_mib,
                 pids=self.limits.pids,
                 workspace_mib=self.workspace_fs.mib if self.workspace_fs else DEFAULT_WORKSPACE_MIB,
+                cpus=self.limits.cpus,
             ),
             allow_ptrace=share.allow_ptrace,
         )
