@@ -230,7 +230,7 @@ def _owner_files(dirs: Dirs) -> list[Check]:
             "approvals",
             "warn",
             f"{len(approved)} approved; {'; '.join(waiting)}",
-            "review each with sandboxer ext check FILE, then sandboxer ext approve NAME",
+            "review each with sandboxer ext check NAME, then sandboxer ext approve NAME",
         )
     else:
         approvals = Check("approvals", "ok", f"{len(approved)} approved ({', '.join(approved)})")
