@@ -88,7 +88,12 @@ def execute(
     execution = backends.execution(record.backend)
     limits = LimitWatch(record, execution.limit_groups(record))
     started = time.monotonic()
-    with activity.in_use(os.path.join(dirs.state, "sandboxes", sandbox_id)):
+    # The broker's own git (list's and work's look at the work, an export) watches the sandbox:
+    # it is no use of it, and never holds off its idle timeout.
+    in_use = (
+        contextlib.nullcontext() if for_broker else activity.in_use(os.path.join(dirs.state, "sandboxes", sandbox_id))
+    )
+    with in_use:
         status = execution.run(request, record, stdio, env=env, state_dir=dirs.state, limits=limits)
     # Why it died, on the broker's lines: a limit that acted meanwhile, and the timeout (124 from
     # a command of its own, GNU timeout's, ends before the deadline and is left alone).

@@ -62,7 +62,11 @@ def usage(dirs: Dirs, sandbox_id: str, *, backends: Backends) -> Usage:
 
 def work_summary(dirs: Dirs, sandbox_id: str, *, backends: Backends, seconds: float | None = None) -> WorkSummary:
     """The sandbox's work as its git reports it now, and what of it no export took out."""
-    state, record = work_state(dirs, sandbox_id, backends=backends, seconds=GIT_SECONDS if seconds is None else seconds)
+    limit = GIT_SECONDS if seconds is None else seconds
+    try:
+        state, record = work_state(dirs, sandbox_id, backends=backends, seconds=limit)
+    except (BackendError, UsageError) as exc:  # worded for export, which asks the same of git
+        raise type(exc)(f"work: {exc.message.removeprefix('export: ')}") from None
     unexported = tuple(state.unexported(record))
     has_work = state.ahead != 0 or state.dirty
     return WorkSummary(
@@ -81,8 +85,8 @@ def extend(dirs: Dirs, sandbox_id: str, seconds: object, *, ceiling: float | Non
     without an end keeps none): at most
     its profile's lifetime.max_seconds after its create, and `ceiling` seconds after it (a
     granted caller's max_ttl_seconds); PolicyError (3) past either."""
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 1 <= seconds <= MAX_EXTEND:
-        raise UsageError(f"extend: seconds must be a number from 1 to {MAX_EXTEND}")
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or not 1 <= seconds <= MAX_EXTEND:
+        raise UsageError(f"extend: seconds must be a whole number from 1 to {MAX_EXTEND}")
     registry = Registry(dirs.state)
     lock = registry.lock(check_id(sandbox_id))
     if lock is None:  # (a waiting lock is never refused)

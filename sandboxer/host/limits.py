@@ -34,6 +34,7 @@ class LimitSetup:
     groups: tuple[str, ...] = ()  # cgroup directories, made by us
     procs_files: tuple[str, ...] = ()  # the files a new command writes "0" to, to join (tasks on v1)
     rlimits: tuple[tuple[int, int], ...] = field(default_factory=tuple)
+    cpus: float | None = None  # the CPU quota set, in cores (None: none, best_effort without a cpu controller)
 
     def recorded(self, limits: Limits) -> LimitsRecord:
         """What the record keeps of these limits."""
@@ -45,7 +46,7 @@ class LimitSetup:
             rlimits=self.rlimits,
             memory_mib=limits.memory_mib,
             pids=limits.pids,
-            cpus=limits.cpus,
+            cpus=self.cpus,
         )
 
     @classmethod
@@ -56,6 +57,7 @@ class LimitSetup:
             groups=recorded.groups,
             procs_files=recorded.procs_files,
             rlimits=recorded.rlimits,
+            cpus=recorded.cpus,
         )
 
 
@@ -175,6 +177,7 @@ def _setup_v1(sandbox_id: str, limits: Limits, made: list[str]) -> LimitSetup:
         # skips the kernel's global threadgroup lock and its RCU grace period, about 8 ms on
         # every exec.
         procs_files=tuple(os.path.join(g, "tasks") for g in made),
+        cpus=limits.cpus if held else None,
     )
 
 
@@ -193,11 +196,18 @@ def _setup_v2(parent: str, sandbox_id: str, limits: Limits, made: list[str]) -> 
     made.append(group)
     _write(os.path.join(group, "memory.max"), str(limits.memory_mib * 1024 * 1024))
     _write(os.path.join(group, "pids.max"), str(limits.pids))
+    held = False
     if limits.cpus is not None and os.path.exists(os.path.join(group, "cpu.max")):
         _write(os.path.join(group, "cpu.max"), f"{quota(limits.cpus)} {CFS_PERIOD_US}")
+        held = True
     elif limits.cpus is not None and not limits.best_effort:
         raise _NoCpuController()
-    return LimitSetup(mechanism="cgroup-v2", groups=(group,), procs_files=(os.path.join(group, "cgroup.procs"),))
+    return LimitSetup(
+        mechanism="cgroup-v2",
+        groups=(group,),
+        procs_files=(os.path.join(group, "cgroup.procs"),),
+        cpus=limits.cpus if held else None,
+    )
 
 
 class _NoCpuController(Exception):

@@ -184,7 +184,7 @@ ROUTES: tuple[Route, ...] = (
         name="work",
         summary="work: the running sandbox's work as its git reports it, and what no export took out",
         answer=WorkSummary,
-        errors={404: "no such sandbox (4)", 409: "busy (75): retry", 500: "its git failed (5)"},
+        errors={400: "not ready (2)", 404: "no such sandbox (4)", 500: "its git failed (5)"},
     ),
     Route(
         method="POST",

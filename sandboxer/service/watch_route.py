@@ -8,7 +8,6 @@ import functools
 
 from aiohttp import web
 
-from sandboxer.errors import UsageError
 from sandboxer.service.http import in_worker, json_body, sandbox_of
 from sandboxer.service.routes import body_fields
 
@@ -29,7 +28,5 @@ async def extend(request: web.Request) -> web.Response:
     """extend: the lifetime ends `seconds` from now, within the profile's maximum."""
     sandbox = await sandbox_of(request)
     body = await json_body(request, EXTEND_FIELDS, {"seconds"})
-    seconds = body["seconds"]
-    if isinstance(seconds, bool) or not isinstance(seconds, int):
-        raise UsageError("seconds: must be a whole number of seconds")
+    seconds = body["seconds"]  # the core checks it (a whole number of seconds, within bounds)
     return web.json_response((await in_worker(request, functools.partial(sandbox.extend, seconds))).to_json())

@@ -7,6 +7,7 @@ to the host's 127.0.0.1 or made inside the sandbox's own network."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -97,8 +98,13 @@ def _ours(broker: SandboxBroker) -> tuple[list[Any], list[Any]]:
     client = _engine()
     try:
         label = f"io.sandboxer.state-dir={broker.state}"
-        found = client.containers.list(all=True, filters={"label": label})
-        return [c for c in found if PART_LABEL in c.labels], client.networks.list(filters={"label": label})
+        listed = client.api.containers(all=True, filters={"label": label})
+        found = []
+        for entry in listed:
+            if PART_LABEL in (entry.get("Labels") or {}):
+                with contextlib.suppress(docker.errors.NotFound):  # removed since it was listed
+                    found.append(client.containers.get(entry["Id"]))
+        return found, client.networks.list(filters={"label": label})
     finally:
         client.close()
 
@@ -265,15 +271,20 @@ def test_a_service_killed_mid_create_leaves_no_container_network_or_listener(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
-        deadline = time.monotonic() + 60
-        while not _ours(broker)[0]:
-            assert client.poll() is None, client.communicate()
-            assert time.monotonic() < deadline, "no sidecar ever started"
-            time.sleep(0.01)
-        assert broker.service is not None
-        assert broker.service.process is not None
-        broker.service.process.kill()
-        broker.service.process.wait(timeout=30)
+        try:
+            deadline = time.monotonic() + 60
+            while not _ours(broker)[0]:
+                assert client.poll() is None, client.communicate()
+                assert time.monotonic() < deadline, "no sidecar ever started"
+                time.sleep(0.01)
+            assert broker.service is not None
+            assert broker.service.process is not None
+            broker.service.process.kill()
+            broker.service.process.wait(timeout=30)
+        except BaseException:
+            client.kill()  # no client left running (and its pipes open) past a failed test
+            client.communicate(timeout=60)
+            raise
         client.communicate(timeout=60)
         broker.service = None  # killed: _ready has no service to find running
         collected = _in_process(broker, "gc", "--json")
