@@ -46,6 +46,7 @@ bench: deps
 	$(PY) benchmarks/bench_sandbox.py
 	$(PY) benchmarks/bench_egress.py
 	$(PY) benchmarks/bench_publish.py
+	$(PY) benchmarks/bench_watch.py
 
 # 1,000 sequential create -> exec -> teardown cycles (root broker); fails if anything on the host
 # grows past its tolerance (docs/soak.md). SOAK_ARGS="--cycles 200 --backend docker" to vary it.

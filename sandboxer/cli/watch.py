@@ -18,9 +18,15 @@ app = typer.Typer()
 
 
 @app.command("list")
-def list_(ctx: typer.Context, json: JsonOption = False) -> None:
+def list_(
+    ctx: typer.Context,
+    work: Annotated[
+        bool, typer.Option("--work/--no-work", help="Ask each running sandbox's git for its work (a command in each).")
+    ] = True,
+    json: JsonOption = False,
+) -> None:
     """List the sandboxes you may see: whose each is, its age, its time left and its work."""
-    entries = broker_of(ctx).list()
+    entries = broker_of(ctx).list(work=work)
     print_result(SandboxList(sandboxes=tuple(entries)).to_json(), list_text(entries), json)
 
 

@@ -46,7 +46,8 @@ def test_help_names_every_command(broker: Broker) -> None:
     listed = _listed(result.stdout)
     assert sorted(listed) == sorted(root.commands)
     assert len(listed) == len(root.commands)
-    for caller in ("create", "exec", "inspect", "list", "teardown", "gc", "dispatch-tool", "warm"):
+    callers = ("create", "exec", "inspect", "list", "usage", "work", "extend", "teardown", "gc", "dispatch-tool")
+    for caller in (*callers, "warm"):
         assert caller in listed
 
 
