@@ -76,14 +76,14 @@ def _counts(groups: list[str]) -> Counts:
     for group in groups:
         for directory, _, files in os.walk(group):
             for name in set(files).intersection(_MEMORY_FILES):  # a controller's own files only
-                oom += _field(os.path.join(directory, name), "oom_kill")
+                oom += flat_key(os.path.join(directory, name), "oom_kill") or 0
             if _PIDS_FILE in files:
-                refused += _field(os.path.join(directory, _PIDS_FILE), "max")
+                refused += flat_key(os.path.join(directory, _PIDS_FILE), "max") or 0
     return Counts(oom_kills=oom, pid_refusals=refused)
 
 
-def _field(path: str, key: str) -> int:
-    """The number after `key` on its line of a cgroup's flat-keyed file (0: no such file or line)."""
+def flat_key(path: str, key: str) -> int | None:
+    """The number after `key` on its line of a cgroup's flat-keyed file (None: no such file or line)."""
     try:
         with open(path) as stream:
             for line in stream:
@@ -91,8 +91,8 @@ def _field(path: str, key: str) -> int:
                 if name == key:
                     return int(value)
     except (OSError, ValueError):
-        pass
-    return 0
+        return None
+    return None
 
 
 # The sandbox's sized filesystems and the profile key that sizes each.

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import psutil
 
 from sandboxer.host import procs
+from sandboxer.host.limit_events import flat_key
 
 WALK_LIMIT = 200_000  # entries of a workspace walked for its size before the figure is a floor
 NANOSECONDS = 1_000_000_000
@@ -67,7 +68,7 @@ def cgroup_counters(groups: list[str] | tuple[str, ...]) -> Counters:
         peak = _first(peak, _number(group, "memory.max_usage_in_bytes"), _number(group, "memory.peak"))
         pids = _first(pids, _number(group, "pids.current"))
         nanoseconds = _number(group, "cpuacct.usage")
-        microseconds = _flat_key(os.path.join(group, "cpu.stat"), "usage_usec")
+        microseconds = flat_key(os.path.join(group, "cpu.stat"), "usage_usec")
         if cpu is None and nanoseconds is not None:
             cpu = nanoseconds / NANOSECONDS
         elif cpu is None and microseconds is not None:
@@ -142,18 +143,6 @@ def _number(group: str, name: str) -> int | None:
             return int(stream.read().strip())
     except (OSError, ValueError):
         return None
-
-
-def _flat_key(path: str, key: str) -> int | None:
-    try:
-        with open(path) as stream:
-            for line in stream:
-                name, _, value = line.partition(" ")
-                if name == key:
-                    return int(value)
-    except (OSError, ValueError):
-        return None
-    return None
 
 
 def _first(current: int | None, *values: int | None) -> int | None:

@@ -26,7 +26,7 @@ async def work(request: web.Request) -> web.Response:
 
 async def extend(request: web.Request) -> web.Response:
     """extend: the lifetime ends `seconds` from now, within the profile's maximum."""
-    sandbox = await sandbox_of(request)
     body = await json_body(request, EXTEND_FIELDS, {"seconds"})
+    sandbox = await sandbox_of(request)
     seconds = body["seconds"]  # the core checks it (a whole number of seconds, within bounds)
     return web.json_response((await in_worker(request, functools.partial(sandbox.extend, seconds))).to_json())

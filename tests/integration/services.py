@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import signal
 import socket
@@ -16,6 +17,18 @@ if TYPE_CHECKING:
     from tests.integration.conftest import SandboxBroker
 
 UNPRIVILEGED_UID = 65534
+
+
+class UnixConnection(http.client.HTTPConnection):
+    """HTTP/1.1 to a service's Unix socket."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__("localhost", timeout=120)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(str(self._path))
 
 
 class Service:

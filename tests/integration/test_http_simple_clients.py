@@ -32,23 +32,11 @@ from sandboxer.service import exec_answers, frames
 from sandboxer.service.http import unexported_answer
 from sandboxer.service.routes import BY_NAME
 from tests.integration.conftest import SandboxBroker
-from tests.integration.services import Service
+from tests.integration.services import Service, UnixConnection
 from tests.openapi_schemas import errors
 
 COMMIT = "echo new > new.txt && git add new.txt && git commit -qm 'Add new.txt'"
 BAD_FORMAT = "format: must be one of frames, ndjson, text (or left out: what Accept names, else frames)"
-
-
-class _Connection(http.client.HTTPConnection):
-    """HTTP/1.1 to the service's Unix socket."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__("localhost", timeout=120)
-        self._path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(str(self._path))
 
 
 class Http:
@@ -56,7 +44,7 @@ class Http:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._connections: list[_Connection] = []
+        self._connections: list[UnixConnection] = []
         self.document: dict[str, Any] = json.loads(self.send("GET", "/v1/openapi.json").read())
 
     def close(self) -> None:
@@ -67,7 +55,7 @@ class Http:
         self, method: str, path: str, body: object = None, headers: dict[str, str] | None = None
     ) -> http.client.HTTPResponse:
         """The answer's head (its body still to read). `body`: JSON, or bytes as they are."""
-        connection = _Connection(self.path)
+        connection = UnixConnection(self.path)
         self._connections.append(connection)
         data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
         connection.request(method, path, body=data, headers=headers or {})

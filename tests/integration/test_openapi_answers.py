@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from sandboxer.service import frames
 from sandboxer.service.openapi import Body, Raw
 from sandboxer.service.routes import BY_NAME, ROUTES, document_bytes
 from tests.integration.conftest import SandboxBroker, profile_text
-from tests.integration.services import Service
+from tests.integration.services import Service, UnixConnection
 from tests.openapi_schemas import errors
 
 NO_SUCH_ID = "0" * 24
@@ -34,18 +33,6 @@ NO_SUCH_ID = "0" * 24
 NOT_MADE_HERE = {"dispatch-tool"}
 
 
-class _Connection(http.client.HTTPConnection):
-    """HTTP/1.1 to the service's Unix socket."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__("localhost", timeout=120)
-        self._path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(str(self._path))
-
-
 class Api:
     """Requests to the service, each answer validated against its document."""
 
@@ -53,7 +40,7 @@ class Api:
         self.path = path
         self.document: dict[str, Any] = {}
         self.answered: set[tuple[str, int]] = set()  # (route name, status) of each answer validated
-        self._connections: list[_Connection] = []
+        self._connections: list[UnixConnection] = []
 
     def close(self) -> None:
         """Close every connection made."""
@@ -62,7 +49,7 @@ class Api:
 
     def send(self, method: str, path: str, body: object = None) -> http.client.HTTPResponse:
         """The answer's head (its body still to read). `body`: JSON, or bytes as they are."""
-        connection = _Connection(self.path)
+        connection = UnixConnection(self.path)
         self._connections.append(connection)
         data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
         connection.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
@@ -159,6 +146,18 @@ def test_every_answer_validates_against_the_served_document(api: Api, sb_root: S
     status, logged = api.call("logs-network", f"{sandbox}/logs/network?last=5")
     assert (status, logged) == (200, {"id": created["id"], "entries": []})
     assert api.call("logs-network", f"{sandbox}/logs/network?last=x")[0] == 400
+    assert api.call("list", "/v1/sandboxes?work=maybe")[0] == 400
+    assert api.call("list", "/v1/sandboxes?work=0")[1]["sandboxes"][0]["work"] is None
+    status, used = api.call("usage", f"{sandbox}/usage")
+    assert (status, used["source"]) == (200, "cgroup")
+    status, work = api.call("work", f"{sandbox}/work")
+    assert (status, work["commits"], work["dirty"]) == (200, 0, False)
+    assert api.call("usage", f"/v1/sandboxes/{NO_SUCH_ID}/usage")[0] == 404
+    assert api.call("extend", f"{sandbox}/extend", {"seconds": 60})[0] == 400  # made with no end
+    assert api.call("extend", f"/v1/sandboxes/{expiring['id']}/extend", {"seconds": 1.5})[0] == 400
+    status, lifetime = api.call("extend", f"/v1/sandboxes/{expiring['id']}/extend", {"seconds": 1})
+    assert (status, lifetime["expires_at"]) == (200, expiring["expires_at"])  # never earlier: the reaper's end
+    assert api.call("extend", f"/v1/sandboxes/{expiring['id']}/extend", {"secs": 60})[0] == 400
 
     assert api.exec(created["id"], ["sh", "-c", "echo out; exit 3"]) == {"status": 3}
     running = api.send("POST", f"{sandbox}/exec", json.dumps({"argv": ["sleep", "30"]}).encode() + b"\n")
