@@ -201,7 +201,7 @@ class Broker:
         entries = list(list_sandboxes(self.dirs, backends=self.backends).sandboxes)
         own = self.authority.visible([entry.id for entry in entries])
         seen = entries if own is None else [entry for entry in entries if entry.id in own]
-        return [described(self.dirs, entry, backends=self.backends, work=work) for entry in seen]
+        return described(self.dirs, seen, backends=self.backends, work=work)
 
     def gc(self) -> GcReport:
         """Finish what crashed creates and teardowns left; healthy and busy sandboxes stay (owners)."""

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from sandboxer.dirs import Dirs
 
 LIST_GIT_SECONDS = 10  # the git of one sandbox's work, for `list`: a busy sandbox cannot hold the list
+LIST_WORK_SECONDS = 20  # every sandbox's git for one `list`: past it, the rest are listed without work
 MIB = 1024 * 1024
 MAX_EXTEND = 365 * 24 * 3600  # extend's seconds: at most a year from now
 
@@ -66,7 +67,7 @@ def work_summary(dirs: Dirs, sandbox_id: str, *, backends: Backends, seconds: fl
     try:
         state, record = work_state(dirs, sandbox_id, backends=backends, seconds=limit)
     except (BackendError, UsageError) as exc:  # worded for export, which asks the same of git
-        raise type(exc)(f"work: {exc.message.removeprefix('export: ')}") from None
+        raise type(exc)(f"work: {exc.message.removeprefix('export: ')}", hint=exc.hint) from None
     unexported = tuple(state.unexported(record))
     has_work = state.ahead != 0 or state.dirty
     return WorkSummary(
@@ -82,9 +83,9 @@ def work_summary(dirs: Dirs, sandbox_id: str, *, backends: Backends, seconds: fl
 
 def extend(dirs: Dirs, sandbox_id: str, seconds: object, *, ceiling: float | None) -> Lifetime:
     """The ready sandbox's lifetime ends `seconds` from now (never earlier than it did; one made
-    without an end keeps none): at most
-    its profile's lifetime.max_seconds after its create, and `ceiling` seconds after it (a
-    granted caller's max_ttl_seconds); PolicyError (3) past either."""
+    without an end keeps none): at most its profile's lifetime.max_seconds after its create, and
+    `ceiling` seconds after it (a granted caller's max_ttl_seconds); PolicyError (3) past either.
+    A lifetime that has ended already is not brought back: the reaper is taking the sandbox."""
     if isinstance(seconds, bool) or not isinstance(seconds, int) or not 1 <= seconds <= MAX_EXTEND:
         raise UsageError(f"extend: seconds must be a whole number from 1 to {MAX_EXTEND}")
     registry = Registry(dirs.state)
@@ -98,6 +99,8 @@ def extend(dirs: Dirs, sandbox_id: str, seconds: object, *, ceiling: float | Non
         if record.expires_at is None:
             raise UsageError(f"extend: sandbox {sandbox_id} has no end to its lifetime (made without --ttl)")
         now = time.time()
+        if record.expires_at <= now:
+            raise UsageError(f"extend: sandbox {sandbox_id}'s lifetime has ended ({expiry_text(record.expires_at)})")
         latest = _latest(record, ceiling)
         wanted = now + seconds
         if latest is not None and wanted > latest + 1:  # (a second's grace: created_at is to the second)
@@ -105,7 +108,7 @@ def extend(dirs: Dirs, sandbox_id: str, seconds: object, *, ceiling: float | Non
                 f"extend: {seconds:g} seconds from now is past the sandbox's latest end, {expiry_text(latest)}"
                 " (the profile's lifetime.max_seconds or the grant's max_ttl_seconds, from its create)"
             )
-        expires = max(wanted, record.expires_at)
+        expires = max(wanted if latest is None else min(wanted, latest), record.expires_at)
         registry.write(replace(record, expires_at=expires))
     finally:
         os.close(lock)
@@ -131,8 +134,19 @@ def created_time(record: SandboxRecord) -> float:
     return datetime.strptime(record.created_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
 
 
-def described(dirs: Dirs, info: SandboxInfo, *, backends: Backends, work: bool = True) -> SandboxInfo:
-    """A list line with whose the sandbox is, its age, its time left and (running, `work`) its work."""
+def described(dirs: Dirs, entries: list[SandboxInfo], *, backends: Backends, work: bool = True) -> list[SandboxInfo]:
+    """The list's lines with whose each sandbox is, its age, its time left and (running, `work`)
+    its work: each sandbox's git within LIST_GIT_SECONDS and all of them within
+    LIST_WORK_SECONDS, so that no sandbox (nor many) can hold the list."""
+    deadline = time.monotonic() + LIST_WORK_SECONDS
+    lines = []
+    for info in entries:
+        left = min(LIST_GIT_SECONDS, deadline - time.monotonic()) if work else 0
+        lines.append(_described(dirs, info, backends=backends, git_seconds=left))
+    return lines
+
+
+def _described(dirs: Dirs, info: SandboxInfo, *, backends: Backends, git_seconds: float) -> SandboxInfo:
     record = Registry(dirs.state).read_or_none(info.id)
     if record is None:
         return info
@@ -143,9 +157,9 @@ def described(dirs: Dirs, info: SandboxInfo, *, backends: Backends, work: bool =
     except ValueError:
         age = None
     summary = None
-    if work and info.status == "running" and record.work is not None:
+    if git_seconds >= 1 and info.status == "running" and record.work is not None:
         try:
-            summary = work_summary(dirs, record.id, backends=backends, seconds=LIST_GIT_SECONDS)
+            summary = work_summary(dirs, record.id, backends=backends, seconds=git_seconds)
         except SandboxerError:
             summary = None  # busy, or its git failed: the line says nothing of its work
     return replace(

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from sandboxer.core.config_types import Limits
 from sandboxer.core.reading import open_dir_nofollow
 from sandboxer.core.record import LimitsRecord
@@ -137,7 +139,9 @@ def setup(sandbox_id: str, limits: Limits) -> LimitSetup:
             return _setup_v2(parent, sandbox_id, limits, made)
     except _NoCpuController:  # (only without best_effort)
         remove(tuple(made))
-        raise BackendError("limits.cpus: this host offers the broker no cpu cgroup controller") from None
+        raise PolicyError(
+            "limits.cpus: this host offers the broker no cpu cgroup controller; set limits.best_effort"
+        ) from None
     except OSError as exc:
         remove(tuple(made))
         if not limits.best_effort:
@@ -165,9 +169,10 @@ def _setup_v1(sandbox_id: str, limits: Limits, made: list[str]) -> LimitSetup:
         os.makedirs(group, mode=0o755)
         made.append(group)
         if limits.cpus is not None and os.path.exists(os.path.join(group, "cpu.cfs_quota_us")):
-            _write(os.path.join(group, "cpu.cfs_period_us"), str(CFS_PERIOD_US))
-            _write(os.path.join(group, "cpu.cfs_quota_us"), str(quota(limits.cpus)))
-            held = True
+            with _unless_best_effort(limits):
+                _write(os.path.join(group, "cpu.cfs_period_us"), str(CFS_PERIOD_US))
+                _write(os.path.join(group, "cpu.cfs_quota_us"), str(quota(limits.cpus)))
+                held = True
     if limits.cpus is not None and not held and not limits.best_effort:
         raise _NoCpuController()
     return LimitSetup(
@@ -198,8 +203,9 @@ def _setup_v2(parent: str, sandbox_id: str, limits: Limits, made: list[str]) -> 
     _write(os.path.join(group, "pids.max"), str(limits.pids))
     held = False
     if limits.cpus is not None and os.path.exists(os.path.join(group, "cpu.max")):
-        _write(os.path.join(group, "cpu.max"), f"{quota(limits.cpus)} {CFS_PERIOD_US}")
-        held = True
+        with _unless_best_effort(limits):
+            _write(os.path.join(group, "cpu.max"), f"{quota(limits.cpus)} {CFS_PERIOD_US}")
+            held = True
     elif limits.cpus is not None and not limits.best_effort:
         raise _NoCpuController()
     return LimitSetup(
@@ -212,6 +218,17 @@ def _setup_v2(parent: str, sandbox_id: str, limits: Limits, made: list[str]) -> 
 
 class _NoCpuController(Exception):
     """limits.cpus, and no cpu controller to hold it."""
+
+
+@contextlib.contextmanager
+def _unless_best_effort(limits: Limits) -> Iterator[None]:
+    """Setting the CPU quota: under best_effort a quota the kernel refuses is left out (the
+    memory and pids limits stay); otherwise its OSError refuses the sandbox."""
+    try:
+        yield
+    except OSError:
+        if not limits.best_effort:
+            raise
 
 
 def remove(groups: tuple[str, ...]) -> list[str]:

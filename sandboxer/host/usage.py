@@ -114,26 +114,26 @@ def tree_used(root_pid: int, target: str, *, limit: int = WALK_LIMIT) -> Space |
     except OSError:
         return None
     used = entries = 0
-    pending = [top]
-    while pending:
-        directory = pending.pop()
-        try:
-            with os.scandir(directory) as listing:
-                for entry in listing:
-                    entries += 1
-                    if entries > limit:
-                        return Space(used_bytes=used, at_least=True)
-                    try:
-                        seen = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    if seen.st_dev != device:
-                        continue
-                    used += seen.st_blocks * 512
-                    if stat.S_ISDIR(seen.st_mode):
-                        pending.append(entry.path)
-        except OSError:
-            continue  # gone, or not ours to read: the figure is of the rest
+    # os.fwalk enters each directory by a descriptor opened from its parent's and checked to be
+    # the directory it listed: one the sandbox swaps for a link meanwhile is not entered, so no
+    # path of the host's is ever walked. A directory it cannot read is left out of the figure.
+    for _path, directories, files, directory_fd in os.fwalk(top, follow_symlinks=False):
+        subdirectories = set(directories)
+        entered = []
+        for name in directories + files:
+            entries += 1
+            if entries > limit:
+                return Space(used_bytes=used, at_least=True)
+            try:
+                seen = os.stat(name, dir_fd=directory_fd, follow_symlinks=False)
+            except OSError:
+                continue  # gone meanwhile
+            if seen.st_dev != device:
+                continue
+            used += seen.st_blocks * 512
+            if name in subdirectories and stat.S_ISDIR(seen.st_mode):
+                entered.append(name)
+        directories[:] = entered  # another filesystem's is not entered
     return Space(used_bytes=used)
 
 

@@ -416,3 +416,25 @@ def test_in_process_a_create_that_publishes_is_refused_with_a_hint(
     assert "sandboxer serve" in str(refused.value.hint)
     assert "start" not in [verb for verb, _ in fake.calls]
     assert _left(broker) == []
+
+
+def test_extend_moves_the_end_but_never_brings_back_an_ended_lifetime(broker: Broker) -> None:
+    """extend moves a lifetime's end later and never earlier; one that has ended already (the
+    reaper is taking the sandbox) is refused (2), and the record is left as it was."""
+    sandbox = broker.create("p", ttl=60)
+    registry = Registry(broker.state_dir)
+    first = registry.read(sandbox.id).expires_at
+    assert first is not None
+    moved = sandbox.extend(600)
+    assert 590 <= moved.seconds_left <= 600
+    assert moved.max_expires_at is None  # an owner's sandbox of a profile without a maximum
+    assert sandbox.extend(10).expires_at == moved.expires_at  # never earlier
+    ended = replace(registry.read(sandbox.id), expires_at=first - 3600)
+    registry.write(ended)
+    with pytest.raises(UsageError, match="lifetime has ended"):
+        sandbox.extend(600)
+    assert registry.read(sandbox.id).expires_at == ended.expires_at
+    for seconds in (0, 1.5, True, 31_536_001):
+        with pytest.raises(UsageError, match="whole number from 1 to 31536000"):
+            sandbox.extend(seconds)  # type: ignore[arg-type]
+    sandbox.teardown(discard=True)
