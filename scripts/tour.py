@@ -3,9 +3,9 @@
 Builds a throwaway runtime with `/usr/bin/python3 -m venv --copies`, writes a temporary owner
 config from the shipped templates in extensions/, pins the runtime by its tree digest, approves
 the extension and the profile, and shows `ext list` and `runtime digest`; then, as a caller,
-creates a sandbox, runs commands in it, inspects it and tears it down; then does the same with a
-lease manifest (a shared directory, a provider launch, a tool request relayed by dispatch-tool)
-and with a runtime bootstrap. Everything lives in a temporary directory that is
+creates a sandbox, runs commands in it, inspects it, lists it with its usage and tears it down;
+then does the same with a lease manifest (a shared directory, a provider launch, a tool request
+relayed by dispatch-tool) and with a runtime bootstrap. Everything lives in a temporary directory that is
 removed at the end.
 """
 
@@ -56,6 +56,9 @@ def caller_tour(sandboxer: list[str], env: dict[str, str]) -> None:
         f"no_new_privs {evidence['capabilities']['no_new_privs']}; runtime read-only "
         f"{evidence['runtime']['read_only']}; limits {evidence['limits']['mechanism']}"
     )
+    step("sandboxer list; sandboxer usage ID (whose, how old, its work; what it uses now)")
+    print(run([*sandboxer, "list"], env=env), end="")
+    print(run([*sandboxer, "usage", sandbox_id], env=env), end="")
     step("sandboxer teardown ID")
     print(run([*sandboxer, "teardown", sandbox_id], env=env), end="")
 
