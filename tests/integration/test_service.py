@@ -13,6 +13,7 @@ import io
 import json
 import os
 import pwd
+import re
 import signal
 import socket
 import subprocess
@@ -587,9 +588,10 @@ def test_a_sandbox_ends_with_its_ttl_and_a_callers_ttl_with_its_grant(
         assert listed[lasting.id] is None
         assert listed[short.id] is not None
         table = sb_root.run("list").stdout.splitlines()
-        assert table[0].split() == ["ID", "PROFILE", "BACKEND", "STATUS", "CREATED", "EXPIRES"]
-        expires = {line.split()[0]: line.split()[-1] for line in table[1:]}
-        assert expires == {short.id: listed[short.id], lasting.id: "-"}
+        assert table[0].split() == ["ID", "PROFILE", "BACKEND", "STATUS", "CALLER", "AGE", "LEFT", "WORK"]
+        left = {line.split()[0]: line.split()[6] for line in table[1:]}
+        assert left[lasting.id] == "-"
+        assert re.fullmatch(r"[0-6]s", left[short.id]), left
         deadline = time.monotonic() + 20
         while short.id in {item.id for item in client.list()}:
             assert time.monotonic() < deadline, "the expired sandbox was not torn down"
