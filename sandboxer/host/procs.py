@@ -109,6 +109,14 @@ def signal_all(pids: Iterable[int], sig: int) -> None:
             continue
 
 
+def kill_all(pids: Iterable[int]) -> None:
+    """SIGKILL every one of `pids`, each stopped first: once one has died none of the others runs
+    again, so none reports another's death (a shell's "Killed" after a timeout's last line)."""
+    victims = list(pids)
+    signal_all(victims, signal.SIGSTOP)
+    signal_all(victims, signal.SIGKILL)
+
+
 def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
     """Wait until none of `pids` runs (zombies count as gone); return those still running."""
     remaining = list(pids)
@@ -241,7 +249,7 @@ def kill_cgroup(group: str) -> None:
                     stream.write("1")
             except OSError:
                 pass
-        signal_all(members, signal.SIGKILL)
+        kill_all(members)
         wait_gone(members, 0.2)
 
 
@@ -257,7 +265,7 @@ def kill_session(command_pid: int) -> None:
         victims = {pid for pid in victims if start_time(pid) is not None}
         if not victims:
             return
-        signal_all(victims, signal.SIGKILL)
+        kill_all(victims)
         if not wait_gone(victims, 0.5):
             still = [p for p in in_session(command_pid) if start_time(p) is not None]
             if not still:

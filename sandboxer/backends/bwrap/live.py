@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import stat
 import time
 from dataclasses import dataclass
 
@@ -180,6 +181,8 @@ def probe(
 
 # What a descriptor of bwrap, its init or the holder may refer to: nothing on the host's disk.
 _HARMLESS_FDS = ("/dev/null", "pipe:", "anon_inode:", "/memfd:")
+# How a problem names what another descriptor is open on (never its path: the caller reads it).
+_KINDS = {stat.S_IFSOCK: "socket", stat.S_IFDIR: "directory", stat.S_IFCHR: "device", stat.S_IFREG: "file"}
 
 
 def confinement_problems(live: Live, limit_setup: LimitSetup) -> list[str]:
@@ -237,7 +240,8 @@ def _fd_problems(name: str, base: str, *, must_read: bool) -> list[str]:
         with contextlib.suppress(OSError):
             target = os.readlink(f"{base}/fd/{fd}")
             if not target.startswith(_HARMLESS_FDS):
-                problems.append(f"{name}: descriptor {fd} is open on a host file")
+                kind = _KINDS.get(stat.S_IFMT(os.stat(f"{base}/fd/{fd}").st_mode), "file")
+                problems.append(f"{name}: descriptor {fd} is open on a host {kind}")
     return problems
 
 
