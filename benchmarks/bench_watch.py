@@ -12,22 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench_sandbox import World, serving
+from bench_sandbox import World, serving, timed
 
 
 def median_ms(call: Callable[[], object], rounds: int) -> float:
-    samples = []
-    for _ in range(rounds):
-        started = time.perf_counter()
-        call()
-        samples.append((time.perf_counter() - started) * 1000)
-    return round(statistics.median(samples), 2)
+    return round(timed(call, rounds), 2)
 
 
 def main() -> int:
