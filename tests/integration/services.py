@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from tests.integration.conftest import SandboxBroker
 
 UNPRIVILEGED_UID = 65534
+READY = b"sandboxer: serving "  # the line `serve` writes once it serves
 
 
 class UnixConnection(http.client.HTTPConnection):
@@ -56,8 +57,10 @@ class Service:
                 stderr=log,
                 env={**self.broker.env(), **self.broker.service_env},
             )
+        # Ready is the service's own line, written once live sandboxes' egress and published
+        # ports are served again; its socket accepts (into the backlog) before that.
         deadline = time.monotonic() + 20
-        while not answers(self.socket):
+        while not (answers(self.socket) and READY in self.log.read_bytes()):
             assert self.process.poll() is None, self.log.read_text()
             assert time.monotonic() < deadline, "the service never answered"
             time.sleep(0.05)
