@@ -1,8 +1,7 @@
 # The names sandboxer/__init__.py imports on first use, for type checkers (see its docstring).
 from sandboxer.api.broker import Broker as Broker
-from sandboxer.api.broker import Owner as Owner
-from sandboxer.api.broker import Sandbox as Sandbox
 from sandboxer.api.exec_stream import ExecStream as ExecStream
+from sandboxer.api.owner import Owner as Owner
 from sandboxer.api.results import Approval as Approval
 from sandboxer.api.results import Created as Created
 from sandboxer.api.results import Dispatched as Dispatched
@@ -18,6 +17,7 @@ from sandboxer.api.results import Receipt as Receipt
 from sandboxer.api.results import RuntimeDigest as RuntimeDigest
 from sandboxer.api.results import RuntimePin as RuntimePin
 from sandboxer.api.results import SandboxInfo as SandboxInfo
+from sandboxer.api.sandbox import Sandbox as Sandbox
 from sandboxer.clients.service import Client as Client
 from sandboxer.clients.service import ClientOwner as ClientOwner
 from sandboxer.clients.service import ClientSandbox as ClientSandbox

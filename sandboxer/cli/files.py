@@ -27,7 +27,7 @@ from sandboxer.host.registry import ID_PATTERN
 from sandboxer.invocation import current
 
 if TYPE_CHECKING:
-    from sandboxer.api.broker import Sandbox
+    from sandboxer.api.sandbox import Sandbox
     from sandboxer.clients.service import ClientSandbox
     from sandboxer.commands.export import Export
     from sandboxer.dirs import Dirs

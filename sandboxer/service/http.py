@@ -19,7 +19,8 @@ import aiohttp
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from sandboxer.api.broker import Broker, Sandbox
+from sandboxer.api.broker import Broker
+from sandboxer.api.sandbox import Sandbox
 from sandboxer.commands.services import Services
 from sandboxer.dirs import Dirs
 from sandboxer.errors import BackendError, SandboxerError, UnexportedWorkError, UsageError

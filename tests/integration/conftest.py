@@ -19,7 +19,8 @@ from pathlib import Path
 import docker
 import pytest
 
-from sandboxer.api.broker import Broker, Owner
+from sandboxer.api.broker import Broker
+from sandboxer.api.owner import Owner
 from sandboxer.errors import SandboxerError
 from tests.conftest import REPO, Result, make_repository
 from tests.integration.services import UNPRIVILEGED_UID, Service

@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from sandboxer import Broker, Client
-from sandboxer.api.broker import Sandbox
+from sandboxer.api.sandbox import Sandbox
 from sandboxer.clients.service import ClientSandbox
 from tests.integration.conftest import SandboxBroker
 from tests.integration.services import Service

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import pytest
 
 from sandboxer import Broker, Client
-from sandboxer.api.broker import Sandbox
+from sandboxer.api.sandbox import Sandbox
 from sandboxer.clients.service import ClientSandbox
 from sandboxer.errors import SandboxerError
 from tests.integration.conftest import SandboxBroker, backend_profile_text

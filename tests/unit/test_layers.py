@@ -23,14 +23,26 @@ FORBIDDEN = {
         "sandboxer.service",
         "sandboxer.cli",
         "sandboxer.api.broker",
+        "sandboxer.api.sandbox",
+        "sandboxer.api.owner",
     ),
-    "host": ("sandboxer.backends", "sandboxer.commands", "sandboxer.service", "sandboxer.cli", "sandboxer.api.broker"),
+    "host": (
+        "sandboxer.backends",
+        "sandboxer.commands",
+        "sandboxer.service",
+        "sandboxer.cli",
+        "sandboxer.api.broker",
+        "sandboxer.api.sandbox",
+        "sandboxer.api.owner",
+    ),
     "backends": (
         "sandboxer.host.registry",
         "sandboxer.commands",
         "sandboxer.service",
         "sandboxer.cli",
         "sandboxer.api.broker",
+        "sandboxer.api.sandbox",
+        "sandboxer.api.owner",
     ),
 }
 
