@@ -6,7 +6,7 @@ answers with the same JSON document; an error is `{"error": {kind, message, hint
 the CLI's exit status and an HTTP status for it. Exec answers with a stream of frames
 (frames.py), or NDJSON or text for a simple client (exec_answers.py); an export is noted when
 its client confirms it, or in its one call with `?confirm=1` (docs/service.md, "Simple
-clients"). The routes are routes.py's; `GET /v1/openapi.json` serves their OpenAPI document.
+clients"). The routes are the table in routes/; `GET /v1/openapi.json` serves their OpenAPI document.
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def _http_refusal(request: web.Request, exc: web.HTTPException) -> SandboxerErro
 
 
 def _add_routes(app: web.Application) -> None:
-    """The API's routes: routes.py's table, each answered by its handler (HANDLERS), named for the audit log."""
+    """The API's routes: the table in routes/, each answered by its handler (HANDLERS), named for the audit log."""
     for route in ROUTES:
         app.router.add_route(route.method, route.path, HANDLERS[route.name], name=route.name)
 
@@ -361,7 +361,7 @@ async def gc(request: web.Request) -> web.Response:
     return _json(await in_worker(request, broker_of(request).gc))
 
 
-# Each route's handler, by its name in routes.py's table.
+# Each route's handler, by its name in the table of routes/.
 HANDLERS: dict[str, Handler] = {
     "version": version,
     "openapi": openapi,

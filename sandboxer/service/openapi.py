@@ -1,4 +1,4 @@
-"""An OpenAPI 3.1 document made from a table of routes (the service's: routes.py) and the schemas
+"""An OpenAPI 3.1 document made from a table of routes (the service's: routes/) and the schemas
 of the result types they answer with (sandboxer.api.results), so that it describes what the service
 answers and nothing else: what a route is (`Route`, its `Body` and `Raw` bodies), and the
 document of a table (`document`).
@@ -21,6 +21,8 @@ from typing import Any, Literal
 from sandboxer.api.results import JsonResult, Receipt
 
 Schema = Mapping[str, Any]  # a JSON Schema (2020-12, as OpenAPI 3.1 has it)
+STRING: Schema = {"type": "string"}  # a field that is any string
+BINARY = "application/octet-stream"  # a body of bytes: an exec's stdin, an export
 
 
 def _nothing() -> Mapping[Any, Any]:
