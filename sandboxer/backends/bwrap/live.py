@@ -211,7 +211,7 @@ def confinement_problems(live: Live, limit_setup: LimitSetup) -> list[str]:
             problems.append("holder: dumpable (the sandbox user could ptrace it)")
         if name == "holder" and status.get("Seccomp", "").strip() != "2":
             problems.append("holder: runs without the syscall policy")
-        problems += _fd_problems(name, base, must_read=os.geteuid() == 0)
+        problems += _fd_problems(name, base, must_read=os.geteuid() == 0, settle=name == "init")
     return problems
 
 
@@ -228,7 +228,18 @@ def _cgroup_lines(limit_setup: LimitSetup) -> list[str]:
     return lines
 
 
-def _fd_problems(name: str, base: str, *, must_read: bool) -> list[str]:
+def _fd_problems(name: str, base: str, *, must_read: bool, settle: bool = False) -> list[str]:
+    """What host objects the process's descriptors are open on. `settle`: bwrap's init closes
+    what it inherited (its /proc descriptor among them) just after its fork, while the sandbox
+    starts beside it; under load the holder can be ready first, so a descriptor it still holds
+    is looked at again, briefly and boundedly, before it is called a leak."""
+    deadline = time.monotonic() + (_PROBE_SETTLE_SECONDS if settle else 0)
+    while (problems := _open_fds(name, base, must_read=must_read)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return problems
+
+
+def _open_fds(name: str, base: str, *, must_read: bool) -> list[str]:
     try:
         fds = os.listdir(f"{base}/fd")
     except PermissionError:  # a non-dumpable process, seen by an unprivileged broker
