@@ -14,6 +14,9 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sandboxer"
 
+# The embedded API's modules: the top of the stack, above the commands.
+EMBEDDED_API = ("sandboxer.api.broker", "sandboxer.api.sandbox", "sandboxer.api.owner")
+
 # layer (a subpackage) -> modules it must never import (a name and everything below it)
 FORBIDDEN = {
     "core": (
@@ -22,27 +25,21 @@ FORBIDDEN = {
         "sandboxer.commands",
         "sandboxer.service",
         "sandboxer.cli",
-        "sandboxer.api.broker",
-        "sandboxer.api.sandbox",
-        "sandboxer.api.owner",
+        *EMBEDDED_API,
     ),
     "host": (
         "sandboxer.backends",
         "sandboxer.commands",
         "sandboxer.service",
         "sandboxer.cli",
-        "sandboxer.api.broker",
-        "sandboxer.api.sandbox",
-        "sandboxer.api.owner",
+        *EMBEDDED_API,
     ),
     "backends": (
         "sandboxer.host.registry",
         "sandboxer.commands",
         "sandboxer.service",
         "sandboxer.cli",
-        "sandboxer.api.broker",
-        "sandboxer.api.sandbox",
-        "sandboxer.api.owner",
+        *EMBEDDED_API,
     ),
 }
 
