@@ -188,12 +188,15 @@ class Sandbox(SandboxBase):
         return inspect_sandbox(self.broker.dirs, self.id, services=self.broker.services)
 
     def usage(self) -> Usage:
+        """What the running sandbox uses now: memory, processes, CPU time, disk (usage --json)."""
         return usage(self.broker.dirs, self.id, backends=self.broker.backends)
 
     def work_state(self) -> WorkSummary:
+        """Its work as its git reports it, and what no export took out (work --json)."""
         return work_summary(self.broker.dirs, self.id, backends=self.broker.backends)
 
     def extend(self, seconds: int) -> Lifetime:
+        """Its lifetime ends `seconds` from now, within the profile's and the grant's maximum."""
         ceiling = self.broker.authority.ttl_ceiling(self.id)
         return self.broker.authority.checking(lambda: extend(self.broker.dirs, self.id, seconds, ceiling=ceiling))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pwd
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
 LIST_GIT_SECONDS = 10  # the git of one sandbox's work, for `list`: a busy sandbox cannot hold the list
 LIST_WORK_SECONDS = 20  # every sandbox's git for one `list`: past it, the rest are listed without work
+LIST_GITS_AT_ONCE = 4  # sandboxes whose git one `list` asks at the same time
 MIB = 1024 * 1024
 MAX_EXTEND = 365 * 24 * 3600  # extend's seconds: at most a year from now
 
@@ -136,14 +138,19 @@ def created_time(record: SandboxRecord) -> float:
 
 def described(dirs: Dirs, entries: list[SandboxInfo], *, backends: Backends, work: bool = True) -> list[SandboxInfo]:
     """The list's lines with whose each sandbox is, its age, its time left and (running, `work`)
-    its work: each sandbox's git within LIST_GIT_SECONDS and all of them within
-    LIST_WORK_SECONDS, so that no sandbox (nor many) can hold the list."""
+    its work: each sandbox's git within LIST_GIT_SECONDS, LIST_GITS_AT_ONCE of them at a time,
+    and all of them within LIST_WORK_SECONDS, so that no sandbox (nor many) can hold the list."""
     deadline = time.monotonic() + LIST_WORK_SECONDS
-    lines = []
-    for info in entries:
+
+    def line(info: SandboxInfo) -> SandboxInfo:
         left = min(LIST_GIT_SECONDS, deadline - time.monotonic()) if work else 0
-        lines.append(_described(dirs, info, backends=backends, git_seconds=left))
-    return lines
+        return _described(dirs, info, backends=backends, git_seconds=left)
+
+    if not work or len(entries) < 2:
+        return [line(info) for info in entries]
+    # Each git waits mostly on its own process inside: a few at a time, in the list's order.
+    with ThreadPoolExecutor(max_workers=LIST_GITS_AT_ONCE, thread_name_prefix="sandboxer-list") as pool:
+        return list(pool.map(line, entries))
 
 
 def _described(dirs: Dirs, info: SandboxInfo, *, backends: Backends, git_seconds: float) -> SandboxInfo:

@@ -51,3 +51,21 @@ def test_the_watching_commands_print_readable_text(sb_root: SandboxBroker) -> No
     assert endless.stderr == f"sandboxer: extend: sandbox {sandbox} has no end to its lifetime (made without --ttl)\n"
     assert broker.run("teardown", "--discard", sandbox).status == 0
     broker.created.remove(sandbox)
+
+
+def test_list_asks_several_sandboxes_git_at_once_and_keeps_each_ones_work(sb_root: SandboxBroker) -> None:
+    """list asks up to four sandboxes' git at a time: each line still has its own sandbox's work."""
+    broker = sb_root
+    made = [broker.create() for _ in range(5)]
+    for commits, sandbox in enumerate(made):
+        script = "".join(f"echo {n} > f{n} && git add f{n} && git commit -qm c{n} && " for n in range(commits))
+        worked = broker.sh(sandbox, script + "true")
+        assert worked.status == 0, worked.stderr
+    listed = json.loads(broker.run("list", "--json").stdout)["sandboxes"]
+    quiet = json.loads(broker.run("list", "--no-work", "--json").stdout)["sandboxes"]
+    assert [entry["id"] for entry in listed] == [entry["id"] for entry in quiet]  # the same order
+    commits_of = {entry["id"]: entry["work"]["commits"] for entry in listed}
+    assert [commits_of[sandbox] for sandbox in made] == [0, 1, 2, 3, 4]
+    for sandbox in made:
+        assert broker.run("teardown", "--discard", sandbox).status == 0
+        broker.created.remove(sandbox)
