@@ -7,7 +7,8 @@ signal this process gets (SIGINT, SIGTERM, SIGHUP) is passed on for an exec's co
 process dies, the service kills the exec. Protocol: sandboxer/service/cliserver.py.
 
 Where the command runs:
-- `SANDBOXER_NO_SERVICE=1`, `serve` itself, the file checks: in this process (sandboxer.cli).
+- `SANDBOXER_NO_SERVICE=1`, `serve` itself, the file checks, help and the version: in this
+  process (sandboxer.cli).
 - `cp`: in this process too, which reaches the service as a program does (sandboxer.Client)
   and reads or writes the local files with the caller's own rights; `doctor` (this host, for
   this account).
@@ -85,6 +86,7 @@ def run(argv: list[str]) -> int:
         environ.get("SANDBOXER_NO_SERVICE") == "1"
         or words[:1] in (("serve",), *((name,) for name in OWN_PROCESS))
         or words[:2] in FILE_CHECKS
+        or _help_or_version(words)
     ):
         return _in_process(argv)
     config_dir, state_dir = _global_dirs(argv)
@@ -134,6 +136,14 @@ def _words(argv: list[str]) -> tuple[str, ...]:
         else:
             return tuple(argv[i:])
     return ()
+
+
+def _help_or_version(words: tuple[str, ...]) -> bool:
+    """Whether the command line asks for help or the version (no command; `--help` before any
+    `--`): the parser answers it, and nothing of the broker is needed, so no service is asked or
+    started for it."""
+    before = words[: words.index("--")] if "--" in words else words
+    return not words or words[0].startswith("-") or "--help" in before
 
 
 def _global_dirs(argv: list[str]) -> tuple[str | None, str | None]:

@@ -188,6 +188,22 @@ def test_roots_command_starts_the_service_of_its_state_dir(sb_root: SandboxBroke
     assert [json.loads(line)["verb"] for line in (sb_root.state / "audit.log").read_text().splitlines()] == verbs
 
 
+def test_help_and_the_version_start_no_service(tmp_path: Path) -> None:
+    """Help and the version need nothing of the broker: a first command that only asks for them
+    starts no service and leaves nothing in the state dir (a new user's first command)."""
+    state, config = tmp_path / "state", tmp_path / "config"
+    env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8", "SANDBOXER_STATE": str(state)}
+    env["SANDBOXER_CONFIG"] = str(config)
+    for argv in (["--version"], ["--help"], ["create", "--help"], ["exec", "--help"], ["list", "--help"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "sandboxer", *argv], capture_output=True, text=True, env=env, timeout=60, check=False
+        )
+        assert (done.returncode, done.stderr) == (0, ""), argv
+        assert done.stdout.strip(), argv
+        assert services_of(state) == [], argv
+        assert not state.exists() or not {"broker.sock", "service.log", "audit.log"} & set(os.listdir(state)), argv
+
+
 class SystemService:
     """The module's root service on the system socket path, which it may stop and start again."""
 
