@@ -169,3 +169,12 @@ class EntryError(Exception):
 class ExecUsage(Exception):
     """An exec the broker refuses or cannot run, as the exec path reports it: one line, status 125
     (the CLI prints it; the Python API raises ExecError with its message)."""
+
+
+def not_running(sandbox_id: str, state: str = "ready") -> str:
+    """Why a sandbox cannot answer, in the same words for every verb: a create or teardown under
+    way (its state), or a ready sandbox whose processes are gone, which its caller tears down
+    (gc is the owners')."""
+    if state != "ready":
+        return f"sandbox {sandbox_id} is not running (state {state})"
+    return f"sandbox {sandbox_id} is not running: its processes are gone (sandboxer teardown {sandbox_id} removes it)"

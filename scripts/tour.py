@@ -3,7 +3,8 @@
 Builds a throwaway runtime with `/usr/bin/python3 -m venv --copies`, writes a temporary owner
 config from the shipped templates in extensions/, pins the runtime by its tree digest, approves
 the extension and the profile, and shows `ext list` and `runtime digest`; then, as a caller,
-creates a sandbox, runs commands in it, inspects it, lists it with its usage and tears it down;
+creates a sandbox, runs commands in it, inspects it, lists it with its usage, copies a file in,
+commits it, shows the work, extends the lifetime, exports the work and tears it down;
 then does the same with a lease manifest (a shared directory, a provider launch, a tool request
 relayed by dispatch-tool) and with a runtime bootstrap. Everything lives in a temporary directory that is
 removed at the end.
@@ -32,10 +33,10 @@ def run(argv: list[str], **kwargs: object) -> str:
     return str(proc.stdout)
 
 
-def caller_tour(sandboxer: list[str], env: dict[str, str]) -> None:
-    """Create a sandbox, run commands in it, inspect it, tear it down."""
-    step("a caller: sandboxer create --profile bwrap-local")
-    sandbox_id = run([*sandboxer, "create", "--profile", "bwrap-local"], env=env).strip()
+def caller_tour(sandboxer: list[str], env: dict[str, str], root: Path) -> None:
+    """Create a sandbox, run commands in it, inspect it, work in it, take the work out, tear it down."""
+    step("a caller: sandboxer create --profile bwrap-local --ttl 3600")
+    sandbox_id = run([*sandboxer, "create", "--profile", "bwrap-local", "--ttl", "3600"], env=env).strip()
     print(sandbox_id)
     step("sandboxer exec ID -- ... (who, where, what network, what persists)")
     script = (
@@ -59,7 +60,20 @@ def caller_tour(sandboxer: list[str], env: dict[str, str]) -> None:
     step("sandboxer list; sandboxer usage ID (whose, how old, its work; what it uses now)")
     print(run([*sandboxer, "list"], env=env), end="")
     print(run([*sandboxer, "usage", sandbox_id], env=env), end="")
-    step("sandboxer teardown ID")
+    step("sandboxer cp FILE ID:/workspace/FILE, a commit inside, sandboxer work ID")
+    notes = root / "notes.txt"
+    notes.write_text("copied in from the host\n")
+    run([*sandboxer, "cp", str(notes), f"{sandbox_id}:/workspace/notes.txt"], env=env)
+    commit = "git add notes.txt && git commit -qm 'notes from the host' && git log --oneline -1"
+    print(run([*sandboxer, "exec", sandbox_id, "--", "sh", "-c", commit], env=env), end="")
+    print(run([*sandboxer, "work", sandbox_id], env=env), end="")
+    step("sandboxer extend ID 7200 (its lifetime, within the profile's lifetime.max_seconds)")
+    print(run([*sandboxer, "extend", sandbox_id, "7200"], env=env), end="")
+    step("sandboxer export ID --bundle FILE (its new commits, verified on the host)")
+    bundle = root / "work.bundle"
+    print(run([*sandboxer, "export", sandbox_id, "--bundle", str(bundle)], env=env), end="")
+    print(run(["git", "bundle", "list-heads", str(bundle)]), end="")
+    step("sandboxer teardown ID (its work was exported: nothing is lost)")
     print(run([*sandboxer, "teardown", sandbox_id], env=env), end="")
 
 
@@ -241,7 +255,7 @@ def main() -> int:
         print(run([*sandboxer, "runtime", "digest", str(runtime)], env=env), end="")
         print(run([*sandboxer, "runtime", "digest", "--full", str(runtime)], env=env), end="")
 
-        caller_tour(sandboxer, env)
+        caller_tour(sandboxer, env, root)
         lease_tour(sandboxer, env, root, repo)
 
         step("a one-byte change to the profile voids its approval")
@@ -249,7 +263,7 @@ def main() -> int:
         path.write_text(path.read_text().replace("pids: 512", "pids: 513"))
         print(run([*sandboxer, "ext", "list"], env=env), end="")
 
-    print("\ndemo complete: the temporary config, state and runtime were removed.")
+    print("\ntour complete: the temporary config, state and runtime were removed.")
     return 0
 
 
@@ -257,5 +271,5 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except subprocess.CalledProcessError as exc:
-        sys.stderr.write(f"demo failed: {' '.join(map(str, exc.cmd))}\n{exc.stderr}")
+        sys.stderr.write(f"tour failed: {' '.join(map(str, exc.cmd))}\n{exc.stderr}")
         sys.exit(1)

@@ -8,7 +8,9 @@ made until it is fixed); a check that is not ok says what to do. Nothing is chan
 from __future__ import annotations
 
 import ctypes
+import grp
 import os
+import pwd
 import shutil
 import stat
 from typing import Any
@@ -248,16 +250,47 @@ def _grants(dirs: Dirs) -> Check:
     status = status_of(dirs, GRANTS_NAME)
     if status != Status.APPROVED.value:
         return Check("grants", "warn", f"grants.yaml is {status}: it admits nobody", "sandboxer ext approve grants")
-    problems = []
+    problems, strangers = [], []
     for number, entry in enumerate(grants.grants, 1):
         who = ", ".join([*entry.users, *(f"group {group}" for group in entry.groups)])
         for profile in entry.profiles:
             profile_status = status_of(dirs, profile)
             if profile_status != Status.APPROVED.value:
                 problems.append(f"grant {number} ({who}): profile {profile} is {profile_status}")
-    if problems:
-        return Check("grants", "warn", "; ".join(problems), "approve those profiles, or take them out of the grant")
+        # A name the host does not know admits nobody until an account (or group) takes it.
+        strangers += [
+            f"grant {number}: no account named {name} on this host" for name in entry.users if not _is_user(name)
+        ]
+        strangers += [
+            f"grant {number}: no group named {name} on this host" for name in entry.groups if not _is_group(name)
+        ]
+    if problems or strangers:
+        fixes = [
+            *(["approve those profiles, or take them out of the grant"] if problems else []),
+            *(
+                ["create the account or group, or take the name out (a name admits whoever takes it later)"]
+                if strangers
+                else []
+            ),
+        ]
+        return Check("grants", "warn", "; ".join([*problems, *strangers]), "; ".join(fixes))
     return Check("grants", "ok", f"{len(grants.grants)} grant(s), every profile they name approved")
+
+
+def _is_user(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def _is_group(name: str) -> bool:
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return False
+    return True
 
 
 def _access(seen: CallerView) -> Check:

@@ -11,7 +11,7 @@ from sandboxer.commands.services import Services
 from sandboxer.commands.sites import site_of
 from sandboxer.commands.usage import usage
 from sandboxer.core.plan import MIB, RUNTIME_TARGET, STATE_ROOT, TMP_TARGETS, MountKind
-from sandboxer.errors import BackendError
+from sandboxer.errors import BackendError, not_running
 from sandboxer.host.digest_cache import digest_runtime
 from sandboxer.host.interfaces import own_listeners
 from sandboxer.host.registry import Registry, check_id
@@ -30,8 +30,10 @@ def inspect(dirs: Dirs, sandbox_id: str, *, services: Services) -> Evidence:
     record = registry.read_caller(check_id(sandbox_id))
     backend = services.backends.backend(record.backend)
     gone = f"tear it down: sandboxer teardown {sandbox_id}"  # its caller may (gc is the owners')
-    if record.state != "ready" or not backend.is_running(record):
-        raise BackendError(f"sandbox {sandbox_id} is not running (state {record.state})", hint=gone)
+    if record.state != "ready":
+        raise BackendError(not_running(sandbox_id, record.state), hint=gone)
+    if not backend.is_running(record):
+        raise BackendError(not_running(sandbox_id))
     if record.plan is None or record.limits is None:
         raise BackendError(f"sandbox {sandbox_id}: its record has no plan", hint=gone)
     seen = backend.observe(record, site=site_of(registry, record.id))

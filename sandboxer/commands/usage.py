@@ -18,7 +18,7 @@ from sandboxer.backends import Backends
 from sandboxer.commands.work import GIT_SECONDS, work_state
 from sandboxer.core.plan import STATE_ROOT, TMP_TARGETS, WORKSPACE_TARGET
 from sandboxer.core.record import expiry_text
-from sandboxer.errors import BackendError, NotFoundError, PolicyError, SandboxerError, UsageError
+from sandboxer.errors import BackendError, NotFoundError, PolicyError, SandboxerError, UsageError, not_running
 from sandboxer.host import usage as measure
 from sandboxer.host.registry import Registry, check_id
 
@@ -37,10 +37,10 @@ def usage(dirs: Dirs, sandbox_id: str, *, backends: Backends) -> Usage:
     """What the running sandbox uses now (BackendError when it is not running)."""
     record = Registry(dirs.state).read_caller(check_id(sandbox_id))
     if record.state != "ready" or record.limits is None:
-        raise BackendError(f"sandbox {sandbox_id} is not running (state {record.state})")
+        raise BackendError(not_running(sandbox_id, record.state))
     sample = backends.backend(record.backend).sample(record)
     if sample.root_pid is None:
-        raise BackendError(f"sandbox {sandbox_id} is not running")
+        raise BackendError(not_running(sandbox_id))
     root = sample.root_pid
     counters = sample.counters
     own_fs = record.workspace_fs is not None  # a sized image or a tmpfs: the filesystem is the workspace's

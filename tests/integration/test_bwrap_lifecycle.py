@@ -516,6 +516,15 @@ def test_gc_collects_a_sandbox_whose_init_died(sb: SandboxBroker) -> None:
         assert failed.status == 125, failed
         assert failed.stderr.startswith("sandboxer: ")
         assert len(failed.stderr.splitlines()) == 1
+        # Every verb says it in the same words, naming what its caller can do (gc is the owners').
+        gone = f"sandbox {sandbox_id} is not running: its processes are gone "
+        gone += f"(sandboxer teardown {sandbox_id} removes it)"
+        assert failed.stderr == f"sandboxer: exec: {gone}\n"
+        for verb in ("usage", "work", "inspect"):
+            said = sb.run(verb, sandbox_id)
+            assert said.status in (2, 5), (verb, said)
+            assert gone in said.stderr, (verb, said.stderr)
+            assert "gc" not in said.stderr.replace(gone, ""), (verb, said.stderr)
 
         result = sb.run("gc", "--json")
     finally:

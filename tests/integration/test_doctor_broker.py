@@ -64,6 +64,8 @@ def test_doctor_reports_the_service_approvals_grants_and_a_callers_rights(
     (sb_root.config / "grants.yaml").write_text(
         f"grants:\n  - users: [{granted.pw_name}]\n    profiles: [{sb_root.profile}, not-yet]\n"
         "    max_sandboxes: 2\n    max_ttl_seconds: 3600\n"
+        f"  - users: [sbxnoaccount]\n    groups: [sbxnogroup]\n    profiles: [{sb_root.profile}]\n"
+        "    max_sandboxes: 1\n    max_ttl_seconds: 3600\n"
     )
     socket = _socket_dir(sb_root) / "broker.sock"
     assert not socket.exists()
@@ -81,8 +83,10 @@ def test_doctor_reports_the_service_approvals_grants_and_a_callers_rights(
         assert sb_root.profile in owner["approvals"]["detail"]
         assert (owner["grants"]["status"], owner["grants"]["detail"]) == (
             "warn",
-            f"grant 1 ({granted.pw_name}): profile not-yet is missing",
+            f"grant 1 ({granted.pw_name}): profile not-yet is missing; "
+            "grant 2: no account named sbxnoaccount on this host; grant 2: no group named sbxnogroup on this host",
         )
+        assert "create the account or group" in owner["grants"]["fix"]
         with (sb_root.config / "profiles" / f"{sb_root.profile}.yaml").open("a") as profile:
             profile.write("# changed\n")
         owner = _doctor(socket, broker=sb_root)

@@ -25,7 +25,7 @@ from sandboxer.core.plan import Plan
 from sandboxer.core.record import LimitsRecord, PlanShare, SandboxRecord
 from sandboxer.core.record_exec import ExecView
 from sandboxer.core.removal import Removal
-from sandboxer.errors import BackendError, EntryError, ExecUsage
+from sandboxer.errors import BackendError, EntryError, ExecUsage, not_running
 from sandboxer.execio.stdio import CALLER_GONE, TIMED_OUT, Stdio
 from sandboxer.host.inside_sockets import InsideSockets, connected
 from sandboxer.host.limit_events import LimitWatch
@@ -174,7 +174,7 @@ class FakeBackend:
         self.calls.append(("run", request.sandbox_id))
         self.execs.append((request, dict(env)))
         if request.sandbox_id not in self.running:
-            raise ExecUsage(f"exec: sandbox {request.sandbox_id} is not running (see sandboxer gc)")
+            raise ExecUsage(f"exec: {not_running(request.sandbox_id)}")
         if request.tty:
             stdio.window()  # a program's stdio is refused a terminal
         name, *args = request.argv

@@ -107,7 +107,8 @@ def test_refusals_are_exec_errors_with_status_125(broker: Broker, fake: FakeBack
         sandbox.exec(["true"])
     assert (stopped.value.status, stopped.value.message) == (
         125,
-        f"exec: sandbox {sandbox.id} is not running (see sandboxer gc)",
+        f"exec: sandbox {sandbox.id} is not running: its processes are gone "
+        f"(sandboxer teardown {sandbox.id} removes it)",
     )
 
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from sandboxer.errors import ExecUsage
+from sandboxer.errors import ExecUsage, not_running
 from sandboxer.execio.pumps import Pumps
 from sandboxer.execio.stdio import CALLER_GONE, CANCEL_POLL, TIMED_OUT, Control, Watchdog
 from sandboxer.execio.terminal import set_size
@@ -60,7 +60,7 @@ def _check_running(record: ExecView, sandbox_id: str) -> tuple[int, int]:
     holder's pid and start time."""
     for pid, started in ((record.init_pid, record.init_start), (record.holder_pid, record.holder_start)):
         if pid is None or started is None or not procs.alive(pid, started):
-            raise ExecUsage(f"exec: sandbox {sandbox_id} is not running (see sandboxer gc)")
+            raise ExecUsage(f"exec: {not_running(sandbox_id)}")
     return int(record.holder_pid or 0), int(record.holder_start or 0)
 
 
