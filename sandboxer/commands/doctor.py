@@ -264,15 +264,12 @@ def _grants(dirs: Dirs) -> Check:
         strangers += [
             f"grant {number}: no group named {name} on this host" for name in entry.groups if not _is_group(name)
         ]
-    if problems or strangers:
-        fixes = [
-            *(["approve those profiles, or take them out of the grant"] if problems else []),
-            *(
-                ["create the account or group, or take the name out (a name admits whoever takes it later)"]
-                if strangers
-                else []
-            ),
-        ]
+    fixes = []
+    if problems:
+        fixes.append("approve those profiles, or take them out of the grant")
+    if strangers:
+        fixes.append("create the account or group, or take the name out (a name admits whoever takes it later)")
+    if fixes:
         return Check("grants", "warn", "; ".join([*problems, *strangers]), "; ".join(fixes))
     return Check("grants", "ok", f"{len(grants.grants)} grant(s), every profile they name approved")
 
