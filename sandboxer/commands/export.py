@@ -247,9 +247,10 @@ def _objects_of(repository: str) -> str | None:
 
 def _patches(inside: _Inside, state: WorkState, work: WorkRecord) -> tuple[tuple[str, str], ...]:
     """One patch per new commit (git format-patch), split as it is read where each of the
-    commits the sandbox listed begins."""
-    listing = inside.git("commits", "rev-list", "--reverse", f"{work.base}..{state.head}")
-    mbox = inside.git("series.mbox", "format-patch", "--stdout", "--no-color", f"{work.base}..{state.head}")
+    commits the sandbox listed begins. An empty commit is a patch of its own (--always); a merge
+    is refused: a patch series cannot carry one (a bundle can)."""
+    listing = inside.git("commits", "rev-list", "--reverse", "--parents", f"{work.base}..{state.head}")
+    mbox = inside.git("series.mbox", "format-patch", "--always", "--stdout", "--no-color", f"{work.base}..{state.head}")
     # Its split copy, and later (through HTTP) the tar of the patch files: once more each.
     inside.quarantine.need(os.stat(mbox).st_size + RESERVE_STEP)
     files: list[tuple[str, str]] = []
@@ -281,12 +282,16 @@ def _patches(inside: _Inside, state: WorkState, work: WorkRecord) -> tuple[tuple
 
 
 def _next_commit(commits: Any) -> bytes | None:
-    line = commits.readline().strip()
-    if not line:
+    """The next commit of a `rev-list --parents` listing (each line: the commit, its parents)."""
+    ids = commits.readline().split()
+    if not ids:
         return None
-    if not is_commit_id(line.decode(errors="replace")):
+    if not all(is_commit_id(part.decode(errors="replace")) for part in ids):
         raise BackendError("export: the sandbox's git listed its commits out of shape")
-    return bytes(line)
+    if len(ids) > 2:
+        merge = ids[0].decode()[:12]
+        raise UsageError(f"export: --patch cannot carry the merge commit {merge}: export a bundle, which can")
+    return bytes(ids[0])
 
 
 def _named(part: tuple[str, str], number: int) -> tuple[str, str]:

@@ -678,20 +678,41 @@ def test_teardown_refuses_to_lose_work_until_it_is_exported(case: Case, sandbox:
 
 
 def test_a_patch_series_of_the_new_commits(case: Case, sandbox: str, tmp_path: Path) -> None:
-    """Two commits as two patch files that git am applies to a fresh clone; export refuses when
-    there is nothing new (2) and leaves no file behind."""
-    script = 'for n in 1 2; do echo $n > f$n && git add f$n && git commit -qm "Step $n"; done'
+    """Three commits (an empty one between) as three patch files that git am applies to a fresh
+    clone; a merge is refused (2: a patch series cannot carry one), and so is an export with
+    nothing new, leaving no file behind."""
+    script = (
+        'echo 1 > f1 && git add f1 && git commit -qm "Step 1" && git commit -q --allow-empty -m "A note" && '
+        'echo 2 > f2 && git add f2 && git commit -qm "Step 2"'
+    )
     assert case.front.exec(sandbox, ["sh", "-c", script])[0] == 0
     patches = tmp_path / "patches"
     summary = case.front.export(sandbox, "patch", str(patches))
-    assert summary["files"] == ["0001-Step-1.patch", "0002-Step-2.patch"]
+    assert summary["files"] == ["0001-Step-1.patch", "0002-A-note.patch", "0003-Step-2.patch"]
     assert sorted(os.listdir(patches)) == summary["files"]
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(case.broker.repo), str(clone)], check=True)
     git = ["git", "-C", str(clone), "-c", "user.name=t", "-c", "user.email=t@localhost"]
-    subprocess.run([*git, "am", "-q", *(str(patches / name) for name in summary["files"])], check=True)
+    subprocess.run([*git, "am", "-q", "--empty=keep", *(str(patches / name) for name in summary["files"])], check=True)
     assert (clone / "f2").read_text() == "2\n"
+    log = subprocess.run([*git, "log", "--format=%s", "-3"], capture_output=True, text=True, check=True).stdout
+    assert log.splitlines() == ["Step 2", "A note", "Step 1"]
     assert case.front.teardown(sandbox) == []  # the commits were exported, the tree is clean
+
+    merging = case.front.create(case.broker.profile)
+    case.broker.created.append(merging)
+    merge = (
+        "git checkout -qb side && echo s > s && git add s && git commit -qm side && git checkout -q main && "
+        "echo m > m && git add m && git commit -qm main && git merge -q --no-ff side -m merged"
+    )
+    assert case.front.exec(merging, ["sh", "-c", merge])[0] == 0
+    series = tmp_path / "merged"
+    refused = refusal(lambda: case.front.export(merging, "patch", str(series)))
+    assert refused[0] == 2
+    assert "export: --patch cannot carry the merge commit " in refused[1]
+    assert "export a bundle, which can" in refused[1]
+    assert not series.exists()
+    assert case.front.teardown(merging, discard=True) == []
 
     other = case.front.create(case.broker.profile)
     case.broker.created.append(other)
