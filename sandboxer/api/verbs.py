@@ -13,7 +13,7 @@ from typing import BinaryIO, Self, cast
 from sandboxer.api.results import Created, ExecResult, Exported, OutputStream, Receipt
 from sandboxer.api.transfer import get, put
 from sandboxer.api.usage_results import Lifetime, Usage, WorkSummary
-from sandboxer.errors import UsageError
+from sandboxer.errors import ExecError, UsageError
 from sandboxer.execio.stdio import FORWARDED
 from sandboxer.host.ready import wait_ready
 
@@ -37,6 +37,8 @@ def checked_exec(
         raise TypeError(f'exec: argv must be a list of str, one per argument (["ls", "-la"]), not {_kind(argv)}')
     for arg in argv:
         _require("exec: each argument in argv", arg, (str,), "a str")
+    if not argv:  # the broker's refusal, as the CLI's `exec ID --` (before anything is sent)
+        raise ExecError("exec: no command")
     for name, value in (("cwd", cwd), ("consumer", consumer), ("executable", executable)):
         _require(f"exec: {name}", value, (str, type(None)), "a str or None")
     _require("exec: timeout", timeout, (int, float, type(None)), "a number of seconds (int or float) or None")

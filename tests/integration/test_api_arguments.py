@@ -20,6 +20,7 @@ import pytest
 from sandboxer import Broker, Client
 from sandboxer.api.sandbox import Sandbox
 from sandboxer.clients.service import ClientSandbox
+from sandboxer.errors import ExecError
 from tests.integration.conftest import SandboxBroker
 from tests.integration.services import Service
 
@@ -112,6 +113,15 @@ def test_exec_mistakes_are_type_errors_and_nothing_runs(
         while execs_audited(sb_root) <= audited and time.monotonic() < deadline:
             time.sleep(0.05)
         assert execs_audited(sb_root) == audited + 1
+
+
+def test_an_empty_argv_is_the_brokers_refusal_on_both_fronts(box: Sandbox | ClientSandbox) -> None:
+    """As the CLI's `exec ID --`: ExecError, 125, "exec: no command" (embedded and through the
+    service alike), and for exec_stream at the call."""
+    for call in (lambda: box.exec([]), lambda: box.exec_stream(())):
+        with pytest.raises(ExecError) as refused:
+            call()
+        assert (refused.value.status, refused.value.message) == (125, "exec: no command")
 
 
 def test_bytes_like_input_and_binary_files_are_taken(box: Sandbox | ClientSandbox, tmp_path: Path) -> None:
