@@ -77,9 +77,15 @@ class DocumentError(UsageError):
 
 class UnexportedWorkError(UsageError):
     """teardown refused: the sandbox holds commits or changes no export has taken out (its
-    message says which); `teardown --discard` removes them anyway."""
+    message says which, `unexported` lists them); `teardown --discard` removes them anyway."""
 
     kind = "unexported-work"
+
+    def __init__(self, message: str, *, hint: str | None = None, unexported: tuple[str, ...] = ()) -> None:
+        super().__init__(message, hint=hint)
+        # Each thing teardown would lose ("2 new commits on main (made from main)", "changes not
+        # committed"), or why the work cannot be checked.
+        self.unexported = unexported
 
 
 class PolicyError(SandboxerError):

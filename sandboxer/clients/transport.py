@@ -112,6 +112,9 @@ def raise_for(document: Any, http_status: int) -> None:
     error = kind(str(failure.get("message")), hint=failure.get("hint"))
     if isinstance(error, errors.ResidueError) and isinstance(document.get("receipt"), dict):
         error.receipt = Receipt.from_json(document["receipt"])
+    unexported = document.get("unexported")
+    if isinstance(error, errors.UnexportedWorkError) and isinstance(unexported, list):
+        error.unexported = tuple(str(item) for item in unexported)
     raise error
 
 

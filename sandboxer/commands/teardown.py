@@ -37,7 +37,8 @@ def teardown(dirs: Dirs, sandbox_id: str, *, services: Services, keep_work: bool
         if lost:
             raise UnexportedWorkError(
                 f"teardown: sandbox {sandbox_id} holds work no export took out: {' and '.join(lost)}; "
-                "export it first (sandboxer export), or teardown --discard"
+                "export it first (sandboxer export), or teardown --discard",
+                unexported=tuple(lost),
             )
     lock = registry.lock(sandbox_id)
     if lock is None:

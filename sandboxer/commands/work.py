@@ -140,7 +140,8 @@ def unexported(dirs: Dirs, sandbox_id: str, *, backends: Backends) -> list[str]:
         reason = exc.message.removeprefix("export: ")
         raise UnexportedWorkError(
             f"teardown: sandbox {sandbox_id}: its work cannot be checked ({reason}); "
-            "teardown --discard removes it anyway"
+            "teardown --discard removes it anyway",
+            unexported=(f"its work cannot be checked ({reason})",),
         ) from None
     return state.unexported(work)
 

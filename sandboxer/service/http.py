@@ -96,11 +96,10 @@ def unexported_answer(error: UnexportedWorkError, sandbox_id: str) -> dict[str, 
     changes not committed; none when the work cannot be checked); `discard`, the teardown that
     loses it."""
     path = f"/v1/sandboxes/{sandbox_id}"
-    carried = getattr(error, "unexported", None)
     lost = _LOST.search(error.message)
     unchecked = _UNCHECKED.search(error.message)
-    if isinstance(carried, list | tuple) and all(isinstance(item, str) for item in carried):
-        items = list(carried)
+    if error.unexported:
+        items = list(error.unexported)
     elif lost is not None:
         items = lost["lost"].split(" and ")
     elif unchecked is not None:

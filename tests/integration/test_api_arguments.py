@@ -20,7 +20,7 @@ import pytest
 from sandboxer import Broker, Client
 from sandboxer.api.sandbox import Sandbox
 from sandboxer.clients.service import ClientSandbox
-from sandboxer.errors import ExecError
+from sandboxer.errors import ExecError, UnexportedWorkError
 from tests.integration.conftest import SandboxBroker
 from tests.integration.services import Service
 
@@ -122,6 +122,17 @@ def test_an_empty_argv_is_the_brokers_refusal_on_both_fronts(box: Sandbox | Clie
         with pytest.raises(ExecError) as refused:
             call()
         assert (refused.value.status, refused.value.message) == (125, "exec: no command")
+
+
+def test_a_teardown_refused_for_unexported_work_lists_it_on_both_fronts(box: Sandbox | ClientSandbox) -> None:
+    """UnexportedWorkError.unexported: what teardown would lose, item by item, as the HTTP
+    answer's `unexported` (embedded and through the service alike)."""
+    work = "echo a > a && git add a && git commit -qm a && echo b > b"
+    assert box.exec(["sh", "-c", work]).status == 0
+    with pytest.raises(UnexportedWorkError) as refused:
+        box.teardown()
+    assert refused.value.status == 2
+    assert refused.value.unexported == ("1 new commit on main (made from main)", "changes not committed")
 
 
 def test_bytes_like_input_and_binary_files_are_taken(box: Sandbox | ClientSandbox, tmp_path: Path) -> None:

@@ -235,7 +235,7 @@ def test_the_refusal_reads_each_form_of_the_error() -> None:
         "export it first (sandboxer export), or teardown --discard"
     )
     assert unexported_answer(lost, sandbox)["unexported"] == ["new commits on HEAD (made from v1.2)"]
-    lost.unexported = ("changes not committed",)  # type: ignore[attr-defined]
+    lost.unexported = ("changes not committed",)
     answer = unexported_answer(lost, sandbox)
     assert answer["unexported"] == ["changes not committed"]
     assert [request["body"] for request in answer["export"]] == [{"format": "tar"}]
