@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandboxer.core import manifest as mf
+from sandboxer.core.egress.inside import EGRESS_PORT
 from sandboxer.core.plan import (
     SAFE_PATH,
     SANDBOX_GID,
@@ -152,7 +153,9 @@ def admit(
 
 
 def _admit_ports(manifest: mf.Manifest, *, publish: bool) -> None:
-    """published_ports: only with the profile's consent, at most MAX_PUBLISHED_PORTS, none privileged."""
+    """published_ports: only with the profile's consent, at most MAX_PUBLISHED_PORTS, none privileged,
+    never onto the egress proxy's port inside (every local account could use the sandbox's
+    allowance and its credential routes through it)."""
     file = manifest.file
     if manifest.published_ports and not publish:
         raise PolicyError(
@@ -161,9 +164,12 @@ def _admit_ports(manifest: mf.Manifest, *, publish: bool) -> None:
         )
     if len(manifest.published_ports) > MAX_PUBLISHED_PORTS:
         raise PolicyError(f"{file}: published_ports: at most {MAX_PUBLISHED_PORTS} ports are published per sandbox")
-    for index, (host, _) in enumerate(manifest.published_ports):
+    for index, (host, runtime) in enumerate(manifest.published_ports):
         if host < MIN_PUBLISHED_PORT:
             raise PolicyError(f"{file}: published_ports[{index}].host: must be {MIN_PUBLISHED_PORT} or above")
+        if runtime == EGRESS_PORT:
+            field = f"published_ports[{index}].runtime"
+            raise PolicyError(f"{file}: {field}: {EGRESS_PORT} is the sandbox's egress proxy, never published")
 
 
 def service_image(manifest: mf.Manifest, name: str = APP_SERVICE) -> str | None:

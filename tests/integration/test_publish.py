@@ -186,7 +186,7 @@ def test_a_taken_host_port_refuses_the_create_and_leaves_nothing(eb: SandboxBrok
     assert _listening(free) == []  # the port reserved before it was let go
 
 
-def test_without_the_profiles_consent_or_below_1024_nothing_is_published(eb: SandboxBroker) -> None:
+def test_without_consent_below_1024_or_onto_the_egress_proxy_nothing_is_published(eb: SandboxBroker) -> None:
     closed = _create(eb, _publishing_profile(eb, "closed", publish="none"), _manifest(eb, [(_free_port(), 80)]))
     assert closed.status == 3
     assert "published_ports: the profile does not publish ports" in closed.stderr
@@ -194,6 +194,9 @@ def test_without_the_profiles_consent_or_below_1024_nothing_is_published(eb: San
     low = _create(eb, _publishing_profile(eb), _manifest(eb, [(80, 80)]))
     assert low.status == 3
     assert "published_ports[0].host: must be 1024 or above" in low.stderr
+    proxy = _create(eb, _publishing_profile(eb), _manifest(eb, [(_free_port(), 8000), (_free_port(), 3128)]))
+    assert proxy.status == 3
+    assert "published_ports[1].runtime: 3128 is the sandbox's egress proxy, never published" in proxy.stderr
     assert json.loads(eb.run("list", "--json").stdout)["sandboxes"] == []
 
 
@@ -249,6 +252,44 @@ def test_a_service_killed_mid_create_leaves_no_listener_after_gc(runtime_dir: Pa
         assert all(receipt["residue"] == [] for receipt in json.loads(collected.stdout)["collected"])
         assert json.loads(_in_process(broker, "list", "--json").stdout)["sandboxes"] == []
         assert _listening(host_port) == []
+
+
+def test_a_profile_edited_during_the_create_publishes_nothing(runtime_dir: Path) -> None:
+    """The owner edits the profile once the create has reserved its port, before the sandbox
+    runs: whether the watch saw the edit before the ports opened or after, they are not served
+    (the create may also be refused by its own later checks; either way nothing listens)."""
+    _require_tools()
+    broker = make_broker(runtime_dir, as_user=False)
+    _serve(broker)
+    with _ready(broker):
+        host_port = _free_port()
+        profile, assignment = _publishing_profile(broker), _manifest(broker, [(host_port, RUNTIME_PORT)])
+        client = subprocess.Popen(
+            broker.argv("create", "--profile", profile, "--manifest", str(assignment)),
+            env=broker.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        while _listening(host_port) != ["127.0.0.1"]:
+            assert client.poll() is None, client.communicate()
+            assert time.monotonic() < deadline, "the port was never reserved"
+            time.sleep(0.005)
+        path = broker.config / "profiles" / f"{profile}.yaml"
+        broker.write_profile(profile, path.read_text() + "# edited, not approved again\n")
+        out, _ = client.communicate(timeout=120)
+        if client.returncode == 0:
+            broker.created.append(out.strip())
+        deadline = time.monotonic() + 10
+        while _listening(host_port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _listening(host_port) == []
+        if client.returncode == 0:
+            inspected = json.loads(broker.run("inspect", out.strip(), "--json").stdout)["network"]["published"]
+            assert [mapping["forwarder"] for mapping in inspected] == [
+                f"down (revoked: profile {profile} is not approved as it is now)"
+            ]
 
 
 def test_more_than_sixteen_ports_are_refused(eb: SandboxBroker) -> None:

@@ -195,16 +195,21 @@ class Publishers:
         log.warning("published ports of sandbox %s are down: %s", sandbox_id, why)
 
     async def watch(self, stop: asyncio.Event) -> None:
-        """Until `stop`: close the forwarders of sandboxes that ended elsewhere, and, when the
-        owner's files change, of those whose profile no longer publishes (approved as it is)."""
+        """Until `stop`: close the forwarders of sandboxes that ended elsewhere, and of those whose
+        profile no longer publishes (approved as it is): all of them when the owner's files
+        change, and each new one on the pass after it opened (a create that began before the
+        owner's change may open its ports after the pass that saw it)."""
         seen = owner_files_state(self.dirs.config)
+        checked: set[str] = set()  # the sandboxes looked at since the owner's files were `seen`
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=WATCH_SECONDS)
             try:
                 now = await asyncio.to_thread(owner_files_state, self.dirs.config)
-                revoked = await asyncio.to_thread(self._revoked) if now != seen else {}
-                seen = now
+                if now != seen:
+                    checked = set()
+                revoked, looked = await asyncio.to_thread(self._revoked, checked)
+                seen, checked = now, checked | looked
                 for sandbox_id, why in [*revoked.items(), *((i, None) for i in await asyncio.to_thread(self._ended))]:
                     with self._lock:
                         entry = self._forwarders.pop(sandbox_id, None)
@@ -216,18 +221,19 @@ class Publishers:
             except Exception:  # one bad pass is logged; the watch goes on
                 log.exception("the published ports' watch failed a pass")
 
-    def _revoked(self) -> dict[str, str]:
-        """The served sandboxes whose profile no longer lets them publish: id -> why."""
+    def _revoked(self, checked: set[str]) -> tuple[dict[str, str], set[str]]:
+        """The served sandboxes, but those `checked` already, whose profile no longer lets them
+        publish (id -> why), and the ids looked at."""
         registry = Registry(self.dirs.state)
         with self._lock:
-            ids = list(self._forwarders)
+            ids = set(self._forwarders) - checked
         found: dict[str, str] = {}
         for sandbox_id in ids:
             record = registry.read_or_none(sandbox_id)
             why = None if record is None else publishing_refused(self.dirs, record.profile)
             if why is not None:
                 found[sandbox_id] = why
-        return found
+        return found, ids
 
     async def close_all(self) -> None:
         """The service stops: every forwarder closes (the sandboxes keep running, unpublished)."""
