@@ -314,7 +314,8 @@ def test_a_granted_account_finds_the_system_service(
         assert time.monotonic() < deadline, "the sandbox never stopped"
         time.sleep(0.1)
     assert inspected.returncode == 5
-    assert inspected.stderr.endswith(f"(hint: tear it down: sandboxer teardown {sandbox_id})\n"), inspected.stderr
+    assert inspected.stderr.endswith(f"(sandboxer teardown {sandbox_id} removes it)\n"), inspected.stderr
+    assert "gc" not in inspected.stderr  # the owners' verb, not the caller's
     assert _as(granted, [*cli, "teardown", "--discard", sandbox_id], env).returncode == 0  # which it may do
     assert not (caller_home / ".local").exists()  # no private service, no state dir of its own
 

@@ -4,8 +4,12 @@ to 127.0.0.1:RUNTIME inside one sandbox's network namespace.
 The inner socket is made in the sandbox's namespace (host/inside_sockets.py) and connected from
 here; the bytes are copied both ways (splice.py) and counted. A connection that finds nothing
 listening inside is closed at once (the client sees a reset, as it would connecting to a closed
-port). At most MAX_CONNECTIONS at a time per port; new
-ones are paced (admission.py): the host's other users share the service with the sandbox.
+port). At most MAX_CONNECTIONS at a time per port and MAX_SERVICE_CONNECTIONS on all the
+service's published ports together (a Budget the table shares); new ones are paced
+(admission.py): the host's other users share the service with the sandbox. Any local account
+can connect to a port on 127.0.0.1, so no connection is held for ever: one that passes no byte
+either way for IDLE_SECONDS ends, and so does one whose other direction has not ended
+HALF_CLOSED_SECONDS after the first did.
 """
 
 from __future__ import annotations
@@ -22,15 +26,37 @@ from sandboxer.service.egress.admission import Pace, accept
 from sandboxer.service.splice import splice
 
 MAX_CONNECTIONS = 256
+MAX_SERVICE_CONNECTIONS = 2048  # two descriptors each: well within the service's descriptor limit
+IDLE_SECONDS = 900.0  # a dev server's quiet websocket survives a quarter of an hour without a byte
+HALF_CLOSED_SECONDS = 60.0
 ACCEPT_RETRY_SECONDS = 0.1
 log = logging.getLogger(__name__)
+
+
+class Budget:
+    """Connections forwarded at once by every published port of one service (on its loop)."""
+
+    def __init__(self, limit: int = MAX_SERVICE_CONNECTIONS) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self) -> bool:
+        """One more connection, if there is room for it."""
+        if self.used >= self.limit:
+            return False
+        self.used += 1
+        return True
+
+    def give(self) -> None:
+        self.used -= 1
 
 
 class PortForwarder:
     """Forwards `listener`'s connections (the host side, bound and listening) to `runtime` inside."""
 
-    def __init__(self, listener: socket.socket, runtime: int, inside: InsideSockets) -> None:
+    def __init__(self, listener: socket.socket, runtime: int, inside: InsideSockets, budget: Budget) -> None:
         self.listener = listener
+        self.budget = budget
         self.host = int(listener.getsockname()[1])
         self.runtime = runtime
         self.inside = inside
@@ -70,7 +96,7 @@ class PortForwarder:
                 log.warning("published port %d cannot accept: %s", self.host, exc.strerror)
                 await asyncio.sleep(ACCEPT_RETRY_SECONDS)
                 continue
-            if len(self._tasks) >= MAX_CONNECTIONS:
+            if len(self._tasks) >= MAX_CONNECTIONS or not self.budget.take():
                 self.refused += 1
                 conn.close()
                 continue
@@ -81,6 +107,7 @@ class PortForwarder:
     def _ended(self, conn: socket.socket, task: asyncio.Task[None]) -> None:
         conn.close()
         self._tasks.discard(task)
+        self.budget.give()
 
     async def _forward(self, conn: socket.socket) -> None:
         inner = await self._connect_inside()
@@ -96,8 +123,8 @@ class PortForwarder:
             client[1].close()
             raise
         try:
-            with contextlib.suppress(OSError):
-                await splice(client, upstream)
+            with contextlib.suppress(OSError):  # TimeoutError among them: idle, or half-closed, too long
+                await splice(client, upstream, idle_seconds=IDLE_SECONDS, half_closed_seconds=HALF_CLOSED_SECONDS)
         finally:
             for _, writer in (client, upstream):
                 writer.transport.abort()

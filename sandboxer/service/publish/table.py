@@ -29,7 +29,7 @@ from sandboxer.host.inside_sockets import InsideSockets
 from sandboxer.host.parse_cache import ParseCache
 from sandboxer.host.registry import Registry
 from sandboxer.service.egress.proxies import owner_files_state
-from sandboxer.service.publish.forwarder import PortForwarder
+from sandboxer.service.publish.forwarder import Budget, PortForwarder
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,7 @@ class Publishers:
         self._lock = threading.Lock()
         self._forwarders: dict[str, tuple[list[PortForwarder], InsideSockets]] = {}
         self._down: dict[str, dict[PortMapping, str]] = {}  # sandbox id: mapping: why it is not served
+        self._budget = Budget()  # connections at once on all of them (the loop's alone)
 
     def require(self, profile: str) -> None:
         return None  # the service serves every sandbox's ports
@@ -112,7 +113,7 @@ class Publishers:
     ) -> None:
         try:
             pairs = zip(listeners, ports, strict=True)
-            forwarders = [PortForwarder(listener, runtime, inside) for listener, (_, runtime) in pairs]
+            forwarders = [PortForwarder(listener, runtime, inside, self._budget) for listener, (_, runtime) in pairs]
             for forwarder in forwarders:
                 forwarder.start()
         except BaseException:
