@@ -115,7 +115,11 @@ class PortForwarder:
             self.refused += 1
             return
         self.forwarded += 1
-        client = await asyncio.open_connection(sock=conn)
+        try:
+            client = await asyncio.open_connection(sock=conn)
+        except BaseException:  # cancelled (the port closes): the inner socket goes now, not at collection
+            inner.close()
+            raise
         try:
             upstream = await asyncio.open_connection(sock=inner)
         except BaseException:
