@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from sandboxer.api.verbs import check_dispatch, checked_create, checked_exec, checked_export, checked_path
+from sandboxer.errors import ExecError
 
 NO_OPTIONS: dict[str, Any] = {"cwd": None, "timeout": None, "consumer": None, "executable": None, "env": None}
 
@@ -40,9 +41,11 @@ def test_an_argv_that_is_not_a_list_of_str_is_refused(argv: object, says: str) -
         _exec(argv)
 
 
-def test_argv_is_passed_on_as_a_list_and_empty_is_left_to_the_exec() -> None:
+def test_argv_is_passed_on_as_a_list_and_empty_is_the_brokers_refusal() -> None:
     assert _exec(("ls", "-la"))[0] == ["ls", "-la"]
-    assert _exec([])[0] == []  # ExecError (125), as the CLI's `exec ID --` says it
+    with pytest.raises(ExecError) as refused:  # as the CLI's `exec ID --` says it, on every front
+        _exec([])
+    assert (refused.value.status, refused.value.message) == (125, "exec: no command")
 
 
 def _text_files() -> Iterator[object]:
