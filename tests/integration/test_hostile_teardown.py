@@ -267,6 +267,12 @@ def test_stop_git_kills_what_ran_with_that_git_home_and_nothing_else(tmp_path: P
         home.mkdir(parents=True)
         env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "GIT_CONFIG_GLOBAL": str(home / "gitconfig")}
         started.append(subprocess.Popen(["sleep", "300"], env=env, start_new_session=True, stdin=subprocess.DEVNULL))
+    # Popen returns once exec has begun; the kernel lays out the new environment after that (an
+    # empty /proc/PID/environ meanwhile). A helper gc looks for has long been running.
+    deadline = time.monotonic() + 10
+    while not all(b"GIT_CONFIG_GLOBAL=" in Path(f"/proc/{proc.pid}/environ").read_bytes() for proc in started):
+        assert time.monotonic() < deadline, "the stand-ins never showed their environment"
+        time.sleep(0.01)
     try:
         assert hostgit.stop_git(str(ours)) == []
         assert started[0].wait(timeout=10) == -signal.SIGKILL
