@@ -4,8 +4,9 @@ commands of the CLI for the broker's caller, whose rights the broker holds."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from sandboxer.api.caller import Authority
 from sandboxer.api.exec_stream import ExecSink, ExecStream, fed
 from sandboxer.api.results import (
     Created,
@@ -21,30 +22,45 @@ from sandboxer.api.results import (
     WorkSummary,
 )
 from sandboxer.api.verbs import Input, SandboxBase, Stdin, check_dispatch, checked_exec, checked_export
+from sandboxer.backends import Backends
 from sandboxer.commands import execute
 from sandboxer.commands.dispatch import dispatch
 from sandboxer.commands.export import Export, check_format, discard_quarantine, finished, prepare
 from sandboxer.commands.export_delivery import deliver_to_path
 from sandboxer.commands.inspect import inspect as inspect_sandbox
 from sandboxer.commands.logs import network_log
+from sandboxer.commands.services import Services
 from sandboxer.commands.teardown import residue_error
 from sandboxer.commands.teardown import teardown as remove_sandbox
 from sandboxer.commands.usage import extend, usage, work_summary
 from sandboxer.core.exec_request import ExecRequest
+from sandboxer.dirs import Dirs
 from sandboxer.errors import EntryError, ExecError, ExecUsage
 from sandboxer.execio.stdio import Program
 
-if TYPE_CHECKING:
-    from sandboxer.api.broker import Broker
-
 __all__ = ["Sandbox"]
+
+
+class Holder(Protocol):
+    """What a Sandbox uses of the broker that made it (sandboxer.api.broker.Broker): its
+    directories and engines, and its caller's rights and environment."""
+
+    dirs: Dirs
+    services: Services
+    environ: Mapping[str, str]
+    authority: Authority
+
+    @property
+    def backends(self) -> Backends: ...
+
+    def sandbox(self, sandbox_id: str, *, unknown: Exception | None = None) -> object: ...
 
 
 class Sandbox(SandboxBase):
     """One live sandbox, as its caller reaches it. As a context manager it is torn down when the
     block ends."""
 
-    def __init__(self, broker: Broker, created: Created | None, *, sandbox_id: str | None = None) -> None:
+    def __init__(self, broker: Holder, created: Created | None, *, sandbox_id: str | None = None) -> None:
         super().__init__(created, sandbox_id)
         self.broker = broker
 
