@@ -139,6 +139,25 @@ def _listening(port: int) -> list[str]:
     )
 
 
+def _create_until_reserved(
+    broker: SandboxBroker, profile: str, manifest: Path, host_port: int
+) -> subprocess.Popen[str]:
+    """A create under way, returned once it has reserved the host's port (before its sandbox runs)."""
+    client = subprocess.Popen(
+        broker.argv("create", "--profile", profile, "--manifest", str(manifest)),
+        env=broker.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while _listening(host_port) != ["127.0.0.1"]:
+        assert client.poll() is None, client.communicate()
+        assert time.monotonic() < deadline, "the port was never reserved"
+        time.sleep(0.005)
+    return client
+
+
 def test_a_published_port_answers_on_the_hosts_loopback_only_and_closes_at_teardown(eb: SandboxBroker) -> None:
     host_port = _free_port()
     sandbox_id_result = _create(eb, _publishing_profile(eb), _manifest(eb, [(host_port, RUNTIME_PORT)]))
@@ -229,17 +248,7 @@ def test_a_service_killed_mid_create_leaves_no_listener_after_gc(runtime_dir: Pa
     with _ready(broker):
         host_port = _free_port()
         profile, assignment = _publishing_profile(broker), _manifest(broker, [(host_port, RUNTIME_PORT)])
-        client = subprocess.Popen(
-            broker.argv("create", "--profile", profile, "--manifest", str(assignment)),
-            env=broker.env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        deadline = time.monotonic() + 60
-        while _listening(host_port) != ["127.0.0.1"]:
-            assert client.poll() is None, client.communicate()
-            assert time.monotonic() < deadline, "the port was never reserved"
-            time.sleep(0.005)
+        client = _create_until_reserved(broker, profile, assignment, host_port)
         assert broker.service is not None
         assert broker.service.process is not None
         broker.service.process.kill()
@@ -264,18 +273,7 @@ def test_a_profile_edited_during_the_create_publishes_nothing(runtime_dir: Path)
     with _ready(broker):
         host_port = _free_port()
         profile, assignment = _publishing_profile(broker), _manifest(broker, [(host_port, RUNTIME_PORT)])
-        client = subprocess.Popen(
-            broker.argv("create", "--profile", profile, "--manifest", str(assignment)),
-            env=broker.env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        deadline = time.monotonic() + 60
-        while _listening(host_port) != ["127.0.0.1"]:
-            assert client.poll() is None, client.communicate()
-            assert time.monotonic() < deadline, "the port was never reserved"
-            time.sleep(0.005)
+        client = _create_until_reserved(broker, profile, assignment, host_port)
         path = broker.config / "profiles" / f"{profile}.yaml"
         broker.write_profile(profile, path.read_text() + "# edited, not approved again\n")
         out, _ = client.communicate(timeout=120)
